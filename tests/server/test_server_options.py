@@ -1,0 +1,77 @@
+"""A second server with --api-key, --step-tag-id (process reward) and tight request limits."""
+
+import pytest
+import requests
+
+from verl_vllm_rm.hf_reference import sequence_scores, step_scores
+from verl_vllm_rm.server_process import running_server
+
+KEY = "test-secret"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+LIMITS = ["--max-score-batch", "16", "--max-request-bytes", "4096"]
+
+
+@pytest.fixture(scope="module")
+def step_server(tiny_rm, tokenizer, server_args):
+    step_id = tokenizer.convert_tokens_to_ids("<step>")
+    args = [*server_args, "--api-key", KEY, "--step-tag-id", str(step_id), *LIMITS]
+    with running_server(tiny_rm, args) as server:
+        yield server, step_id
+
+
+@pytest.mark.parametrize(
+    "method,path,payload",
+    [
+        ("post", "/score", {"input": ["a"]}),
+        ("get", "/runtime_version", None),
+        ("get", "/get_world_size", None),
+        ("post", "/classify", {"input": "a"}),
+        ("post", "/pooling", {"input": "a"}),
+        ("post", "/v1/score", {"text_1": "a", "text_2": "b"}),
+    ],
+)
+def test_api_key_guards_every_route(step_server, method, path, payload):
+    server, _ = step_server
+    url = server.url + path
+    no_key = requests.request(method, url, json=payload, timeout=30)
+    assert no_key.status_code == 401
+    wrong = requests.request(method, url, json=payload, headers={"Authorization": "Bearer nope"}, timeout=30)
+    assert wrong.status_code == 401
+    if path in ("/score", "/runtime_version", "/get_world_size"):
+        assert "API key" in no_key.json()["error"]["message"]
+        assert requests.request(method, url, json=payload, headers=AUTH, timeout=30).status_code == 200
+
+
+def test_health_stays_open_for_liveness_probes(step_server):
+    server, step_id = step_server
+    body = requests.get(f"{server.url}/health", timeout=10).json()
+    assert body["status"] == "ok" and body["step_tag_id"] == step_id
+
+
+def test_step_scores_match_transformers_at_step_tags(step_server, tokenizer, hf_model):
+    server, step_id = step_server
+    texts = [
+        "What is 2 + 3? <step> first add <step> The answer is 5. <step>",
+        "What is 9 * 9? <step> The answer is 81.",
+        "no steps here",
+    ]
+    ids = [tokenizer(t).input_ids for t in texts]
+    resp = requests.post(f"{server.url}/score", json={"input": ids}, headers=AUTH, timeout=60)
+    assert resp.status_code == 200, resp.text
+    data = resp.json()["data"]
+    expected_steps = step_scores(hf_model, ids, step_id)
+    assert [len(d["step_scores"]) for d in data] == [3, 1, 0]
+    for d, exp in zip(data, expected_steps):
+        assert max((abs(a - b) for a, b in zip(d["step_scores"], exp)), default=0.0) < 1e-4
+    for d, exp in zip(data, sequence_scores(hf_model, ids)):
+        assert abs(d["score"] - exp) < 1e-4
+
+
+def test_request_limits_give_413(step_server):
+    server, _ = step_server
+    too_many = requests.post(f"{server.url}/score", json={"input": ["a"] * 17}, headers=AUTH, timeout=30)
+    assert too_many.status_code == 413
+    assert "--max-score-batch 16" in too_many.json()["error"]["message"]
+    too_big = requests.post(f"{server.url}/score", json={"input": ["x" * 5000]}, headers=AUTH, timeout=30)
+    assert too_big.status_code == 413
+    assert "--max-request-bytes 4096" in too_big.json()["error"]["message"]

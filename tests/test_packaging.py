@@ -1,0 +1,42 @@
+"""Install-level contracts: entry points, console script, and the two-environment split."""
+
+import subprocess
+import sys
+from importlib.metadata import entry_points
+from pathlib import Path
+
+from verl_vllm_rm.server_process import find_server_python
+
+TRAINER_MODULES = ["verl_vllm_rm.tiny_rm", "verl_vllm_rm.server_process", "verl_vllm_rm.hf_reference"]
+
+
+def test_console_script_and_plugin_entry_point_are_declared():
+    scripts = {ep.name: ep.value for ep in entry_points(group="console_scripts")}
+    assert scripts["verl-vllm-rm"] == "verl_vllm_rm.cli:main"
+    plugins = {ep.name: ep.value for ep in entry_points(group="verl.plugins")}
+    assert plugins["vllm_rm"] == "verl_vllm_rm.plugin"
+
+
+def test_trainer_side_imports_without_vllm():
+    code = "import sys; import " + ", ".join(TRAINER_MODULES) + "; assert 'vllm' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
+    probe = subprocess.run([sys.executable, "-c", "import vllm"], capture_output=True)
+    assert probe.returncode != 0, "the trainer env must not carry vllm (transformers ranges conflict)"
+
+
+def test_server_side_imports_without_verl():
+    code = (
+        "import sys, verl_vllm_rm.server.entry, verl_vllm_rm.server.routes; "
+        "assert not any(m == 'verl' or m.startswith('verl.') for m in sys.modules)"
+    )
+    subprocess.run([find_server_python(), "-c", code], check=True)
+
+
+def test_only_server_package_imports_vllm():
+    pkg = Path(__file__).resolve().parents[1] / "verl_vllm_rm"
+    offenders = [
+        str(p.relative_to(pkg))
+        for p in pkg.rglob("*.py")
+        if "server" not in p.relative_to(pkg).parts and ("import vllm" in p.read_text() or "from vllm" in p.read_text())
+    ]
+    assert offenders == []

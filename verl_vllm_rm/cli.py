@@ -1,0 +1,75 @@
+"""``verl-vllm-rm``: serve, score and build the tiny demo reward model."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import urllib.request
+
+
+def _serve(args: argparse.Namespace, rest: list[str]) -> int:
+    from verl_vllm_rm.server_process import find_server_python
+
+    python = args.server_python or find_server_python()
+    os.execv(python, [python, "-m", "verl_vllm_rm.server", *rest])
+    return 0  # not reached
+
+
+def _score(args: argparse.Namespace, rest: list[str]) -> int:
+    texts = args.text or [line.rstrip("\n") for line in sys.stdin if line.strip()]
+    payload = json.dumps({"input": texts, "normalize": args.normalize}).encode()
+    headers = {"Content-Type": "application/json"}
+    if args.api_key:
+        headers["Authorization"] = f"Bearer {args.api_key}"
+    req = urllib.request.Request(f"{args.url.rstrip('/')}/score", data=payload, headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=args.timeout) as resp:
+            body = json.loads(resp.read())
+    except urllib.error.HTTPError as e:
+        print(f"error {e.code}: {e.read().decode(errors='replace')}", file=sys.stderr)
+        return 1
+    for item, text in zip(body["data"], texts):
+        print(f"{item['score']:+.6f}\t{text}")
+    return 0
+
+
+def _tiny_rm(args: argparse.Namespace, rest: list[str]) -> int:
+    from verl_vllm_rm.tiny_rm import build_tiny_rm
+
+    print(build_tiny_rm(args.out))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="verl-vllm-rm", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser(
+        "serve", help="start the reward server (all further flags go to `python -m verl_vllm_rm.server`)"
+    )
+    serve.add_argument("--server-python", help="python of the server environment (default: ./.venv-server)")
+    serve.set_defaults(func=_serve, passthrough=True)
+    score = sub.add_parser("score", help="score texts (arguments or stdin lines) on a running server")
+    score.add_argument("text", nargs="*")
+    score.add_argument("--url", default="http://127.0.0.1:8001")
+    score.add_argument("--normalize", action="store_true", help="sigmoid instead of the raw logit")
+    score.add_argument("--api-key", default=os.environ.get("VERL_VLLM_RM_API_KEY"))
+    score.add_argument("--timeout", type=float, default=60.0)
+    score.set_defaults(func=_score, passthrough=False)
+    tiny = sub.add_parser("tiny-rm", help="build the offline tiny reward model used by tests and the demo")
+    tiny.add_argument("out", help="output directory")
+    tiny.set_defaults(func=_tiny_rm, passthrough=False)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    if rest and not args.passthrough:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    return args.func(args, rest)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

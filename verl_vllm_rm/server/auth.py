@@ -1,0 +1,40 @@
+"""API-key guard for every route but the liveness probes.
+
+vLLM's own ``--api-key`` middleware guards only ``/v1``-style prefixes, which
+leaves ``/score``, ``/classify`` and ``/pooling`` open; this guard closes them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+
+from starlette.datastructures import Headers
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from verl_vllm_rm.server.protocol import error_body
+
+OPEN_PATHS = frozenset({"/health", "/ping"})
+
+
+class RequireApiKey:
+    def __init__(self, app: ASGIApp, tokens: list[str]) -> None:
+        self.app = app
+        self.hashes = [hashlib.sha256(t.encode()).digest() for t in tokens]
+
+    def _authorized(self, headers: Headers) -> bool:
+        scheme, _, token = headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer":
+            return False
+        digest = hashlib.sha256(token.encode()).digest()
+        return any([secrets.compare_digest(digest, h) for h in self.hashes])
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket") or scope.get("method") == "OPTIONS":
+            return await self.app(scope, receive, send)
+        path = scope["path"].removeprefix(scope.get("root_path", ""))
+        if path not in OPEN_PATHS and not self._authorized(Headers(scope=scope)):
+            message = "missing or wrong API key: send 'Authorization: Bearer <key>' (the server's --api-key)"
+            return await JSONResponse(error_body(message, 401), status_code=401)(scope, receive, send)
+        return await self.app(scope, receive, send)

@@ -1,0 +1,139 @@
+"""``python -m verl_vllm_rm.server``: vLLM's API server with the reward routes.
+
+We run vLLM's own server (``run_server``) unchanged and hook exactly one seam,
+``build_app``, to add our routes and API-key guard. Every vLLM flag therefore
+keeps working; we only change a few defaults (pooling runner, loopback host,
+port 8001, a bounded KV cache on CPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import threading
+import time
+
+import vllm.entrypoints.launchers.api_server.entry as vllm_entry
+from vllm import envs
+from vllm.platforms import current_platform
+
+from verl_vllm_rm.server.auth import RequireApiKey
+from verl_vllm_rm.server.routes import RewardServerState, install_reward_routes
+
+DEFAULT_PORT = 8001
+CPU_KV_CACHE_BYTES = 2 << 30
+PARENT_PID_ENV = "VERL_VLLM_RM_PARENT_PID"
+
+
+def build_parser():
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = make_arg_parser(FlexibleArgumentParser(description="verl-vllm-rm reward-model server"))
+    group = parser.add_argument_group("verl-vllm-rm")
+    group.add_argument(
+        "--step-tag-id", type=int, default=None,
+        help="Process-reward mode: /score also returns one score per occurrence of this token id.",
+    )
+    group.add_argument(
+        "--max-score-batch", type=int, default=4096, help="Most inputs accepted in one /score request (else 413)."
+    )
+    group.add_argument(
+        "--max-request-bytes", type=int, default=64 << 20, help="Largest accepted request body (else 413)."
+    )
+    parser.set_defaults(runner="pooling", host="127.0.0.1", port=DEFAULT_PORT)
+    return parser
+
+
+def apply_reward_defaults(args: argparse.Namespace, parser) -> None:
+    """Defaults that make a reward server start anywhere, each overridable by its flag."""
+    untouched_memory = args.gpu_memory_utilization == parser.get_default("gpu_memory_utilization")
+    if (
+        current_platform.is_cpu()
+        and args.kv_cache_memory_bytes is None
+        and untouched_memory
+        and not os.environ.get("VLLM_CPU_KVCACHE_SPACE")
+    ):
+        # vLLM-CPU otherwise reserves 92% of a NUMA node and refuses to start on small machines.
+        args.kv_cache_memory_bytes = CPU_KV_CACHE_BYTES
+    if args.step_tag_id is not None:
+        pooler = dict(args.pooler_config or {}) if not hasattr(args.pooler_config, "__dataclass_fields__") else {}
+        pooler.update(tok_pooling_type="STEP", step_tag_id=args.step_tag_id)
+        args.pooler_config = pooler
+
+
+def _reward_state(args: argparse.Namespace, model_config) -> RewardServerState:
+    return RewardServerState(
+        served_models=list(args.served_model_name or [args.model]),
+        max_model_len=model_config.max_model_len,
+        vocab_size=model_config.get_vocab_size(),
+        world_size=args.tensor_parallel_size * args.pipeline_parallel_size,
+        step_tag_id=args.step_tag_id,
+        max_score_batch=args.max_score_batch,
+        max_request_bytes=args.max_request_bytes,
+    )
+
+
+def _check_reward_model(supported_tasks, model_config) -> None:
+    if "classify" not in supported_tasks:
+        raise SystemExit(
+            f"verl-vllm-rm: {model_config.model} does not support sequence classification "
+            f"(tasks: {list(supported_tasks)}); serve a *ForSequenceClassification reward model "
+            "with --runner pooling"
+        )
+    num_labels = getattr(model_config.hf_config, "num_labels", 1)
+    if num_labels != 1:
+        raise SystemExit(
+            f"verl-vllm-rm: {model_config.model} has num_labels={num_labels}; a reward model needs a "
+            "scalar head (num_labels=1)"
+        )
+
+
+def _hooked_build_app(original):
+    def build_app(args, supported_tasks=None, model_config=None):
+        _check_reward_model(supported_tasks, model_config)
+        app = original(args, supported_tasks, model_config)
+        install_reward_routes(app)
+        tokens = [k for k in (args.api_key or [envs.VLLM_API_KEY]) if k]
+        if tokens:
+            app.add_middleware(RequireApiKey, tokens=tokens)
+        app.state.reward = _reward_state(args, model_config)
+        return app
+
+    return build_app
+
+
+def _exit_with_parent() -> None:
+    """When started by a test or the demo, do not outlive the process that started us."""
+    parent = os.environ.get(PARENT_PID_ENV)
+    if not parent:
+        return
+
+    def watch(pid: int) -> None:
+        while True:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                os.killpg(os.getpgrp(), signal.SIGTERM)
+                return
+            time.sleep(1.0)
+
+    threading.Thread(target=watch, args=(int(parent),), daemon=True, name="exit-with-parent").start()
+
+
+def main(argv: list[str] | None = None) -> None:
+    import uvloop
+    from vllm.entrypoints.launchers.cli_args import validate_parsed_serve_args
+    from vllm.entrypoints.serve.utils.api_utils import cli_env_setup
+    from vllm.logger import configure_logging_from_args
+
+    cli_env_setup()
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    apply_reward_defaults(args, parser)
+    configure_logging_from_args(args)
+    validate_parsed_serve_args(args)
+    _exit_with_parent()
+    vllm_entry.build_app = _hooked_build_app(vllm_entry.build_app)
+    uvloop.run(vllm_entry.run_server(args))

