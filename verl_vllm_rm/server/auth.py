@@ -16,12 +16,21 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from verl_vllm_rm.server.protocol import error_body
 
 OPEN_PATHS = frozenset({"/health", "/ping"})
+_TOKEN_HASHES: list[bytes] = []
+
+
+def enable(tokens: list[str]) -> str:
+    """Set the accepted keys; returns the dotted path to pass in vLLM's ``args.middleware``."""
+    _TOKEN_HASHES[:] = [hashlib.sha256(t.encode()).digest() for t in tokens]
+    return f"{__name__}.RequireApiKey"
 
 
 class RequireApiKey:
-    def __init__(self, app: ASGIApp, tokens: list[str]) -> None:
+    """Installed through vLLM's own ``--middleware`` seam, which takes a class, not arguments."""
+
+    def __init__(self, app: ASGIApp) -> None:
         self.app = app
-        self.hashes = [hashlib.sha256(t.encode()).digest() for t in tokens]
+        self.hashes = list(_TOKEN_HASHES)
 
     def _authorized(self, headers: Headers) -> bool:
         scheme, _, token = headers.get("authorization", "").partition(" ")

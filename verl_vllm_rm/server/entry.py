@@ -18,7 +18,7 @@ import vllm.entrypoints.launchers.api_server.entry as vllm_entry
 from vllm import envs
 from vllm.platforms import current_platform
 
-from verl_vllm_rm.server.auth import RequireApiKey
+from verl_vllm_rm.server import auth
 from verl_vllm_rm.server.routes import RewardServerState, install_reward_routes
 
 DEFAULT_PORT = 8001
@@ -57,6 +57,9 @@ def apply_reward_defaults(args: argparse.Namespace, parser) -> None:
     ):
         # vLLM-CPU otherwise reserves 92% of a NUMA node and refuses to start on small machines.
         args.kv_cache_memory_bytes = CPU_KV_CACHE_BYTES
+    tokens = [k for k in (args.api_key or [envs.VLLM_API_KEY]) if k]
+    if tokens:
+        args.middleware = [*args.middleware, auth.enable(tokens)]
     if args.step_tag_id is not None:
         pooler = dict(args.pooler_config or {}) if not hasattr(args.pooler_config, "__dataclass_fields__") else {}
         pooler.update(tok_pooling_type="STEP", step_tag_id=args.step_tag_id)
@@ -95,9 +98,6 @@ def _hooked_build_app(original):
         _check_reward_model(supported_tasks, model_config)
         app = original(args, supported_tasks, model_config)
         install_reward_routes(app)
-        tokens = [k for k in (args.api_key or [envs.VLLM_API_KEY]) if k]
-        if tokens:
-            app.add_middleware(RequireApiKey, tokens=tokens)
         app.state.reward = _reward_state(args, model_config)
         return app
 
