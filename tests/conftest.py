@@ -66,3 +66,69 @@ def post_score():
         return resp.status_code, resp.json()
 
     return post
+
+
+@pytest.fixture()
+def fault_proxy(rm_server):
+    """A fault-injecting proxy in front of the session server; set ``proxy.faults``."""
+    from fault_proxy import FaultProxy
+
+    proxy = FaultProxy(rm_server.url).start()
+    yield proxy
+    proxy.stop()
+
+
+@pytest.fixture(scope="session")
+def dead_url() -> str:
+    """A loopback URL with nothing listening (connection refused)."""
+    from verl_vllm_rm.server_process import free_port
+
+    return f"http://127.0.0.1:{free_port()}"
+
+
+def compose_verl_config(overrides: list[str]):
+    """verl's own ``ppo_trainer`` config composed with Hydra, plus overrides."""
+    import os
+
+    import verl
+    from hydra import compose, initialize_config_dir
+
+    config_dir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
+    with initialize_config_dir(config_dir=config_dir, version_base=None):
+        return compose("ppo_trainer", overrides=overrides)
+
+
+@pytest.fixture(scope="session")
+def verl_config(tiny_rm):
+    """``verl_config(url, key=value, ...)``: a composed config selecting ``vllm_rm``."""
+
+    def make(url: str, *extra: str, **reward_kwargs):
+        overrides = [
+            "reward.reward_manager.name=vllm_rm",
+            f"actor_rollout_ref.model.path={tiny_rm}",
+            f"+reward.reward_kwargs.server_url={url}",
+            *[f"+reward.reward_kwargs.{k}={v}" for k, v in reward_kwargs.items()],
+            *extra,
+        ]
+        return compose_verl_config(overrides)
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def grpo_groups(tokenizer):
+    """4 prompts x 4 responses of different lengths, with gsm8k-style ground truths."""
+    from verl_vllm_rm.grpo_batch import Group
+
+    groups = []
+    for a, b in [(3, 4), (12, 30), (7, 8), (100, 23)]:
+        prompt = tokenizer(f"What is {a} + {b}? Please compute the sum.").input_ids
+        answers = [a + b, a + b + 1, a * b, a + b]
+        responses = [
+            tokenizer(f" <think>{'add ' * k}</think> The answer is {v}. #### {v}").input_ids
+            for k, v in zip([1, 3, 0, 6], answers)
+        ]
+        messages = [{"role": "user", "content": f"What is {a} + {b}?"}]
+        groups.append(Group(prompt, responses, ground_truth=str(a + b), data_source="openai/gsm8k",
+                            raw_prompt=messages))
+    return groups

@@ -1,0 +1,96 @@
+"""A loopback HTTP proxy in front of the real server that injects faults.
+
+The only fake in the suite, and it fakes nothing about scoring: it forwards to
+the real vLLM server and then delays, drops, fails or corrupts what passes
+through, so client error handling is tested against real traffic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from dataclasses import dataclass, field
+
+import aiohttp
+from aiohttp import web
+
+
+@dataclass
+class Faults:
+    fail_status: int = 0  # answer this HTTP status instead of forwarding ...
+    fail_times: int = 0  # ... for this many requests
+    delay_s: float = 0.0  # sleep before answering
+    corrupt: str | None = None  # "nan", "count", "nonjson", "index"
+    drop: bool = False  # close the connection without answering
+
+
+@dataclass
+class FaultProxy:
+    upstream: str
+    faults: Faults = field(default_factory=Faults)
+    requests: list[dict] = field(default_factory=list)
+    url: str = ""
+
+    def start(self) -> "FaultProxy":
+        ready = threading.Event()
+        self._thread = threading.Thread(target=self._serve, args=(ready,), daemon=True)
+        self._thread.start()
+        ready.wait(10)
+        return self
+
+    def stop(self) -> None:
+        self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(10)
+
+    def _serve(self, ready: threading.Event) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._loop.run_until_complete(self._main(ready))
+
+    async def _main(self, ready: threading.Event) -> None:
+        self._stop = asyncio.Event()
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        self.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+        async with aiohttp.ClientSession() as self._session:
+            ready.set()
+            await self._stop.wait()
+        await runner.cleanup()
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        self.requests.append({"path": request.path, "headers": dict(request.headers), "body": body})
+        f = self.faults
+        if f.delay_s:
+            await asyncio.sleep(f.delay_s)
+        if f.drop:
+            request.transport.close()
+            return web.Response(status=500)
+        if f.fail_times > 0:
+            f.fail_times -= 1
+            return web.json_response({"error": {"message": "injected"}}, status=f.fail_status)
+        headers = {k: v for k, v in request.headers.items() if k.lower() in ("authorization", "content-type")}
+        async with self._session.request(request.method, self.upstream + request.path_qs, data=body,
+                                         headers=headers) as up:
+            status, text = up.status, await up.text()
+        if f.corrupt and request.path == "/score" and status == 200:
+            text = _corrupt(text, f.corrupt)
+        return web.Response(status=status, text=text, content_type="application/json")
+
+
+def _corrupt(text: str, kind: str) -> str:
+    if kind == "nonjson":
+        return text[: len(text) // 2]
+    body = json.loads(text)
+    if kind == "nan":
+        body["data"][0]["score"] = float("nan")
+        return json.dumps(body)  # json.dumps writes NaN, as a careless server would
+    if kind == "count":
+        body["data"] = body["data"][:-1]
+    if kind == "index":
+        body["data"][0]["index"] = body["data"][-1]["index"]
+    return json.dumps(body)

@@ -1,0 +1,153 @@
+"""``VLLMRewardManager``, registered in verl's reward loop as ``vllm_rm``.
+
+Thin orchestration: build each trajectory's RM input (``rm_inputs``), hand it to
+the group batcher (``batching``) that sends grouped requests through the client
+(``client``), optionally call verl's ``compute_score`` and combine (``combine``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+from collections import Counter
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from verl import DataProto
+from verl.experimental.reward_loop.reward_manager import register
+from verl.experimental.reward_loop.reward_manager.base import RewardManagerBase
+from verl.utils.reward_score import default_compute_score
+from verl_vllm_rm.batching import GroupBatcher
+from verl_vllm_rm.client import VLLMRewardClient
+from verl_vllm_rm.combine import combine, split_verifiable
+from verl_vllm_rm.config import ManagerOptions, parse_options
+from verl_vllm_rm.legacy import warn_misrouted_config
+from verl_vllm_rm.rm_inputs import RMInput, chat_template_ids, fit_to_length, group_key, split_row
+
+logger = logging.getLogger(__name__)
+
+
+def _reward_kwargs(config: DictConfig) -> dict:
+    raw = config.get("reward", {}).get("reward_kwargs") if config is not None else None
+    return OmegaConf.to_container(raw, resolve=True) if isinstance(raw, DictConfig) else dict(raw or {})
+
+
+@register("vllm_rm")
+class VLLMRewardManager(RewardManagerBase):
+    """Scores trajectories with a vLLM-served reward model; options in ``reward.reward_kwargs``."""
+
+    def __init__(
+        self,
+        config: DictConfig,
+        tokenizer: Any,
+        compute_score=None,
+        reward_router_address: str | None = None,
+        reward_model_tokenizer: Any = None,
+        **_: Any,
+    ):
+        super().__init__(config, tokenizer, compute_score)
+        warn_misrouted_config(config)
+        self.options: ManagerOptions = parse_options(_reward_kwargs(config))
+        self.compute_score = compute_score or default_compute_score
+        self.client = VLLMRewardClient(options=self.options.client_options())
+        self.batcher = GroupBatcher(
+            lambda ids: self.client.score_batch(ids, normalize=self.options.normalize),
+            coalesce_s=self.options.coalesce_ms / 1000.0,
+            max_seqs=self.options.max_batch_seqs,
+            max_tokens=self.options.max_batch_tokens,
+        )
+        self.rm_tokenizer = None
+        if self.options.input_format == "chat_template":
+            from transformers import AutoTokenizer
+
+            self.rm_tokenizer = AutoTokenizer.from_pretrained(self.options.rm_tokenizer_path)
+        self._max_length: asyncio.Future | None = None
+        self._examined: Counter = Counter()
+        self.failed = 0
+
+    # -- verl reward-loop API -----------------------------------------------------------
+    async def run_single(self, data: DataProto) -> dict:
+        item = data[-1]
+        rm_input = await self._rm_input(item)
+        rm_task = asyncio.ensure_future(self.batcher.submit(rm_input.group_key, rm_input.token_ids))
+        verifiable, extras = await self._verifiable(item) if self.options.combine != "replace" else (None, {})
+        try:
+            rm_score, valid = await rm_task, 1.0
+        except Exception as e:
+            if self.options.failure_policy == "raise":
+                raise
+            self.failed += 1
+            logger.warning("vllm_rm: masking sample (uid=%s) after a failed score: %s", rm_input.group_key, e)
+            rm_score, valid = 0.0, 0.0
+        total = combine(self.options.combine, rm_score, verifiable, self.options.alpha) if valid else 0.0
+        info = {"score": total, "rm_score": rm_score, "rm_valid": valid,
+                "rm_prompt_tokens_dropped": float(rm_input.prompt_tokens_dropped)}
+        if verifiable is not None:
+            info.update(verifiable_score=verifiable, **extras)
+        self._maybe_print(item, info)
+        return {"reward_score": total, "reward_extra_info": info}
+
+    def __call__(self, data: DataProto, return_dict: bool = False):
+        """Legacy batch API: a reward tensor shaped like ``responses`` (score at the last valid token)."""
+
+        async def score_all():
+            return await asyncio.gather(*(self.run_single(data[i : i + 1]) for i in range(len(data))))
+
+        outputs = self.loop.run_until_complete(score_all())
+        reward_tensor = self.assemble_rm_scores(data, [o["reward_score"] for o in outputs])
+        if not return_dict:
+            return reward_tensor
+        keys = outputs[0]["reward_extra_info"].keys() if outputs else []
+        return {
+            "reward_tensor": reward_tensor,
+            "reward_extra_info": {k: [o["reward_extra_info"][k] for o in outputs] for k in keys},
+        }
+
+    # -- parts ----------------------------------------------------------------------
+    async def _max_len(self) -> int:
+        if self.options.max_length is not None:
+            return self.options.max_length
+        if self._max_length is None:  # ask the server once, shared by all concurrent callers
+            self._max_length = asyncio.ensure_future(self.client.health())
+        return int((await asyncio.shield(self._max_length))["max_model_len"])
+
+    async def _rm_input(self, item) -> RMInput:
+        prompt_ids, response_ids = split_row(item)
+        key = group_key(item, prompt_ids)
+        if self.rm_tokenizer is not None:
+            messages = item.non_tensor_batch.get("raw_prompt")
+            if messages is None:
+                raise ValueError("input_format=chat_template needs the raw chat: set data.return_raw_chat=True")
+            text = self.tokenizer.decode(response_ids, skip_special_tokens=True)
+            prompt_ids, response_ids = chat_template_ids(self.rm_tokenizer, list(messages), text)
+        ids, dropped = fit_to_length(prompt_ids, response_ids, await self._max_len(), self.options.overlong_policy)
+        return RMInput(ids, key, dropped)
+
+    async def _verifiable(self, item) -> tuple[float, dict]:
+        _, response_ids = split_row(item)
+        kwargs = dict(
+            data_source=item.non_tensor_batch["data_source"],
+            solution_str=self.tokenizer.decode(response_ids, skip_special_tokens=True),
+            ground_truth=item.non_tensor_batch["reward_model"]["ground_truth"],
+            extra_info=item.non_tensor_batch.get("extra_info", {}),
+        )
+        if inspect.iscoroutinefunction(self.compute_score):
+            result = await self.compute_score(**kwargs)
+        else:
+            result = await self.loop.run_in_executor(None, lambda: self.compute_score(**kwargs))
+        return split_verifiable(result)
+
+    def _maybe_print(self, item, info: dict) -> None:
+        source = item.non_tensor_batch.get("data_source", "unknown")
+        if self._examined[source] >= self.options.num_examine:
+            return
+        self._examined[source] += 1
+        prompt_ids, response_ids = split_row(item)
+        print(f"[vllm_rm] data_source={source}")
+        print("[prompt]", self.tokenizer.decode(prompt_ids, skip_special_tokens=True))
+        print("[response]", self.tokenizer.decode(response_ids, skip_special_tokens=True))
+        for key, value in info.items():
+            print(f"[{key}]", round(value, 6) if isinstance(value, float) else value)

@@ -1,0 +1,72 @@
+"""Build the reward model's input for one verl trajectory (pure functions over ids).
+
+``token_ids`` mode sends the policy's own prompt + response ids (no decode and
+re-tokenize: the RM must share the policy's tokenizer). ``chat_template`` mode
+renders the raw chat plus the decoded response with the RM tokenizer's template.
+Either way an overlong input is fitted by dropping prompt tokens from the left,
+so the whole response, whose last token carries the score, is always scored.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Hashable
+
+
+class OverlongInputError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class RMInput:
+    token_ids: list[int]
+    group_key: Hashable
+    prompt_tokens_dropped: int
+
+
+def split_row(item: Any) -> tuple[list[int], list[int]]:
+    """(valid prompt ids, valid response ids) of one ``DataProtoItem``."""
+    prompts, responses, mask = item.batch["prompts"], item.batch["responses"], item.batch["attention_mask"]
+    prompt_len = prompts.shape[-1]
+    prompt_ids = prompts[mask[:prompt_len].bool()].tolist()
+    response_ids = responses[: int(mask[prompt_len:].sum())].tolist()
+    return prompt_ids, response_ids
+
+
+def fit_to_length(prompt: list[int], response: list[int], max_length: int, policy: str) -> tuple[list[int], int]:
+    """Concatenate, dropping prompt tokens from the left when the total exceeds ``max_length``."""
+    overflow = len(prompt) + len(response) - max_length
+    if overflow <= 0:
+        return prompt + response, 0
+    if policy == "error":
+        raise OverlongInputError(
+            f"prompt ({len(prompt)}) + response ({len(response)}) tokens exceed the reward model's max length "
+            f"{max_length}; set reward_kwargs.overlong_policy=truncate_prompt_left or raise the server's --max-model-len"
+        )
+    if overflow >= len(prompt) and response:
+        raise OverlongInputError(
+            f"the response alone has {len(response)} tokens, more than the reward model's max length {max_length} "
+            "minus one prompt token; raise the server's --max-model-len or lower data.max_response_length"
+        )
+    return prompt[overflow:] + response, overflow
+
+
+def chat_template_ids(rm_tokenizer: Any, messages: list[dict], response_text: str) -> tuple[list[int], list[int]]:
+    """(prompt part, response part) ids of the chat rendered with the RM's template."""
+    full_text = rm_tokenizer.apply_chat_template(
+        [*messages, {"role": "assistant", "content": response_text}], tokenize=False
+    )
+    prompt_text = rm_tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    full = rm_tokenizer(full_text, add_special_tokens=False).input_ids
+    prompt = rm_tokenizer(prompt_text, add_special_tokens=False).input_ids
+    shared = 0
+    for a, b in zip(prompt, full):
+        if a != b:
+            break
+        shared += 1
+    return full[:shared], full[shared:]
+
+
+def group_key(item: Any, prompt_ids: list[int]) -> Hashable:
+    uid = item.non_tensor_batch.get("uid")
+    return ("uid", str(uid)) if uid is not None else ("prompt", hash(tuple(prompt_ids)))
