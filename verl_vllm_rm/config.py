@@ -14,10 +14,14 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping
 
+from verl_vllm_rm.pairwise import validate_reference_source
+
 InputFormat = Literal["token_ids", "chat_template"]
 OverlongPolicy = Literal["truncate_prompt_left", "error"]
 FailurePolicy = Literal["raise", "mask"]
 CombineMode = Literal["replace", "add", "multiply", "weighted"]
+PairwiseMode = Literal["auto", "always", "never"]
+MissingReference = Literal["raise", "skip"]
 
 
 class ConfigError(ValueError):
@@ -58,6 +62,9 @@ class ManagerOptions(ClientOptions):
     normalize: bool = False
     coalesce_ms: float = 5.0
     num_examine: int = 1
+    pairwise: PairwiseMode = "auto"
+    reference_source: str = "ground_truth"
+    missing_reference: MissingReference = "raise"
 
     def client_options(self) -> ClientOptions:
         names = {f.name for f in dataclasses.fields(ClientOptions)}
@@ -126,6 +133,10 @@ def _validate_manager(opts: ManagerOptions) -> None:
         raise ConfigError(f"reward_kwargs.max_length must be > 0, got {opts.max_length}")
     if not 0.0 <= opts.alpha <= 1.0:
         raise ConfigError(f"reward_kwargs.alpha must be in [0, 1], got {opts.alpha}")
+    try:
+        validate_reference_source(opts.reference_source)
+    except ValueError as e:
+        raise ConfigError(f"reward_kwargs.{e}") from None
     if opts.input_format == "chat_template" and not opts.rm_tokenizer_path:
         raise ConfigError(
             "reward_kwargs.input_format=chat_template needs reward_kwargs.rm_tokenizer_path "

@@ -25,6 +25,7 @@ from verl_vllm_rm.client import VLLMRewardClient
 from verl_vllm_rm.combine import combine, split_verifiable
 from verl_vllm_rm.config import ManagerOptions, parse_options
 from verl_vllm_rm.legacy import warn_misrouted_config
+from verl_vllm_rm.pairwise import NO_WIN_METRICS, MissingReferenceError, ReferenceCache, reference_text, win_metrics
 from verl_vllm_rm.rm_inputs import RMInput, chat_template_ids, fit_to_length, group_key, split_row
 
 logger = logging.getLogger(__name__)
@@ -66,18 +67,26 @@ class VLLMRewardManager(RewardManagerBase):
             self.rm_tokenizer = AutoTokenizer.from_pretrained(self.options.rm_tokenizer_path)
         self._max_length: asyncio.Future | None = None
         self._examined: Counter = Counter()
+        self.references = ReferenceCache()
         self.failed = 0
+        self.references_missing = 0
 
     # -- verl reward-loop API -----------------------------------------------------------
     async def run_single(self, data: DataProto) -> dict:
         item = data[-1]
         rm_input = await self._rm_input(item)
         rm_task = asyncio.ensure_future(self.batcher.submit(rm_input.group_key, rm_input.token_ids))
+        pairwise = self.options.pairwise == "always" or (
+            self.options.pairwise == "auto" and data.meta_info.get("validate", False)
+        )
+        ref_task = asyncio.ensure_future(self._reference_score(item, rm_input)) if pairwise else None
         verifiable, extras = await self._verifiable(item) if self.options.combine != "replace" else (None, {})
         try:
             rm_score, valid = await rm_task, 1.0
         except Exception as e:
             if self.options.failure_policy == "raise":
+                if ref_task is not None:
+                    ref_task.cancel()
                 raise
             self.failed += 1
             logger.warning("vllm_rm: masking sample (uid=%s) after a failed score: %s", rm_input.group_key, e)
@@ -87,6 +96,9 @@ class VLLMRewardManager(RewardManagerBase):
                 "rm_prompt_tokens_dropped": float(rm_input.prompt_tokens_dropped)}
         if verifiable is not None:
             info.update(verifiable_score=verifiable, **extras)
+        if ref_task is not None:
+            reference = await ref_task
+            info.update(win_metrics(rm_score, reference) if valid and reference is not None else NO_WIN_METRICS)
         self._maybe_print(item, info)
         return {"reward_score": total, "reward_extra_info": info}
 
@@ -125,6 +137,26 @@ class VLLMRewardManager(RewardManagerBase):
             prompt_ids, response_ids = chat_template_ids(self.rm_tokenizer, list(messages), text)
         ids, dropped = fit_to_length(prompt_ids, response_ids, await self._max_len(), self.options.overlong_policy)
         return RMInput(ids, key, dropped)
+
+    async def _reference_score(self, item, rm_input: RMInput) -> float | None:
+        """The RM score of the prompt's reference answer (scored once per prompt; None when skipped)."""
+        text = reference_text(item, self.options.reference_source)
+        if text is None:
+            if self.options.missing_reference == "skip":
+                self.references_missing += 1
+                return None
+            raise MissingReferenceError(
+                f"sample uid={rm_input.group_key[1]} has no reference answer in "
+                f"reference_source={self.options.reference_source!r}; add it to the data, choose another "
+                "reward_kwargs.reference_source, or set reward_kwargs.missing_reference=skip"
+            )
+        prompt_ids, _ = split_row(item)
+        if self.rm_tokenizer is not None:
+            prompt_ids, ref_ids = chat_template_ids(self.rm_tokenizer, list(item.non_tensor_batch["raw_prompt"]), text)
+        else:
+            ref_ids = self.tokenizer(text, add_special_tokens=False).input_ids
+        ids, _ = fit_to_length(prompt_ids, ref_ids, await self._max_len(), self.options.overlong_policy)
+        return await self.references.score((rm_input.group_key, text), lambda: self.batcher.submit(rm_input.group_key, ids))
 
     async def _verifiable(self, item) -> tuple[float, dict]:
         _, response_ids = split_row(item)
