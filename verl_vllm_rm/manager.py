@@ -26,7 +26,7 @@ from verl_vllm_rm.combine import combine, split_verifiable
 from verl_vllm_rm.config import ManagerOptions, parse_options
 from verl_vllm_rm.legacy import warn_misrouted_config
 from verl_vllm_rm.pairwise import NO_WIN_METRICS, MissingReferenceError, ReferenceCache, reference_text, win_metrics
-from verl_vllm_rm.rm_inputs import RMInput, chat_template_ids, fit_to_length, group_key, split_row
+from verl_vllm_rm.rm_inputs import RMInput, Sample, chat_template_ids, fit_to_length, samples_from_batch
 
 logger = logging.getLogger(__name__)
 
@@ -73,14 +73,31 @@ class VLLMRewardManager(RewardManagerBase):
 
     # -- verl reward-loop API -----------------------------------------------------------
     async def run_single(self, data: DataProto) -> dict:
-        item = data[-1]
-        rm_input = await self._rm_input(item)
+        return await self._score_sample(samples_from_batch(data)[-1])
+
+    def __call__(self, data: DataProto, return_dict: bool = False):
+        """Legacy batch API: a reward tensor shaped like ``responses`` (score at the last valid token)."""
+
+        async def score_all():
+            return await asyncio.gather(*(self._score_sample(s) for s in samples_from_batch(data)))
+
+        outputs = self.loop.run_until_complete(score_all())
+        reward_tensor = self.assemble_rm_scores(data, [o["reward_score"] for o in outputs])
+        if not return_dict:
+            return reward_tensor
+        keys = outputs[0]["reward_extra_info"].keys() if outputs else []
+        return {
+            "reward_tensor": reward_tensor,
+            "reward_extra_info": {k: [o["reward_extra_info"][k] for o in outputs] for k in keys},
+        }
+
+    # -- parts ----------------------------------------------------------------------
+    async def _score_sample(self, sample: Sample) -> dict:
+        rm_input = await self._rm_input(sample)
         rm_task = asyncio.ensure_future(self.batcher.submit(rm_input.group_key, rm_input.token_ids))
-        pairwise = self.options.pairwise == "always" or (
-            self.options.pairwise == "auto" and data.meta_info.get("validate", False)
-        )
-        ref_task = asyncio.ensure_future(self._reference_score(item, rm_input)) if pairwise else None
-        verifiable, extras = await self._verifiable(item) if self.options.combine != "replace" else (None, {})
+        pairwise = self.options.pairwise == "always" or (self.options.pairwise == "auto" and sample.validate)
+        ref_task = asyncio.ensure_future(self._reference_score(sample, rm_input)) if pairwise else None
+        verifiable, extras = await self._verifiable(sample) if self.options.combine != "replace" else (None, {})
         try:
             rm_score, valid = await rm_task, 1.0
         except Exception as e:
@@ -99,26 +116,9 @@ class VLLMRewardManager(RewardManagerBase):
         if ref_task is not None:
             reference = await ref_task
             info.update(win_metrics(rm_score, reference) if valid and reference is not None else NO_WIN_METRICS)
-        self._maybe_print(item, info)
+        self._maybe_print(sample, info)
         return {"reward_score": total, "reward_extra_info": info}
 
-    def __call__(self, data: DataProto, return_dict: bool = False):
-        """Legacy batch API: a reward tensor shaped like ``responses`` (score at the last valid token)."""
-
-        async def score_all():
-            return await asyncio.gather(*(self.run_single(data[i : i + 1]) for i in range(len(data))))
-
-        outputs = self.loop.run_until_complete(score_all())
-        reward_tensor = self.assemble_rm_scores(data, [o["reward_score"] for o in outputs])
-        if not return_dict:
-            return reward_tensor
-        keys = outputs[0]["reward_extra_info"].keys() if outputs else []
-        return {
-            "reward_tensor": reward_tensor,
-            "reward_extra_info": {k: [o["reward_extra_info"][k] for o in outputs] for k in keys},
-        }
-
-    # -- parts ----------------------------------------------------------------------
     async def _max_len(self) -> int:
         if self.options.max_length is not None:
             return self.options.max_length
@@ -126,21 +126,20 @@ class VLLMRewardManager(RewardManagerBase):
             self._max_length = asyncio.ensure_future(self.client.health())
         return int((await asyncio.shield(self._max_length))["max_model_len"])
 
-    async def _rm_input(self, item) -> RMInput:
-        prompt_ids, response_ids = split_row(item)
-        key = group_key(item, prompt_ids)
+    async def _rm_input(self, sample: Sample) -> RMInput:
+        prompt_ids, response_ids = sample.prompt_ids, sample.response_ids
         if self.rm_tokenizer is not None:
-            messages = item.non_tensor_batch.get("raw_prompt")
+            messages = sample.fields.get("raw_prompt")
             if messages is None:
                 raise ValueError("input_format=chat_template needs the raw chat: set data.return_raw_chat=True")
             text = self.tokenizer.decode(response_ids, skip_special_tokens=True)
             prompt_ids, response_ids = chat_template_ids(self.rm_tokenizer, list(messages), text)
         ids, dropped = fit_to_length(prompt_ids, response_ids, await self._max_len(), self.options.overlong_policy)
-        return RMInput(ids, key, dropped)
+        return RMInput(ids, sample.group_key, dropped)
 
-    async def _reference_score(self, item, rm_input: RMInput) -> float | None:
+    async def _reference_score(self, sample: Sample, rm_input: RMInput) -> float | None:
         """The RM score of the prompt's reference answer (scored once per prompt; None when skipped)."""
-        text = reference_text(item, self.options.reference_source)
+        text = reference_text(sample.fields, self.options.reference_source)
         if text is None:
             if self.options.missing_reference == "skip":
                 self.references_missing += 1
@@ -150,21 +149,20 @@ class VLLMRewardManager(RewardManagerBase):
                 f"reference_source={self.options.reference_source!r}; add it to the data, choose another "
                 "reward_kwargs.reference_source, or set reward_kwargs.missing_reference=skip"
             )
-        prompt_ids, _ = split_row(item)
+        prompt_ids = sample.prompt_ids
         if self.rm_tokenizer is not None:
-            prompt_ids, ref_ids = chat_template_ids(self.rm_tokenizer, list(item.non_tensor_batch["raw_prompt"]), text)
+            prompt_ids, ref_ids = chat_template_ids(self.rm_tokenizer, list(sample.fields["raw_prompt"]), text)
         else:
             ref_ids = self.tokenizer(text, add_special_tokens=False).input_ids
         ids, _ = fit_to_length(prompt_ids, ref_ids, await self._max_len(), self.options.overlong_policy)
         return await self.references.score((rm_input.group_key, text), lambda: self.batcher.submit(rm_input.group_key, ids))
 
-    async def _verifiable(self, item) -> tuple[float, dict]:
-        _, response_ids = split_row(item)
+    async def _verifiable(self, sample: Sample) -> tuple[float, dict]:
         kwargs = dict(
-            data_source=item.non_tensor_batch["data_source"],
-            solution_str=self.tokenizer.decode(response_ids, skip_special_tokens=True),
-            ground_truth=item.non_tensor_batch["reward_model"]["ground_truth"],
-            extra_info=item.non_tensor_batch.get("extra_info", {}),
+            data_source=sample.fields["data_source"],
+            solution_str=self.tokenizer.decode(sample.response_ids, skip_special_tokens=True),
+            ground_truth=sample.fields["reward_model"]["ground_truth"],
+            extra_info=sample.fields.get("extra_info", {}),
         )
         if inspect.iscoroutinefunction(self.compute_score):
             result = await self.compute_score(**kwargs)
@@ -172,14 +170,13 @@ class VLLMRewardManager(RewardManagerBase):
             result = await self.loop.run_in_executor(None, lambda: self.compute_score(**kwargs))
         return split_verifiable(result)
 
-    def _maybe_print(self, item, info: dict) -> None:
-        source = item.non_tensor_batch.get("data_source", "unknown")
+    def _maybe_print(self, sample: Sample, info: dict) -> None:
+        source = sample.fields.get("data_source", "unknown")
         if self._examined[source] >= self.options.num_examine:
             return
         self._examined[source] += 1
-        prompt_ids, response_ids = split_row(item)
         print(f"[vllm_rm] data_source={source}")
-        print("[prompt]", self.tokenizer.decode(prompt_ids, skip_special_tokens=True))
-        print("[response]", self.tokenizer.decode(response_ids, skip_special_tokens=True))
+        print("[prompt]", self.tokenizer.decode(sample.prompt_ids, skip_special_tokens=True))
+        print("[response]", self.tokenizer.decode(sample.response_ids, skip_special_tokens=True))
         for key, value in info.items():
             print(f"[{key}]", round(value, 6) if isinstance(value, float) else value)

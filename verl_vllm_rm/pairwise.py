@@ -26,9 +26,9 @@ def validate_reference_source(source: str) -> str:
     )
 
 
-def reference_text(item: Any, source: str) -> str | None:
-    """The reference answer of one ``DataProtoItem`` (None when it has none)."""
-    nt = item.non_tensor_batch
+def reference_text(fields: dict[str, Any], source: str) -> str | None:
+    """The reference answer in one sample's non-tensor fields (None when it has none)."""
+    nt = fields
     if source == "ground_truth":
         value = (nt.get("reward_model") or {}).get("ground_truth")
     elif source == "rm_gallery":  # rm-gallery's DataSample shape: extra_info["y"][0]["content"]

@@ -18,19 +18,44 @@ class OverlongInputError(ValueError):
 
 
 @dataclass(frozen=True)
+class Sample:
+    """One trajectory as plain Python: valid prompt/response ids and its non-tensor fields."""
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+    fields: dict[str, Any]
+    validate: bool = False
+
+    @property
+    def group_key(self) -> Hashable:
+        uid = self.fields.get("uid")
+        return ("uid", str(uid)) if uid is not None else ("prompt", hash(tuple(self.prompt_ids)))
+
+
+def samples_from_batch(data: Any) -> list[Sample]:
+    """All rows of a verl ``DataProto`` at once (one ``tolist`` per tensor, no per-row slicing)."""
+    prompts, responses, mask = data.batch["prompts"], data.batch["responses"], data.batch["attention_mask"]
+    prompt_len = prompts.shape[-1]
+    prompt_rows, prompt_mask = prompts.tolist(), mask[:, :prompt_len].bool().tolist()
+    response_rows, response_lens = responses.tolist(), mask[:, prompt_len:].sum(-1).tolist()
+    validate = bool(data.meta_info.get("validate", False))
+    columns = data.non_tensor_batch
+    return [
+        Sample(
+            [t for t, keep in zip(prompt_rows[i], prompt_mask[i]) if keep],
+            response_rows[i][: response_lens[i]],
+            {k: v[i] for k, v in columns.items()},
+            validate,
+        )
+        for i in range(len(prompt_rows))
+    ]
+
+
+@dataclass(frozen=True)
 class RMInput:
     token_ids: list[int]
     group_key: Hashable
     prompt_tokens_dropped: int
-
-
-def split_row(item: Any) -> tuple[list[int], list[int]]:
-    """(valid prompt ids, valid response ids) of one ``DataProtoItem``."""
-    prompts, responses, mask = item.batch["prompts"], item.batch["responses"], item.batch["attention_mask"]
-    prompt_len = prompts.shape[-1]
-    prompt_ids = prompts[mask[:prompt_len].bool()].tolist()
-    response_ids = responses[: int(mask[prompt_len:].sum())].tolist()
-    return prompt_ids, response_ids
 
 
 def fit_to_length(prompt: list[int], response: list[int], max_length: int, policy: str) -> tuple[list[int], int]:
@@ -65,8 +90,3 @@ def chat_template_ids(rm_tokenizer: Any, messages: list[dict], response_text: st
             break
         shared += 1
     return full[:shared], full[shared:]
-
-
-def group_key(item: Any, prompt_ids: list[int]) -> Hashable:
-    uid = item.non_tensor_batch.get("uid")
-    return ("uid", str(uid)) if uid is not None else ("prompt", hash(tuple(prompt_ids)))
