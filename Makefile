@@ -12,9 +12,12 @@ CUDA_ONLY := torchvision torchaudio torchcodec
 
 setup: $(STAMP) $(STAMP_SERVER)
 
-$(STAMP): pyproject.toml requirements/trainer.txt
+$(STAMP): pyproject.toml requirements/trainer.txt requirements/gallery.txt
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q -r requirements/trainer.txt
+	# rm-gallery's declared deps conflict with verl: install it bare plus what its import needs.
+	$(VENV)/bin/pip install -q --no-deps rm-gallery==0.1.7
+	$(VENV)/bin/pip install -q -r requirements/gallery.txt
 	$(VENV)/bin/pip install -q --no-deps --no-build-isolation -e .
 	touch $@
 

@@ -1,4 +1,4 @@
-"""``verl-vllm-rm``: serve, score and build the tiny demo reward model."""
+"""``verl-vllm-rm``: serve, score, demo, bench, and build the tiny demo reward model."""
 
 from __future__ import annotations
 
@@ -42,6 +42,31 @@ def _tiny_rm(args: argparse.Namespace, rest: list[str]) -> int:
     return 0
 
 
+def _demo(args: argparse.Namespace, rest: list[str]) -> int:
+    from verl_vllm_rm.demo.run import main as run_demo
+
+    run_demo(args.workdir, train_seconds=args.train_seconds, seed=args.seed)
+    return 0
+
+
+def _bench(args: argparse.Namespace, rest: list[str]) -> int:
+    import runpy
+
+    from verl_vllm_rm.server_process import REPO_ROOT
+
+    scripts = sorted((REPO_ROOT / "benchmarks").glob("bench_*.py"))
+    if not scripts:
+        print("benchmarks/ not found: run `verl-vllm-rm bench` from a source checkout", file=sys.stderr)
+        return 2
+    for script in scripts:
+        if args.only and not any(name in script.stem for name in args.only):
+            continue
+        print(f"== {script.name}", flush=True)
+        sys.argv = [str(script)]
+        runpy.run_path(str(script), run_name="__main__")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="verl-vllm-rm", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -57,6 +82,14 @@ def build_parser() -> argparse.ArgumentParser:
     score.add_argument("--api-key", default=os.environ.get("VERL_VLLM_RM_API_KEY"))
     score.add_argument("--timeout", type=float, default=60.0)
     score.set_defaults(func=_score, passthrough=False)
+    demo = sub.add_parser("demo", help="the whole product on CPU: train, serve, score through verl, publish")
+    demo.add_argument("--workdir", help="where the tiny models go (default: a new temporary directory)")
+    demo.add_argument("--train-seconds", type=float, default=60.0)
+    demo.add_argument("--seed", type=int, default=0)
+    demo.set_defaults(func=_demo, passthrough=False)
+    bench = sub.add_parser("bench", help="run benchmarks/bench_*.py (JSON into benchmarks/results/)")
+    bench.add_argument("--only", nargs="*", help="substrings of benchmark names to run")
+    bench.set_defaults(func=_bench, passthrough=False)
     tiny = sub.add_parser("tiny-rm", help="build the offline tiny reward model used by tests and the demo")
     tiny.add_argument("out", help="output directory")
     tiny.set_defaults(func=_tiny_rm, passthrough=False)

@@ -62,6 +62,7 @@ class ManagerOptions(ClientOptions):
     normalize: bool = False
     coalesce_ms: float = 5.0
     num_examine: int = 1
+    rewards: dict | None = None
     pairwise: PairwiseMode = "auto"
     reference_source: str = "ground_truth"
     missing_reference: MissingReference = "raise"
@@ -88,6 +89,10 @@ def _check_type(name: str, value: Any, annotation: Any) -> Any:
         if not isinstance(items, (list, tuple)) or not all(isinstance(v, str) for v in items) or not items:
             raise ConfigError(f"reward_kwargs.{name} must be a string or a non-empty list of strings, got {value!r}")
         return list(items)
+    if annotation is dict:
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"reward_kwargs.{name} must be a mapping, got {value!r}")
+        return dict(value)
     if annotation is bool:
         if not isinstance(value, bool):
             raise ConfigError(f"reward_kwargs.{name} must be true or false, got {value!r}")
@@ -137,6 +142,11 @@ def _validate_manager(opts: ManagerOptions) -> None:
         validate_reference_source(opts.reference_source)
     except ValueError as e:
         raise ConfigError(f"reward_kwargs.{e}") from None
+    if opts.rewards is not None and opts.combine != "replace":
+        raise ConfigError(
+            f"reward_kwargs.combine={opts.combine!r} and reward_kwargs.rewards are exclusive: with a rewards "
+            "composition, put 'verifiable' in rewards.components and give it a weight"
+        )
     if opts.input_format == "chat_template" and not opts.rm_tokenizer_path:
         raise ConfigError(
             "reward_kwargs.input_format=chat_template needs reward_kwargs.rm_tokenizer_path "

@@ -23,9 +23,10 @@ from verl.utils.reward_score import default_compute_score
 from verl_vllm_rm.batching import GroupBatcher
 from verl_vllm_rm.client import VLLMRewardClient
 from verl_vllm_rm.combine import combine, split_verifiable
-from verl_vllm_rm.config import ManagerOptions, parse_options
+from verl_vllm_rm.config import ConfigError, ManagerOptions, parse_options
 from verl_vllm_rm.legacy import warn_misrouted_config
 from verl_vllm_rm.pairwise import NO_WIN_METRICS, MissingReferenceError, ReferenceCache, reference_text, win_metrics
+from verl_vllm_rm.rule_scorer import RuleScorer, batch_stats
 from verl_vllm_rm.rm_inputs import RMInput, Sample, chat_template_ids, fit_to_length, samples_from_batch
 
 logger = logging.getLogger(__name__)
@@ -65,6 +66,11 @@ class VLLMRewardManager(RewardManagerBase):
             from transformers import AutoTokenizer
 
             self.rm_tokenizer = AutoTokenizer.from_pretrained(self.options.rm_tokenizer_path)
+        try:
+            self.rules = RuleScorer(self.options.rewards, tokenizer) if self.options.rewards is not None else None
+        except ValueError as e:
+            raise ConfigError(f"reward_kwargs.rewards: {e}") from e
+        self.last_batch_stats: dict[str, float] = {}
         self._max_length: asyncio.Future | None = None
         self._examined: Counter = Counter()
         self.references = ReferenceCache()
@@ -82,6 +88,7 @@ class VLLMRewardManager(RewardManagerBase):
             return await asyncio.gather(*(self._score_sample(s) for s in samples_from_batch(data)))
 
         outputs = self.loop.run_until_complete(score_all())
+        self.last_batch_stats = batch_stats([o["reward_extra_info"] for o in outputs])
         reward_tensor = self.assemble_rm_scores(data, [o["reward_score"] for o in outputs])
         if not return_dict:
             return reward_tensor
@@ -91,13 +98,21 @@ class VLLMRewardManager(RewardManagerBase):
             "reward_extra_info": {k: [o["reward_extra_info"][k] for o in outputs] for k in keys},
         }
 
+    def close(self) -> None:
+        """Close this manager's HTTP sessions (verl keeps managers for the whole run)."""
+        self.loop.run_until_complete(self.client.close())
+
     # -- parts ----------------------------------------------------------------------
     async def _score_sample(self, sample: Sample) -> dict:
         rm_input = await self._rm_input(sample)
         rm_task = asyncio.ensure_future(self.batcher.submit(rm_input.group_key, rm_input.token_ids))
         pairwise = self.options.pairwise == "always" or (self.options.pairwise == "auto" and sample.validate)
         ref_task = asyncio.ensure_future(self._reference_score(sample, rm_input)) if pairwise else None
-        verifiable, extras = await self._verifiable(sample) if self.options.combine != "replace" else (None, {})
+        text = self.tokenizer.decode(sample.response_ids, skip_special_tokens=True)
+        rules_task = asyncio.ensure_future(self._rule_components(sample, text)) if self.rules is not None else None
+        needs_verifiable = self.options.combine != "replace" or (self.rules is not None and self.rules.needs_verifiable)
+        verifiable, extras = await self._verifiable(sample, text) if needs_verifiable else (None, {})
+        rules = await rules_task if rules_task is not None else {}
         try:
             rm_score, valid = await rm_task, 1.0
         except Exception as e:
@@ -108,9 +123,9 @@ class VLLMRewardManager(RewardManagerBase):
             self.failed += 1
             logger.warning("vllm_rm: masking sample (uid=%s) after a failed score: %s", rm_input.group_key, e)
             rm_score, valid = 0.0, 0.0
-        total = combine(self.options.combine, rm_score, verifiable, self.options.alpha) if valid else 0.0
+        total = self._total(rm_score, verifiable, rules) if valid else 0.0
         info = {"score": total, "rm_score": rm_score, "rm_valid": valid,
-                "rm_prompt_tokens_dropped": float(rm_input.prompt_tokens_dropped)}
+                "rm_prompt_tokens_dropped": float(rm_input.prompt_tokens_dropped), **rules}
         if verifiable is not None:
             info.update(verifiable_score=verifiable, **extras)
         if ref_task is not None:
@@ -157,10 +172,25 @@ class VLLMRewardManager(RewardManagerBase):
         ids, _ = fit_to_length(prompt_ids, ref_ids, await self._max_len(), self.options.overlong_policy)
         return await self.references.score((rm_input.group_key, text), lambda: self.batcher.submit(rm_input.group_key, ids))
 
-    async def _verifiable(self, sample: Sample) -> tuple[float, dict]:
+    def _total(self, rm_score: float, verifiable: float | None, rules: dict[str, float]) -> float:
+        if self.rules is None:
+            return combine(self.options.combine, rm_score, verifiable, self.options.alpha)
+        return self.rules.total({**rules, "rubric": rm_score, "verifiable": verifiable})
+
+    async def _rule_components(self, sample: Sample, text: str) -> dict[str, float]:
+        if not self.rules.gallery:  # vectorised numpy on one row: cheaper inline than in a thread
+            return self.rules.components(sample.response_ids, text, "", None)
+        prompt = self.tokenizer.decode(sample.prompt_ids, skip_special_tokens=True)
+        reference = reference_text(sample.fields, self.options.reference_source)
+        # rm-gallery rewards (LLM judges) may block on HTTP: keep them off the event loop
+        return await self.loop.run_in_executor(
+            None, self.rules.components, sample.response_ids, text, prompt, reference
+        )
+
+    async def _verifiable(self, sample: Sample, text: str) -> tuple[float, dict]:
         kwargs = dict(
             data_source=sample.fields["data_source"],
-            solution_str=self.tokenizer.decode(sample.response_ids, skip_special_tokens=True),
+            solution_str=text,
             ground_truth=sample.fields["reward_model"]["ground_truth"],
             extra_info=sample.fields.get("extra_info", {}),
         )

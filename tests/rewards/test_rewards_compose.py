@@ -1,0 +1,154 @@
+"""Reward config validation, the batch computation of rule rewards, composition and metrics."""
+
+from __future__ import annotations
+
+import math
+import pickle
+
+import numpy as np
+import pytest
+
+from verl_vllm_rm.rewards import (
+    RESPONSE_TOKENS,
+    THOUGHT_TOKENS,
+    NgramParams,
+    RewardConfig,
+    component_stats,
+    compose,
+    compute_rule_rewards,
+    think_tag_ids,
+)
+
+
+def test_default_is_the_rm_gallery_recipe():
+    config = RewardConfig.from_dict(None)
+    assert config == RewardConfig.from_dict({}) == RewardConfig()
+    assert config.components == ("rubric", "format", "length", "ngram")
+    assert dict(config.weights) == {"rubric": 0.95, "format": 0.05, "length": 1.0, "ngram": 1.0}
+    assert config.ngram == NgramParams(ngram_size=5, max_penalty=-1.0, min_scaling=0.1)
+
+
+def test_weights_default_per_component_and_can_be_overridden():
+    config = RewardConfig.from_dict({
+        "components": ["verifiable", "format", "thought_length", "gallery:reasoning_format"],
+        "weights": {"verifiable": 2.0, "gallery:reasoning_format": 0},
+        "ngram": {"ngram_size": 3},  # parameters of a disabled component are allowed (Hydra keeps defaults)
+    })
+    assert dict(config.weights) == {"verifiable": 2.0, "format": 0.05, "thought_length": 1.0,
+                                    "gallery:reasoning_format": 0.0}
+    assert config.gallery_names == ("reasoning_format",)
+    assert config.ngram.ngram_size == 3
+
+
+def test_from_dict_accepts_omegaconf_and_the_result_pickles():
+    from omegaconf import OmegaConf
+
+    raw = OmegaConf.create({"components": ["rubric", "format", "gallery:accuracy"], "weights": {"format": 0.2},
+                            "format": {"blocks": ["reasoning", "answer"]}, "gallery": {"accuracy": {"name": "acc"}}})
+    config = RewardConfig.from_dict(raw)
+    assert config.format.blocks == ("reasoning", "answer")
+    assert dict(config.weights) == {"rubric": 0.95, "format": 0.2, "gallery:accuracy": 1.0}
+    assert pickle.loads(pickle.dumps(config)) == config  # reward-loop workers are Ray actors
+
+
+@pytest.mark.parametrize(
+    "raw, message",
+    [
+        ({"components": ["rubric", "formt"]},
+         r"unknown reward component 'formt'; valid: rubric, verifiable, format, length, thought_length, ngram, "
+         r"gallery:<name>"),
+        ({"components": ["gallery:"]}, "unknown reward component 'gallery:'"),
+        ({"components": ["rubric", 3]}, "unknown reward component 3"),
+        ({"ngram": {"ngram_size": -2}}, r"rewards\.ngram: ngram_size must be a positive integer .*got -2"),
+        ({"ngram": {"ngram_size": 0}}, r"rewards\.ngram: ngram_size must be a positive integer .*got 0"),
+        ({"weights": {"thought_length": 0.5}},
+         r"gives weights for \['thought_length'\], which are not enabled .*add them to rewards\.components"),
+        ({"components": ["rubric"], "weights": {"rubric": 1, "ngram": -1}}, r"weights for \['ngram'\]"),
+        ({"weight": {"rubric": 1}}, r"rewards: unknown key\(s\) \['weight'\]; valid: components, weights, format"),
+        ({"ngram": {"n": 3}}, r"rewards\.ngram: unknown parameter\(s\) \['n'\]; valid: ngram_size, max_penalty"),
+        ({"ngram": [3]}, r"rewards\.ngram must be a mapping"),
+        ({"components": "rubric"}, "rewards.components must be a list"),
+        ({"components": []}, "non-empty list"),
+        ({"components": ["format", "format"]}, r"lists \['format'\] more than once"),
+        ({"weights": {"rubric": float("nan")}}, "weight of 'rubric' must be a finite number"),
+        ({"weights": {"rubric": True}}, "weight of 'rubric' must be a finite number"),
+        ({"weights": [1.0]}, "rewards.weights must map component names"),
+        ({"length": {"overlong_buffer": 64}}, r"rewards\.length: overlong_buffer=64 needs max_response_tokens"),
+        ({"thought_length": {"close_tag": ""}}, r"rewards\.thought_length: open_tag and close_tag"),
+        ({"format": {"pattern": "(unclosed"}}, r"rewards\.format: format pattern .* not a valid regular expression"),
+        ({"gallery": {"length_penalty": 3}}, "rewards.gallery must map rm-gallery names"),
+    ],
+)
+def test_config_errors_name_the_problem(raw, message):
+    with pytest.raises(ValueError, match=message):
+        RewardConfig.from_dict(raw)
+
+
+def test_compose_is_the_weighted_sum():
+    values = {"rubric": np.array([1.0, 0.0, 0.5]), "format": [1, 0, 1], "ngram": np.array([0.0, -1.0, -0.2]),
+              RESPONSE_TOKENS: np.array([10.0, 20.0, 30.0])}  # unweighted extras are ignored
+    total = compose(values, {"rubric": 0.95, "format": 0.05, "ngram": 1.0})
+    np.testing.assert_allclose(total, [1.0, -1.0, 0.95 * 0.5 + 0.05 - 0.2])
+    assert total.dtype == np.float64
+
+
+def test_compose_keeps_nan_and_reports_missing_or_mismatched_values():
+    total = compose({"rubric": [np.nan, 1.0], "format": [1.0, 1.0]}, {"rubric": 1.0, "format": 1.0})
+    assert math.isnan(total[0]) and total[1] == 2.0
+    with pytest.raises(ValueError, match=r"no values for weighted component\(s\) \['rubric'\].*manager supplies"):
+        compose({"format": [1.0]}, {"rubric": 0.95, "format": 0.05})
+    with pytest.raises(ValueError, match="1-D arrays of one length"):
+        compose({"rubric": [1.0, 2.0], "format": [1.0]}, {"rubric": 1.0, "format": 1.0})
+    with pytest.raises(ValueError, match="at least one weighted component"):
+        compose({"rubric": [1.0]}, {})
+
+
+def test_component_stats():
+    stats = component_stats({"ngram": np.array([0.0, -1.0, -0.5, np.nan]), "rubric": [np.nan]})
+    assert stats["reward/ngram/mean"] == pytest.approx(-0.5)
+    assert stats["reward/ngram/std"] == pytest.approx(np.std([0.0, -1.0, -0.5]))
+    assert (stats["reward/ngram/min"], stats["reward/ngram/max"]) == (-1.0, 0.0)
+    names = [f"reward/{n}/{s}" for n in ("ngram", "rubric") for s in ("mean", "std", "min", "max")]
+    assert sorted(stats) == sorted(names)
+    assert all(math.isnan(stats[f"reward/rubric/{s}"]) for s in ("mean", "std", "min", "max"))
+
+
+def test_compute_rule_rewards_end_to_end(word_tokenizer, padded):
+    config = RewardConfig.from_dict({
+        "components": ["rubric", "format", "length", "thought_length", "ngram"],
+        "length": {"max_tokens": 8, "penalty_per_token": 0.5, "max_response_tokens": 12, "overlong_buffer": 4},
+        "thought_length": {"min_tokens": 2, "penalty_per_token": 0.25},
+        "ngram": {"ngram_size": 2, "min_scaling": 0.0},
+    })
+    texts = [
+        "<think>a b c</think> <answer> answer </answer>",  # 8 tokens (answer tags are unknown words), thought 3
+        "<think>a a a a a a a a a a",  # 11 tokens, truncated thought of 10, all one bigram
+        "the answer",  # no think block
+    ]
+    ids, lengths = padded([word_tokenizer.encode(t, add_special_tokens=False) for t in texts], pad=-1, width=16)
+    np.testing.assert_array_equal(lengths, [8, 11, 2])
+    tags = think_tag_ids(word_tokenizer, config.thought_length.open_tag, config.thought_length.close_tag)
+    values = compute_rule_rewards(config, ids, lengths, texts, tags)
+    assert list(values) == ["format", "length", RESPONSE_TOKENS, "thought_length", THOUGHT_TOKENS, "ngram"]
+    np.testing.assert_array_equal(values["format"], [1.0, 0.0, 0.0])
+    # 8 tokens: at both limits (band max 8, overlong ramp starts at 12 - 4); 11: 3 over the band + 3/4 of the ramp
+    np.testing.assert_allclose(values["length"], [0.0, -1.5 - 0.75, 0.0])
+    np.testing.assert_array_equal(values[RESPONSE_TOKENS], [8, 11, 2])
+    np.testing.assert_array_equal(values[THOUGHT_TOKENS], [3, 10, 0])
+    np.testing.assert_array_equal(values["thought_length"], [0.0, 0.0, -0.5])
+    np.testing.assert_allclose(values["ngram"], [0.0, -8 / 9, 0.0])  # 10 bigrams, 2 distinct: (10-2)/(10-1)
+    values["rubric"] = np.array([0.5, 0.9, 0.1])
+    np.testing.assert_allclose(compose(values, config.weights), [
+        0.95 * 0.5 + 0.05,
+        0.95 * 0.9 - 2.25 - 8 / 9,
+        0.95 * 0.1 - 0.5,
+    ])
+
+
+def test_compute_rule_rewards_input_errors(padded):
+    config = RewardConfig.from_dict({"components": ["thought_length"]})
+    ids, lengths = padded([[1, 2], [3]])
+    with pytest.raises(ValueError, match="thought_length needs think_tags"):
+        compute_rule_rewards(config, ids, lengths, ["x", "y"])
+    with pytest.raises(ValueError, match="3 texts for 2 token rows"):
+        compute_rule_rewards(config, ids, lengths, ["x", "y", "z"])
