@@ -99,6 +99,12 @@ def compose_verl_config(overrides: list[str]):
 
 
 @pytest.fixture(scope="session")
+def compose_config():
+    """``compose_config(overrides)``: verl's ``ppo_trainer`` config with Hydra overrides."""
+    return compose_verl_config
+
+
+@pytest.fixture(scope="session")
 def verl_config(tiny_rm):
     """``verl_config(url, key=value, ...)``: a composed config selecting ``vllm_rm``."""
 

@@ -26,12 +26,10 @@ def test_there_are_recipes():
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=[p.name for p in RECIPES])
-def test_recipe_resolves_to_vllm_rm(recipe):
-    from conftest import compose_verl_config
-
+def test_recipe_resolves_to_vllm_rm(recipe, compose_config):
     overrides = recipe_overrides(recipe)
     assert "reward.reward_manager.name=vllm_rm" in overrides
-    cfg = compose_verl_config(overrides)
+    cfg = compose_config(overrides)
     assert resolve_reward_manager_cls(cfg) is VLLMRewardManager
     options = parse_options(OmegaConf.to_container(cfg.reward.reward_kwargs, resolve=True))
     assert options.server_url == ["http://127.0.0.1:8001"]
