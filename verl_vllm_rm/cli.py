@@ -1,4 +1,4 @@
-"""``verl-vllm-rm``: serve, score, demo, bench, and build the tiny demo reward model."""
+"""``verl-vllm-rm``: serve, score, check, demo, bench, and build the tiny demo reward model."""
 
 from __future__ import annotations
 
@@ -67,6 +67,16 @@ def _bench(args: argparse.Namespace, rest: list[str]) -> int:
     return 0
 
 
+def _check(args: argparse.Namespace, rest: list[str]) -> int:
+    from verl_vllm_rm.diagnostics.check import run_check
+
+    report = run_check(args.url, args.model, probes=args.probes, threshold=args.threshold, api_key=args.api_key,
+                       zero_norm=args.zero_norm, identical_tol=args.identical_tol)
+    print(json.dumps(report, indent=2))
+    print("check: OK" if report["ok"] else "check: FAILED", file=sys.stderr)
+    return 0 if report["ok"] else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="verl-vllm-rm", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -82,6 +92,15 @@ def build_parser() -> argparse.ArgumentParser:
     score.add_argument("--api-key", default=os.environ.get("VERL_VLLM_RM_API_KEY"))
     score.add_argument("--timeout", type=float, default=60.0)
     score.set_defaults(func=_score, passthrough=False)
+    check = sub.add_parser("check", help="refit parity, embedding health and max_model_len (exit 1 on failure)")
+    check.add_argument("--url", default="http://127.0.0.1:8001")
+    check.add_argument("--model", required=True, help="the trainer-side checkpoint the server should match")
+    check.add_argument("--probes", type=int, default=64)
+    check.add_argument("--threshold", type=float, default=1.05, help="max mean(exp|diff|)")
+    check.add_argument("--zero-norm", type=float, default=1e-6, help="embedding rows at or below this norm")
+    check.add_argument("--identical-tol", type=float, default=0.0, help="rows equal within this are identical")
+    check.add_argument("--api-key", default=os.environ.get("VERL_VLLM_RM_API_KEY"))
+    check.set_defaults(func=_check, passthrough=False)
     demo = sub.add_parser("demo", help="the whole product on CPU: train, serve, score through verl, publish")
     demo.add_argument("--workdir", help="where the tiny models go (default: a new temporary directory)")
     demo.add_argument("--train-seconds", type=float, default=60.0)

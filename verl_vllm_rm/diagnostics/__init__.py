@@ -1,0 +1,1 @@
+"""Refit diagnostics: does the server score exactly like the trainer's model?"""
