@@ -108,9 +108,10 @@ class VLLMRewardManager(RewardManagerBase):
         rm_task = asyncio.ensure_future(self.batcher.submit(rm_input.group_key, rm_input.token_ids))
         pairwise = self.options.pairwise == "always" or (self.options.pairwise == "auto" and sample.validate)
         ref_task = asyncio.ensure_future(self._reference_score(sample, rm_input)) if pairwise else None
-        text = self.tokenizer.decode(sample.response_ids, skip_special_tokens=True)
-        rules_task = asyncio.ensure_future(self._rule_components(sample, text)) if self.rules is not None else None
         needs_verifiable = self.options.combine != "replace" or (self.rules is not None and self.rules.needs_verifiable)
+        needs_text = needs_verifiable or self.rules is not None
+        text = self.tokenizer.decode(sample.response_ids, skip_special_tokens=True) if needs_text else ""
+        rules_task = asyncio.ensure_future(self._rule_components(sample, text)) if self.rules is not None else None
         verifiable, extras = await self._verifiable(sample, text) if needs_verifiable else (None, {})
         rules = await rules_task if rules_task is not None else {}
         try:

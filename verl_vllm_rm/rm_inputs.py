@@ -9,6 +9,7 @@ so the whole response, whose last token carries the score, is always scored.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Any, Hashable
 
@@ -36,18 +37,20 @@ def samples_from_batch(data: Any) -> list[Sample]:
     """All rows of a verl ``DataProto`` at once (one ``tolist`` per tensor, no per-row slicing)."""
     prompts, responses, mask = data.batch["prompts"], data.batch["responses"], data.batch["attention_mask"]
     prompt_len = prompts.shape[-1]
-    prompt_rows, prompt_mask = prompts.tolist(), mask[:, :prompt_len].bool().tolist()
+    prompt_mask = mask[:, :prompt_len].bool()
+    flat, counts = prompts[prompt_mask].tolist(), prompt_mask.sum(-1).tolist()  # one gather, no per-token loop
+    starts = [0, *itertools.accumulate(counts)]
     response_rows, response_lens = responses.tolist(), mask[:, prompt_len:].sum(-1).tolist()
     validate = bool(data.meta_info.get("validate", False))
     columns = data.non_tensor_batch
     return [
         Sample(
-            [t for t, keep in zip(prompt_rows[i], prompt_mask[i]) if keep],
+            flat[starts[i] : starts[i + 1]],
             response_rows[i][: response_lens[i]],
             {k: v[i] for k, v in columns.items()},
             validate,
         )
-        for i in range(len(prompt_rows))
+        for i in range(len(counts))
     ]
 
 
