@@ -20,8 +20,10 @@ from vllm.platforms import current_platform
 
 from verl_vllm_rm.server import auth
 from verl_vllm_rm.server.routes import RewardServerState, install_reward_routes
+from verl_vllm_rm.sync.names import DEFAULT_HEAD_PATTERNS
 
 DEFAULT_PORT = 8001
+WORKER_EXTENSION = "verl_vllm_rm.server.worker_extension.WeightSyncWorkerExtension"
 CPU_KV_CACHE_BYTES = 2 << 30
 PARENT_PID_ENV = "VERL_VLLM_RM_PARENT_PID"
 
@@ -42,6 +44,19 @@ def build_parser():
     group.add_argument(
         "--max-request-bytes", type=int, default=64 << 20, help="Largest accepted request body (else 413)."
     )
+    group.add_argument(
+        "--enable-weight-updates", action="store_true",
+        help="Accept new weights from a trainer: adds /weight_inventory, /init_communicator, "
+        "/update_param_batch and /close_communicator (see docs/weight_sync.md).",
+    )
+    group.add_argument(
+        "--weight-update-backend", choices=["gloo", "nccl"], default=None,
+        help="Tensor transport for weight updates (default: nccl on GPU, gloo on CPU).",
+    )
+    group.add_argument(
+        "--weight-update-head-patterns", default=",".join(DEFAULT_HEAD_PATTERNS),
+        help="Comma-separated glob patterns naming the head's tensors (training_mode head_only).",
+    )
     parser.set_defaults(runner="pooling", host="127.0.0.1", port=DEFAULT_PORT)
     return parser
 
@@ -60,10 +75,26 @@ def apply_reward_defaults(args: argparse.Namespace, parser) -> None:
     tokens = [k for k in (args.api_key or [envs.VLLM_API_KEY]) if k]
     if tokens:
         args.middleware = [*args.middleware, auth.enable(tokens)]
+    if args.enable_weight_updates:
+        _enable_weight_updates(args)
     if args.step_tag_id is not None:
         pooler = dict(args.pooler_config or {}) if not hasattr(args.pooler_config, "__dataclass_fields__") else {}
         pooler.update(tok_pooling_type="STEP", step_tag_id=args.step_tag_id)
         args.pooler_config = pooler
+
+
+def _enable_weight_updates(args: argparse.Namespace) -> None:
+    """Load our worker extension (it registers the transfer engines) and select the engine."""
+    if args.weight_transfer_config is not None:
+        raise SystemExit("verl-vllm-rm: --enable-weight-updates sets the weight-transfer engine itself; "
+                         "drop --weight-transfer-config and choose the transport with --weight-update-backend")
+    if args.worker_extension_cls and args.worker_extension_cls != WORKER_EXTENSION:
+        raise SystemExit(f"verl-vllm-rm: --enable-weight-updates needs --worker-extension-cls {WORKER_EXTENSION}, "
+                         f"got {args.worker_extension_cls}")
+    if args.weight_update_backend is None:
+        args.weight_update_backend = "gloo" if current_platform.is_cpu() else "nccl"
+    args.worker_extension_cls = WORKER_EXTENSION
+    args.weight_transfer_config = {"backend": "gloo" if args.weight_update_backend == "gloo" else "torch_nccl"}
 
 
 def _reward_state(args: argparse.Namespace, model_config) -> RewardServerState:
@@ -99,6 +130,11 @@ def _hooked_build_app(original):
         app = original(args, supported_tasks, model_config)
         install_reward_routes(app)
         app.state.reward = _reward_state(args, model_config)
+        if args.enable_weight_updates:
+            from verl_vllm_rm.server.weight_routes import install_weight_routes
+
+            patterns = tuple(p.strip() for p in args.weight_update_head_patterns.split(",") if p.strip())
+            install_weight_routes(app, args.weight_update_backend, patterns)
         return app
 
     return build_app

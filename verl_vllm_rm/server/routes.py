@@ -10,6 +10,7 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from verl_vllm_rm.server.engine_scoring import score_token_ids
+from verl_vllm_rm.server.gate import UpdateGate
 from verl_vllm_rm.server.protocol import RequestError, check_token_ids, error_body, parse_score_request
 
 ROUTES = ("/health", "/score", "/runtime_version", "/get_world_size")
@@ -28,6 +29,8 @@ class RewardServerState:
     max_request_bytes: int
     version: int = 0
     last_update: dict[str, Any] = field(default_factory=dict)
+    last_failed_update: dict[str, Any] = field(default_factory=dict)
+    gate: UpdateGate = field(default_factory=UpdateGate)
 
 
 def _error(message: str, status: int) -> JSONResponse:
@@ -68,6 +71,8 @@ async def health(request: Request) -> JSONResponse:
     }
     if state.last_update:
         body["last_update"] = state.last_update
+    if state.last_failed_update:
+        body["last_failed_update"] = state.last_failed_update
     return JSONResponse(body)
 
 
@@ -87,9 +92,10 @@ async def score(request: Request) -> JSONResponse:
     except RequestError as e:
         return _error(e.message, e.status)
     try:
-        results = await score_token_ids(
-            engine, token_ids, normalize=req.normalize, steps=state.step_tag_id is not None
-        )
+        async with state.gate.scoring():  # a weight update never lands halfway through a request
+            results = await score_token_ids(
+                engine, token_ids, normalize=req.normalize, steps=state.step_tag_id is not None
+            )
     except Exception as e:  # engine-side failure: a 5xx the client may retry
         return _error(f"scoring failed on the server: {type(e).__name__}: {e}", 500)
     data = []

@@ -1,0 +1,205 @@
+"""Weight-sync cost: a publish vs a raw broadcast of the same bytes over the same transport.
+
+For each model (the tiny RM and a ~100M-parameter RM built locally) and each mode
+(head_only, full) this measures, on this machine:
+  publish - ``RewardModelPublisher.publish`` into a real server started with
+            ``--enable-weight-updates`` (names, checks, HTTP metadata, packing,
+            broadcast, the server's staged receive, layerwise reload, prefix-cache
+            reset, version bump), from call to return;
+  raw     - the same bucket sizes broadcast over a fresh process group of the same
+            backend to a bare receiver process (preallocated buffers, no packing),
+            ending with the receiver's one-element acknowledgement.
+Reports medians, the ratio (target <= 1.2) and bytes/s; writes
+``benchmarks/results/weight_sync.json``.
+
+``--trainer-side-only`` (for a GPU machine without vllm) measures the trainer's
+part alone on the local accelerator: gathering DTensor shards and packing buckets.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import torch
+
+from verl_vllm_rm.sync.inventory import ParamSpec
+from verl_vllm_rm.sync.wire import DEFAULT_BUCKET_BYTES, BufferPool, open_group, pack, plan_buckets
+from verl_vllm_rm.tiny_rm import TinyRMSpec, build_tiny_rm
+
+RESULTS = Path(__file__).resolve().parent / "results"
+MODELS = {
+    "tiny": TinyRMSpec(),
+    "100m": TinyRMSpec(hidden_size=768, intermediate_size=2048, num_hidden_layers=16, num_attention_heads=12,
+                       num_key_value_heads=4),
+}
+SERVER_ARGS = ["--dtype", "float32", "--max-model-len", "512", "--enforce-eager", "--enable-weight-updates"]
+
+
+def raw_receiver(argv: list[str]) -> None:
+    """Subprocess: join the group, receive the given bucket sizes ``reps`` times, ack each round."""
+    backend, port, session, sizes, reps = argv[0], int(argv[1]), argv[2], json.loads(argv[3]), int(argv[4])
+    group = open_group(backend, "127.0.0.1", port, 1, 2, 120.0, session)
+    buffers = [torch.empty(n, dtype=torch.uint8, device=group.device) for n in sizes]
+    ack = torch.ones(1, device=group.device)
+    for _ in range(reps):
+        for buf in buffers:
+            group.broadcast(buf).wait()
+        group.broadcast(ack, root=1).wait()
+
+
+def raw_broadcast_s(backend: str, sizes: list[int], reps: int) -> list[float]:
+    """Trainer side of the raw baseline: the same buckets, preallocated, two in flight like a publish."""
+    from verl_vllm_rm.sync.publisher import _free_port
+
+    port, session = _free_port(), uuid.uuid4().hex
+    proc = subprocess.Popen([sys.executable, __file__, "--raw-receiver", backend, str(port), session,
+                             json.dumps(sizes), str(reps)])
+    group = open_group(backend, "127.0.0.1", port, 0, 2, 120.0, session)
+    buffers = [torch.ones(n, dtype=torch.uint8, device=group.device) for n in sizes]
+    ack = torch.zeros(1, device=group.device)
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        works = []
+        for buf in buffers:
+            works.append(group.broadcast(buf))
+            if len(works) > 1:
+                works.pop(0).wait()
+        for w in works:
+            w.wait()
+        group.broadcast(ack, root=1).wait()
+        times.append(time.perf_counter() - t0)
+    proc.wait(timeout=60)
+    return times
+
+
+def bench_model(name: str, workdir: Path, modes: list[str], reps: int, bucket_bytes: int) -> list[dict]:
+    from transformers import AutoModelForSequenceClassification
+
+    from verl_vllm_rm.server_process import running_server
+    from verl_vllm_rm.sync import RewardModelPublisher
+
+    path = build_tiny_rm(workdir / name, MODELS[name])
+    model = AutoModelForSequenceClassification.from_pretrained(path, dtype=torch.float32)
+    n_params = sum(p.numel() for p in model.parameters())
+    rows = []
+    with running_server(path, SERVER_ARGS) as server:
+        pub = RewardModelPublisher(server.url, bucket_bytes=bucket_bytes, timeout_s=300)
+        pub.connect()
+        for mode in modes:
+            results = []
+            for _ in range(reps + 1):  # the first round warms up both sides
+                with torch.no_grad():
+                    model.score.weight.add_(0.01)
+                results.append(pub.publish(model, pub.version + 1, mode))
+            results = results[1:]
+            specs = [item.spec for item in pub.plan(model, mode)]
+            sizes = [b.nbytes for b in plan_buckets(specs, bucket_bytes)]
+            raw = raw_broadcast_s(pub.transport, sizes, reps + 1)[1:]
+            publish_s = statistics.median(r.seconds for r in results)
+            raw_s = statistics.median(raw)
+            nbytes = results[0].num_bytes
+            rows.append({
+                "model": name, "model_params": n_params, "mode": mode, "transport": pub.transport,
+                "tensors": results[0].num_params, "bytes": nbytes, "buckets": results[0].num_buckets,
+                "publish_s": publish_s, "raw_broadcast_s": raw_s, "ratio": publish_s / raw_s,
+                "publish_bytes_per_s": nbytes / publish_s, "raw_bytes_per_s": nbytes / raw_s,
+                "server_receive_s": statistics.median(r.server["receive_s"] for r in results),
+                "server_reload_s": statistics.median(r.server["reload_s"] for r in results),
+                "server_pause_wait_s": statistics.median(r.server["pause_wait_s"] for r in results),
+            })
+            print(json.dumps(rows[-1]), flush=True)
+        pub.close()
+    return rows
+
+
+def trainer_side_only(reps: int, bucket_bytes: int) -> list[dict]:
+    """Gather (DTensor over a 1-rank mesh) and pack the 100M model's full state on the local device."""
+    import os
+
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+    from transformers import AutoModelForSequenceClassification, Qwen2Config
+
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda" if cuda else "cpu")
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29517")
+    dist.init_process_group("nccl" if cuda else "gloo", rank=0, world_size=1)
+    spec = MODELS["100m"]
+    config = Qwen2Config(vocab_size=spec.vocab_size, hidden_size=spec.hidden_size,
+                         intermediate_size=spec.intermediate_size, num_hidden_layers=spec.num_hidden_layers,
+                         num_attention_heads=spec.num_attention_heads, num_key_value_heads=spec.num_key_value_heads,
+                         num_labels=1, pad_token_id=0)
+    model = AutoModelForSequenceClassification.from_config(config).to(device, torch.bfloat16)
+    mesh = init_device_mesh(device.type, (1,))
+    sharded = {n: distribute_tensor(t.detach(), mesh, [Shard(0)]) for n, t in model.state_dict().items()}
+    rows = []
+    for wire_dtype in ("bfloat16", "float32"):
+        specs = [ParamSpec(n, wire_dtype, tuple(t.shape)) for n, t in sorted(sharded.items())]
+        buckets = plan_buckets(specs, bucket_bytes)
+        pool = BufferPool(device)
+        gather_s, pack_s = [], []
+        for _ in range(reps + 1):
+            if cuda:
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            full = {s.name: sharded[s.name].full_tensor() for s in specs}
+            if cuda:
+                torch.cuda.synchronize()
+            t1 = time.perf_counter()
+            for i, b in enumerate(buckets):
+                pack(b, [full[s.spec.name] for s in b.slots], pool.get(i % 2, b.nbytes))
+            if cuda:
+                torch.cuda.synchronize()
+            gather_s.append(t1 - t0)
+            pack_s.append(time.perf_counter() - t1)
+        nbytes = sum(b.nbytes for b in buckets)
+        row = {"device": torch.cuda.get_device_name() if cuda else platform.processor(), "wire_dtype": wire_dtype,
+               "params": sum(t.numel() for t in sharded.values()), "bytes": nbytes, "buckets": len(buckets),
+               "gather_s": statistics.median(gather_s[1:]), "pack_s": statistics.median(pack_s[1:]),
+               "pack_bytes_per_s": nbytes / statistics.median(pack_s[1:])}
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    dist.destroy_process_group()
+    return rows
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--raw-receiver":
+        return raw_receiver(sys.argv[2:])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="tiny,100m")
+    parser.add_argument("--modes", default="head_only,full")
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--bucket-bytes", type=int, default=DEFAULT_BUCKET_BYTES)
+    parser.add_argument("--trainer-side-only", action="store_true")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    machine = {"python": platform.python_version(), "torch": torch.__version__, "cpu": platform.processor(),
+               "cpus": __import__("os").cpu_count()}
+    if args.trainer_side_only:
+        out = args.out or RESULTS / "weight_sync_trainer_side.json"
+        rows = trainer_side_only(args.reps, args.bucket_bytes)
+    else:
+        out = args.out or RESULTS / "weight_sync.json"
+        with tempfile.TemporaryDirectory() as tmp:
+            rows = [r for m in args.models.split(",") for r in bench_model(m, Path(tmp), args.modes.split(","),
+                                                                          args.reps, args.bucket_bytes)]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"machine": machine, "bucket_bytes": args.bucket_bytes, "results": rows}, indent=2))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,154 @@
+"""Worker side of weight updates: a vLLM weight-transfer engine over a torch process group.
+
+vLLM's native machinery drives the lifecycle (``init_weight_transfer_engine`` ->
+``start_weight_update`` -> ``update_weights`` -> ``finish_weight_update``, each a
+``collective_rpc`` into every worker); this module supplies the engine it calls.
+vLLM ships NCCL engines whose trainer side needs vllm itself; ours builds a plain
+``ProcessGroupGloo`` (CPU) or ``ProcessGroupNCCL`` (GPU) on a store the trainer
+hosts, so the trainer needs torch only (:mod:`verl_vllm_rm.sync.wire`).
+
+Atomicity: ``update_weights`` only *stages* the received buckets; the model is
+touched in ``finish_weight_update`` through vLLM's layerwise reload (plain
+``load_weights`` fails on repacked CPU weights). A transfer that dies halfway
+therefore leaves the old weights serving, never a mix.
+
+Importing this module (vLLM does, via ``--worker-extension-cls``) registers the
+engines under the backend names ``gloo`` and ``torch_nccl``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from vllm.distributed.weight_transfer import WeightTransferEngine, WeightTransferEngineFactory
+from vllm.distributed.weight_transfer.base import WeightTransferInitInfo, WeightTransferUpdateInfo
+
+from verl_vllm_rm.sync.inventory import ParamSpec
+from verl_vllm_rm.sync.wire import BufferPool, TransferGroup, open_group, plan_buckets, unpack
+
+ENGINE_BACKENDS = {"gloo": "gloo", "torch_nccl": "nccl"}
+
+
+@dataclass
+class ProcessGroupInitInfo(WeightTransferInitInfo):
+    master_address: str
+    master_port: int
+    world_size: int
+    session: str
+    rank_offset: int = 1
+    timeout_s: float = 300.0
+
+
+@dataclass
+class ProcessGroupUpdateInfo(WeightTransferUpdateInfo):
+    params: list[dict[str, Any]]
+    bucket_bytes: int
+
+
+class ProcessGroupWeightTransferEngine(WeightTransferEngine[ProcessGroupInitInfo, ProcessGroupUpdateInfo]):
+    """Receives bucketed broadcasts from trainer rank 0, then reloads layerwise."""
+
+    init_info_cls = ProcessGroupInitInfo
+    update_info_cls = ProcessGroupUpdateInfo
+    transport: str = "gloo"
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.group: TransferGroup | None = None
+        self.staging: BufferPool | None = None  # kept between updates: see BufferPool
+        self.staged: list[tuple[str, torch.Tensor]] = []
+
+    def init_transfer_engine(self, init_info: ProcessGroupInitInfo) -> None:
+        self.shutdown()
+        parallel = self.parallel_config
+        worker_rank = parallel.data_parallel_index * parallel.world_size + parallel.rank
+        self.group = open_group(
+            self.transport,
+            init_info.master_address,
+            init_info.master_port,
+            rank=worker_rank + init_info.rank_offset,
+            world_size=init_info.world_size,
+            timeout_s=init_info.timeout_s,
+            session=init_info.session,
+        )
+
+    def start_weight_update(self) -> None:
+        self.staged = []
+
+    def update_weights(self, update_info: dict[str, Any]) -> None:
+        # The base class calls torch.accelerator.synchronize(), which has no CPU meaning.
+        self.receive_weights(self.parse_update_info(update_info))
+        if self.group is not None and self.group.device.type == "cuda":
+            torch.cuda.synchronize()
+
+    def receive_weights(self, update_info: ProcessGroupUpdateInfo) -> None:
+        if self.group is None:
+            raise RuntimeError("no communicator: the trainer must call /init_communicator first")
+        specs = [ParamSpec.from_json(p) for p in update_info.params]
+        if self.staging is None or self.staging.device != self.group.device:
+            self.staging = BufferPool(self.group.device)
+        staged: list[tuple[str, torch.Tensor]] = []
+        for i, bucket in enumerate(plan_buckets(specs, update_info.bucket_bytes)):
+            buffer = self.staging.get(i, bucket.nbytes)
+            self.group.broadcast(buffer, root=0).wait()
+            staged.extend(unpack(bucket, buffer))
+        self.staged = staged
+
+    def finish_weight_update(self) -> None:
+        from vllm.model_executor.model_loader.reload import (
+            finalize_layerwise_reload,
+            initialize_layerwise_reload,
+        )
+
+        staged, self.staged = self.staged, []
+        if not staged:
+            raise RuntimeError("finish_weight_update without received weights")
+        with torch.no_grad():
+            initialize_layerwise_reload(self.model)
+            self.model.load_weights(staged)
+            finalize_layerwise_reload(self.model, self.model_config)
+        if self.staging is not None and self._model_aliases(self.staging):
+            self.staging = None  # a loader kept a received tensor as is: never overwrite it in place
+
+    def _model_aliases(self, pool: BufferPool) -> bool:
+        pool_storages = {b.untyped_storage().data_ptr() for b in pool.buffers}
+        tensors = [*self.model.parameters(), *self.model.buffers()]
+        return any(t.untyped_storage().data_ptr() in pool_storages for t in tensors)
+
+    def shutdown(self) -> None:
+        self.group = None
+        self.staged = []
+
+
+class NcclProcessGroupWeightTransferEngine(ProcessGroupWeightTransferEngine):
+    transport = "nccl"
+
+
+WeightTransferEngineFactory.register_engine("gloo", ProcessGroupWeightTransferEngine)
+WeightTransferEngineFactory.register_engine("torch_nccl", NcclProcessGroupWeightTransferEngine)
+
+
+class WeightSyncWorkerExtension:
+    """Mixed into vLLM's worker by ``--worker-extension-cls``; reached via ``collective_rpc``."""
+
+    def rm_weight_inventory(self) -> dict[str, Any]:
+        """Checkpoint-format names and shapes the model loads, in the server's dtype.
+
+        Read once from the model's own weight files through vLLM's loader (the
+        same names ``load_weights`` accepts), plus the model's fused modules.
+        """
+        from vllm.model_executor.model_loader import get_model_loader
+
+        from verl_vllm_rm.sync.wire import dtype_name
+
+        model = self.model_runner.get_model()
+        model_config = self.vllm_config.model_config
+        loader = get_model_loader(self.vllm_config.load_config)
+        params = []
+        for name, tensor in loader.get_all_weights(model_config, model):
+            dtype = model_config.dtype if tensor.is_floating_point() else tensor.dtype
+            params.append({"name": name, "dtype": dtype_name(dtype), "shape": list(tensor.shape)})
+        fused = dict(getattr(model, "packed_modules_mapping", {}) or {})
+        return {"params": params, "fused_modules": {k: list(v) for k, v in fused.items()}}

@@ -1,0 +1,18 @@
+"""Reward-model weight sync: trainer-side publisher, names, checks and transport.
+
+Importable without vllm (trainer side) and without verl (the server reuses the
+pure parts: :mod:`names`, :mod:`inventory`, :mod:`wire`). Only :mod:`hook`
+imports verl.
+"""
+
+from verl_vllm_rm.sync.inventory import WeightUpdateRefused
+from verl_vllm_rm.sync.names import RewardModelTrainingMode
+from verl_vllm_rm.sync.publisher import PublishResult, RewardModelPublisher, WeightSyncError
+
+__all__ = [
+    "PublishResult",
+    "RewardModelPublisher",
+    "RewardModelTrainingMode",
+    "WeightSyncError",
+    "WeightUpdateRefused",
+]

@@ -1,0 +1,1 @@
+"""Reward-model training steps (Bradley-Terry pairwise); no verl, no vllm."""
