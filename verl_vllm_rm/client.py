@@ -93,6 +93,7 @@ class VLLMRewardClient:
         self.options: ClientOptions = options
         self._endpoints = [_Endpoint(u.rstrip("/")) for u in self.options.server_url]
         self._loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopState] = weakref.WeakKeyDictionary()
+        self._publishers: dict[str, Any] = {}
 
     @property
     def urls(self) -> list[str]:
@@ -123,7 +124,35 @@ class VLLMRewardClient:
     async def health(self) -> dict:
         return await self._call("GET", "/health")
 
+    async def sync_weights(
+        self, state_dict: Any, version: int, training_mode: str = "full", **publish_kwargs: Any
+    ) -> list[Any]:
+        """Publish new reward-model weights into every server of this client, in order.
+
+        A thin async wrapper over :class:`verl_vllm_rm.sync.RewardModelPublisher` (one per
+        server, kept between calls; blocking work runs in a thread). Returns one
+        ``PublishResult`` per server; raises ``WeightUpdateRefused`` or ``WeightSyncError``.
+        """
+        from verl_vllm_rm.sync import RewardModelPublisher  # torch: only for users who sync
+
+        loop = asyncio.get_running_loop()
+        results = []
+        for url in self.urls:
+            if url not in self._publishers:
+                self._publishers[url] = await loop.run_in_executor(
+                    None, lambda: RewardModelPublisher(url, api_key=self.options.api_key)
+                )
+            publisher = self._publishers[url]
+            results.append(await loop.run_in_executor(
+                None, lambda: publisher.publish(state_dict, version, training_mode, **publish_kwargs)
+            ))
+        return results
+
     async def close(self) -> None:
+        """Close this event loop's HTTP session and any weight-sync connections."""
+        for publisher in self._publishers.values():
+            publisher.close()
+        self._publishers.clear()
         state = self._loops.pop(asyncio.get_running_loop(), None)
         if state is not None:
             await state.session.close()
