@@ -72,6 +72,14 @@ class ManagerOptions(ClientOptions):
         return ClientOptions(**{n: getattr(self, n) for n in names})
 
 
+_SCALARS: dict[type, tuple[str, tuple[type, ...]]] = {
+    bool: ("true or false", (bool,)),
+    int: ("an integer", (int,)),
+    float: ("a number", (int, float)),
+    str: ("a string", (str,)),
+}
+
+
 def _check_type(name: str, value: Any, annotation: Any) -> Any:
     """Coerce/validate one value against a (simple) annotation; returns the value to store."""
     origin, args = typing.get_origin(annotation), typing.get_args(annotation)
@@ -93,22 +101,11 @@ def _check_type(name: str, value: Any, annotation: Any) -> Any:
         if not isinstance(value, Mapping):
             raise ConfigError(f"reward_kwargs.{name} must be a mapping, got {value!r}")
         return dict(value)
-    if annotation is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(f"reward_kwargs.{name} must be true or false, got {value!r}")
-        return value
-    if annotation is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"reward_kwargs.{name} must be an integer, got {value!r}")
-        return value
-    if annotation is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"reward_kwargs.{name} must be a number, got {value!r}")
-        return float(value)
-    if annotation is str:
-        if not isinstance(value, str):
-            raise ConfigError(f"reward_kwargs.{name} must be a string, got {value!r}")
-        return value
+    if annotation in _SCALARS:
+        what, accepted = _SCALARS[annotation]
+        if not isinstance(value, accepted) or (annotation is not bool and isinstance(value, bool)):
+            raise ConfigError(f"reward_kwargs.{name} must be {what}, got {value!r}")
+        return float(value) if annotation is float else value
     raise TypeError(f"unsupported option annotation {annotation!r} for {name}")
 
 
