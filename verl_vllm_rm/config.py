@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping
 
 from verl_vllm_rm.pairwise import validate_reference_source
+from verl_vllm_rm.rm_inputs import check_rubric_template
 
 InputFormat = Literal["token_ids", "chat_template"]
 OverlongPolicy = Literal["truncate_prompt_left", "error"]
@@ -62,6 +63,8 @@ class ManagerOptions(ClientOptions):
     normalize: bool = False
     coalesce_ms: float = 5.0
     num_examine: int = 1
+    rubric_template: str | None = None
+    rubric_principles: list[str] = field(default_factory=lambda: ["helpfulness", "harmlessness", "honesty"])
     rewards: dict | None = None
     pairwise: PairwiseMode = "auto"
     reference_source: str = "ground_truth"
@@ -139,6 +142,13 @@ def _validate_manager(opts: ManagerOptions) -> None:
         validate_reference_source(opts.reference_source)
     except ValueError as e:
         raise ConfigError(f"reward_kwargs.{e}") from None
+    if opts.rubric_template is not None:
+        if opts.input_format == "chat_template":
+            raise ConfigError("reward_kwargs.rubric_template replaces input_format=chat_template; use one of them")
+        try:
+            check_rubric_template(opts.rubric_template)
+        except ValueError as e:
+            raise ConfigError(f"reward_kwargs.{e}") from None
     if opts.rewards is not None and opts.combine != "replace":
         raise ConfigError(
             f"reward_kwargs.combine={opts.combine!r} and reward_kwargs.rewards are exclusive: with a rewards "

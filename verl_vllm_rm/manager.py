@@ -27,7 +27,15 @@ from verl_vllm_rm.config import ConfigError, ManagerOptions, parse_options
 from verl_vllm_rm.legacy import warn_misrouted_config
 from verl_vllm_rm.pairwise import NO_WIN_METRICS, MissingReferenceError, ReferenceCache, reference_text, win_metrics
 from verl_vllm_rm.rule_scorer import RuleScorer, batch_stats
-from verl_vllm_rm.rm_inputs import RMInput, Sample, chat_template_ids, fit_to_length, samples_from_batch
+from verl_vllm_rm.rm_inputs import (
+    RMInput,
+    Sample,
+    chat_template_ids,
+    fit_to_length,
+    prompt_text,
+    rubric_template_ids,
+    samples_from_batch,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +70,7 @@ class VLLMRewardManager(RewardManagerBase):
             max_tokens=self.options.max_batch_tokens,
         )
         self.rm_tokenizer = None
-        if self.options.input_format == "chat_template":
+        if self.options.rm_tokenizer_path:
             from transformers import AutoTokenizer
 
             self.rm_tokenizer = AutoTokenizer.from_pretrained(self.options.rm_tokenizer_path)
@@ -142,14 +150,25 @@ class VLLMRewardManager(RewardManagerBase):
             self._max_length = asyncio.ensure_future(self.client.health())
         return int((await asyncio.shield(self._max_length))["max_model_len"])
 
-    async def _rm_input(self, sample: Sample) -> RMInput:
-        prompt_ids, response_ids = sample.prompt_ids, sample.response_ids
-        if self.rm_tokenizer is not None:
+    def _render(self, sample: Sample, response_ids: list[int] | None, response_text: str | None):
+        """(prompt part, response part) ids of the RM input for a response given as ids or text."""
+        opts = self.options
+        if opts.rubric_template is not None or opts.input_format == "chat_template":
+            if response_text is None:
+                response_text = self.tokenizer.decode(response_ids, skip_special_tokens=True)
+            if opts.rubric_template is not None:
+                return rubric_template_ids(self.rm_tokenizer or self.tokenizer, opts.rubric_template,
+                                           opts.rubric_principles, prompt_text(self.tokenizer, sample), response_text)
             messages = sample.fields.get("raw_prompt")
             if messages is None:
                 raise ValueError("input_format=chat_template needs the raw chat: set data.return_raw_chat=True")
-            text = self.tokenizer.decode(response_ids, skip_special_tokens=True)
-            prompt_ids, response_ids = chat_template_ids(self.rm_tokenizer, list(messages), text)
+            return chat_template_ids(self.rm_tokenizer, list(messages), response_text)
+        if response_ids is None:
+            response_ids = self.tokenizer(response_text, add_special_tokens=False).input_ids
+        return sample.prompt_ids, response_ids
+
+    async def _rm_input(self, sample: Sample) -> RMInput:
+        prompt_ids, response_ids = self._render(sample, sample.response_ids, None)
         ids, dropped = fit_to_length(prompt_ids, response_ids, await self._max_len(), self.options.overlong_policy)
         return RMInput(ids, sample.group_key, dropped)
 
@@ -165,11 +184,7 @@ class VLLMRewardManager(RewardManagerBase):
                 f"reference_source={self.options.reference_source!r}; add it to the data, choose another "
                 "reward_kwargs.reference_source, or set reward_kwargs.missing_reference=skip"
             )
-        prompt_ids = sample.prompt_ids
-        if self.rm_tokenizer is not None:
-            prompt_ids, ref_ids = chat_template_ids(self.rm_tokenizer, list(sample.fields["raw_prompt"]), text)
-        else:
-            ref_ids = self.tokenizer(text, add_special_tokens=False).input_ids
+        prompt_ids, ref_ids = self._render(sample, None, text)
         ids, _ = fit_to_length(prompt_ids, ref_ids, await self._max_len(), self.options.overlong_policy)
         return await self.references.score((rm_input.group_key, text), lambda: self.batcher.submit(rm_input.group_key, ids))
 

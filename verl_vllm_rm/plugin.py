@@ -6,13 +6,17 @@ loudly before being re-raised.
 """
 
 import logging
+import sys
 
 from verl_vllm_rm.legacy import warn_legacy_argv
 
-try:
-    from verl_vllm_rm.manager import VLLMRewardManager  # noqa: F401  (registers "vllm_rm")
-except Exception:  # pragma: no cover - the message is the point
-    logging.getLogger("verl_vllm_rm").exception("verl-vllm-rm: failed to register the 'vllm_rm' reward manager")
-    raise
+# When the user imports verl_vllm_rm.manager first, it imports verl, which loads this
+# plugin while the manager module is still half-initialised: its decorator registers it.
+if "verl_vllm_rm.manager" not in sys.modules:
+    try:
+        from verl_vllm_rm.manager import VLLMRewardManager  # noqa: F401  (registers "vllm_rm")
+    except Exception:  # the message is the point
+        logging.getLogger("verl_vllm_rm").exception("verl-vllm-rm: failed to register the 'vllm_rm' reward manager")
+        raise
 
 warn_legacy_argv()

@@ -93,3 +93,43 @@ def chat_template_ids(rm_tokenizer: Any, messages: list[dict], response_text: st
             break
         shared += 1
     return full[:shared], full[shared:]
+
+
+RUBRIC_FIELDS = ("prompt", "response", "principles")
+
+
+def check_rubric_template(template: str) -> None:
+    """A rubric template is a ``str.format`` text with ``{prompt}``, one ``{response}`` and optional ``{principles}``."""
+    import string
+
+    fields = [f for _, f, _, _ in string.Formatter().parse(template) if f is not None]
+    unknown = sorted(set(fields) - set(RUBRIC_FIELDS))
+    if unknown or fields.count("response") != 1 or "prompt" not in fields:
+        raise ValueError(
+            f"rubric_template must use {{prompt}} and exactly one {{response}} (and optionally {{principles}}); "
+            f"found fields {fields}"
+        )
+
+
+def rubric_template_ids(
+    tokenizer: Any, template: str, principles: list[str], prompt: str, response: str
+) -> tuple[list[int], list[int]]:
+    """(text before the response, response and the rest) ids of ``template`` filled in.
+
+    The two parts are tokenized separately so that left truncation only ever
+    removes text before the response.
+    """
+    head, tail = template.split("{response}", 1)
+    values = {"prompt": prompt, "principles": "\n".join(f"- {p}" for p in principles)}
+    before = tokenizer(head.format(**values), add_special_tokens=True).input_ids
+    after = tokenizer(response + tail.format(**values), add_special_tokens=False).input_ids
+    return before, after
+
+
+def prompt_text(tokenizer: Any, sample: Sample) -> str:
+    """The prompt as text: the raw chat's messages if the batch has them, else the decoded prompt ids."""
+    messages = sample.fields.get("raw_prompt")
+    if messages is not None:
+        return "\n".join(f"{m['role']}: {m['content']}" for m in messages)
+    return tokenizer.decode(sample.prompt_ids, skip_special_tokens=True)
+
