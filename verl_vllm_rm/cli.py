@@ -64,6 +64,7 @@ def _bench(args: argparse.Namespace, rest: list[str]) -> int:
         print(f"== {script.name}", flush=True)
         sys.argv = [str(script)]
         runpy.run_path(str(script), run_name="__main__")
+    runpy.run_path(str(REPO_ROOT / "benchmarks" / "plot_results.py"), run_name="__main__")
     return 0
 
 
@@ -106,7 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--train-seconds", type=float, default=60.0)
     demo.add_argument("--seed", type=int, default=0)
     demo.set_defaults(func=_demo, passthrough=False)
-    bench = sub.add_parser("bench", help="run benchmarks/bench_*.py (JSON into benchmarks/results/)")
+    bench = sub.add_parser("bench", help="run benchmarks/bench_*.py (JSON and summary.png into benchmarks/results/)")
     bench.add_argument("--only", nargs="*", help="substrings of benchmark names to run")
     bench.set_defaults(func=_bench, passthrough=False)
     tiny = sub.add_parser("tiny-rm", help="build the offline tiny reward model used by tests and the demo")
