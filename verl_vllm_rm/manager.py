@@ -138,7 +138,14 @@ class VLLMRewardManager(RewardManagerBase):
         if verifiable is not None:
             info.update(verifiable_score=verifiable, **extras)
         if ref_task is not None:
-            reference = await ref_task
+            try:
+                reference = await ref_task
+            except MissingReferenceError:
+                raise
+            except Exception:  # the reference's score failed like the sample's would: same policy
+                if self.options.failure_policy == "raise":
+                    raise
+                reference = None
             info.update(win_metrics(rm_score, reference) if valid and reference is not None else NO_WIN_METRICS)
         self._maybe_print(sample, info)
         return {"reward_score": total, "reward_extra_info": info}
