@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -74,30 +73,23 @@ def train_tiny_rm(workdir: Path, seconds: float, seed: int):
 
 def start_server_with_progress(model_path: Path):
     """Stage 2: start the real vLLM server, with a progress bar while the engine loads."""
+    from concurrent.futures import ThreadPoolExecutor
+    from concurrent.futures import TimeoutError as StillStarting
+
     from tqdm import tqdm
 
     from verl_vllm_rm.server_process import start_server
 
-    result: dict = {}
-    thread = threading.Thread(target=lambda: result.update(server=_start(start_server, model_path, result)))
-    thread.start()
-    with tqdm(desc="starting vLLM (pooling runner)", unit="s") as bar:
-        while thread.is_alive():
-            thread.join(1.0)
-            bar.update(1)
-    if "error" in result:
-        raise result["error"]
-    server = result["server"]
+    with ThreadPoolExecutor(max_workers=1) as pool, tqdm(desc="starting vLLM (pooling runner)", unit="s") as bar:
+        pending = pool.submit(start_server, model_path, SERVER_ARGS)
+        while True:
+            try:
+                server = pending.result(timeout=1.0)  # re-raises a failed start here
+                break
+            except StillStarting:
+                bar.update(1)
     print(f"server ready at {server.url} in {server.startup_s:.0f} s (log: {server.log_path})")
     return server
-
-
-def _start(start_server, model_path, result):
-    try:
-        return start_server(model_path, SERVER_ARGS)
-    except Exception as e:  # re-raised in the main thread
-        result["error"] = e
-        return None
 
 
 def demo_groups(tokenizer, seed: int):

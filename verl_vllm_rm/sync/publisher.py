@@ -25,6 +25,7 @@ from typing import Any, Callable, Iterator, Mapping
 import torch
 import torch.distributed as dist
 
+from verl_vllm_rm.server_process import free_port
 from verl_vllm_rm.sync.http import JsonHttp, ServerError
 from verl_vllm_rm.sync.inventory import Inventory, ParamSpec, WeightUpdateRefused
 from verl_vllm_rm.sync.lora import find_lora_modules, full_tensor, lora_scalings
@@ -60,12 +61,6 @@ class PublishResult:
 class _Item:
     spec: ParamSpec
     produce: Callable[[], torch.Tensor]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
 
 
 def _local_address_towards(url: str) -> str:
@@ -123,7 +118,7 @@ class RewardModelPublisher:
         """Open the tensor plane (rank 0 only): host a store, ask the server to join, build the group."""
         if self.rank != 0 or self._transfer is not None:
             return
-        port, session = _free_port(), uuid.uuid4().hex
+        port, session = free_port(""), uuid.uuid4().hex
         result: dict[str, Any] = {}
 
         def join() -> None:
