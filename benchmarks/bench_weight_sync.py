@@ -31,6 +31,7 @@ from pathlib import Path
 
 import torch
 
+from verl_vllm_rm.server_process import free_port
 from verl_vllm_rm.sync.inventory import ParamSpec
 from verl_vllm_rm.sync.wire import DEFAULT_BUCKET_BYTES, BufferPool, open_group, pack, plan_buckets
 from verl_vllm_rm.tiny_rm import TinyRMSpec, build_tiny_rm
@@ -58,9 +59,7 @@ def raw_receiver(argv: list[str]) -> None:
 
 def raw_broadcast_s(backend: str, sizes: list[int], reps: int) -> list[float]:
     """Trainer side of the raw baseline: the same buckets, preallocated, two in flight like a publish."""
-    from verl_vllm_rm.sync.publisher import _free_port
-
-    port, session = _free_port(), uuid.uuid4().hex
+    port, session = free_port(), uuid.uuid4().hex
     proc = subprocess.Popen([sys.executable, __file__, "--raw-receiver", backend, str(port), session,
                              json.dumps(sizes), str(reps)])
     group = open_group(backend, "127.0.0.1", port, 0, 2, 120.0, session)

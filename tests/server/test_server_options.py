@@ -1,7 +1,9 @@
-"""A second server with --api-key, --step-tag-id (process reward) and tight request limits."""
+"""A second server with --api-key, --step-tag-id (process reward), tight request limits and capped weight updates."""
 
 import pytest
 import requests
+
+from verl_vllm_rm.sync import RewardModelPublisher, WeightUpdateRefused
 
 from verl_vllm_rm.hf_reference import sequence_scores, step_scores
 from verl_vllm_rm.server_process import running_server
@@ -9,12 +11,14 @@ from verl_vllm_rm.server_process import running_server
 KEY = "test-secret"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 LIMITS = ["--max-score-batch", "16", "--max-request-bytes", "4096"]
+WEIGHT_CAP = 1024  # the head (512 bytes) fits, a full update does not
+WEIGHT_UPDATES = ["--enable-weight-updates", "--weight-update-max-bytes", str(WEIGHT_CAP)]
 
 
 @pytest.fixture(scope="module")
 def step_server(tiny_rm, tokenizer, server_args):
     step_id = tokenizer.convert_tokens_to_ids("<step>")
-    args = [*server_args, "--api-key", KEY, "--step-tag-id", str(step_id), *LIMITS]
+    args = [*server_args, "--api-key", KEY, "--step-tag-id", str(step_id), *LIMITS, *WEIGHT_UPDATES]
     with running_server(tiny_rm, args) as server:
         yield server, step_id
 
@@ -75,3 +79,32 @@ def test_request_limits_give_413(step_server):
     too_big = requests.post(f"{server.url}/score", json={"input": ["x" * 5000]}, headers=AUTH, timeout=30)
     assert too_big.status_code == 413
     assert "--max-request-bytes 4096" in too_big.json()["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    "method,path", [("get", "/weight_inventory"), ("post", "/init_communicator"),
+                    ("post", "/update_param_batch"), ("post", "/close_communicator")],
+)
+def test_api_key_guards_weight_routes(step_server, method, path):
+    server, _ = step_server
+    assert requests.request(method, server.url + path, json={}, timeout=30).status_code == 401
+    wrong = requests.request(method, server.url + path, json={}, headers={"Authorization": "Bearer x"}, timeout=30)
+    assert wrong.status_code == 401
+
+
+def test_weight_update_size_cap(step_server, hf_model):
+    """A full update over --weight-update-max-bytes is refused before any tensor moves; a head update passes."""
+    server, _ = step_server
+    inventory = requests.get(f"{server.url}/weight_inventory", headers=AUTH, timeout=30).json()
+    assert inventory["max_update_bytes"] == WEIGHT_CAP
+    with RewardModelPublisher(server.url, api_key=KEY) as pub:
+        with pytest.raises(WeightUpdateRefused, match=f"more than this server's cap of {WEIGHT_CAP} bytes"):
+            pub.publish(hf_model, 1, "full")
+        assert requests.get(f"{server.url}/runtime_version", headers=AUTH, timeout=30).json()["version"] == 0
+        body = {"metadata": [{"name": "model.layers.0.mlp.down_proj.weight", "dtype": "float32", "shape": [128, 256]}],
+                "training_mode": "full", "version": 1, "bucket_bytes": 1 << 20}
+        pub.connect()  # a live communicator: the refusal must come from the cap
+        resp = requests.post(f"{server.url}/update_param_batch", json=body, headers=AUTH, timeout=30)
+        assert resp.status_code == 400 and "(--weight-update-max-bytes)" in resp.json()["error"]["message"]
+        assert pub.publish(hf_model, 1, "head_only").num_bytes == 512
+    assert requests.get(f"{server.url}/runtime_version", headers=AUTH, timeout=30).json()["version"] == 1

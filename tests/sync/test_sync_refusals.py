@@ -75,8 +75,18 @@ def _meta(name: str, shape: list[int], dtype: str = "float32") -> dict:
         ([_meta(f"{Q}.weight", [128, 128]), _meta(f"{Q}.bias", [128])], "full", "partial module"),
         ([_meta("score.weight", [1, 128], "bfloat16")], "head_only", "is bfloat16 but the server's is float32"),
         ([_meta("score.weight", [1, 128])], "everything", "unknown training_mode"),
+        ([_meta("score.weight", [1, 128], "complex64")], "head_only", "dtype 'complex64' is not one of"),
+        ([_meta("score.weight", [1, 128], "Tensor")], "head_only", "dtype 'Tensor' is not one of"),
+        ([_meta("score.weight", [1.0, 128])], "head_only", "non-negative integers"),
+        ([_meta("score.weight", ["1", 128])], "head_only", "non-negative integers"),
+        ([_meta("score.weight", [True, 128])], "head_only", "non-negative integers"),
+        ([_meta("score.weight", 128)], "head_only", "non-negative integers"),
+        ([{**_meta("score.weight", [1, 128]), "pickle": "gASV"}], "head_only", "exactly {name, dtype, shape}"),
+        (["score.weight"], "head_only", "exactly {name, dtype, shape}"),
     ],
-    ids=["backbone-in-head-only", "unknown-name", "wrong-shape", "q-without-kv", "wrong-dtype", "bad-mode"],
+    ids=["backbone-in-head-only", "unknown-name", "wrong-shape", "q-without-kv", "wrong-dtype", "bad-mode",
+         "dtype-not-allowed", "dtype-not-a-dtype", "float-dim", "string-dim", "bool-dim", "shape-not-a-list",
+         "extra-key", "entry-not-an-object"],
 )
 def test_server_refuses_bad_metadata(served, ws_server, metadata, mode, expected):
     """The server checks again (a client other than our publisher may call it)."""

@@ -80,6 +80,13 @@ def test_check_update_lists_every_problem(inventory):
     inventory.check_update([ParamSpec(n, p.dtype, p.shape) for n, p in inventory.params.items()], "full")
 
 
+def test_total_size_cap(inventory):
+    head = [ParamSpec("score.weight", "float32", (1, 128))]
+    inventory.check_update(head, "head_only", max_bytes=512)
+    with pytest.raises(WeightUpdateRefused, match="carries 512 bytes, more than this server's cap of 511"):
+        inventory.check_update(head, "head_only", max_bytes=511)
+
+
 def test_buckets_are_bounded_aligned_and_round_trip():
     tensors = {f"t{i}": torch.randn(i + 3, 5) for i in range(10)} | {"big": torch.randn(100, 100)}
     specs = [ParamSpec(n, "bfloat16", tuple(t.shape)) for n, t in tensors.items()]

@@ -61,7 +61,7 @@ def test_rm_step_worker_method_publishes_every_n_steps(ray_cluster, ws_server, t
 
     reset_server(ws_server.url, tiny_rm)
     config = OnlineRMConfig(model_path=tiny_rm, server_url=ws_server.url, training_mode="lora", publish_every=2,
-                            lr=5e-3, lora_rank=4, use_gpu=False, timeout_s=60)
+                            lr=5e-3, lora_rank=4, use_gpu=False, timeout_s=60, parity_every=1)
     pool = RayResourcePool([1], use_gpu=False, max_colocate_count=1)
     online = OnlineRewardModel(config, pool, tokenizer.pad_token_id)
     uids, sequences, rewards, _ = rollout
@@ -73,6 +73,8 @@ def test_rm_step_worker_method_publishes_every_n_steps(ray_cluster, ws_server, t
         served = server_scores(ws_server.url, probe_ids)
         if step % 2 == 0:
             assert metrics["rm/published_version"] == start + step // 2
+            assert metrics["rm/parity_max_abs_diff"] <= PARITY_ATOL  # the probe ran on the step's own pairs
+            assert metrics["rm/parity_mult_error"] <= 1.05
             assert max_diff(served, trainer_scores) <= PARITY_ATOL
         else:
             assert "rm/published_version" not in metrics

@@ -57,6 +57,10 @@ def build_parser():
         "--weight-update-head-patterns", default=",".join(DEFAULT_HEAD_PATTERNS),
         help="Comma-separated glob patterns naming the head's tensors (training_mode head_only).",
     )
+    group.add_argument(
+        "--weight-update-max-bytes", type=int, default=None,
+        help="Refuse weight updates larger than this many bytes (default: no cap beyond the model's own size).",
+    )
     parser.set_defaults(runner="pooling", host="127.0.0.1", port=DEFAULT_PORT)
     return parser
 
@@ -134,7 +138,7 @@ def _hooked_build_app(original):
             from verl_vllm_rm.server.weight_routes import install_weight_routes
 
             patterns = tuple(p.strip() for p in args.weight_update_head_patterns.split(",") if p.strip())
-            install_weight_routes(app, args.weight_update_backend, patterns)
+            install_weight_routes(app, args.weight_update_backend, patterns, args.weight_update_max_bytes)
         return app
 
     return build_app

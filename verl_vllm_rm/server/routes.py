@@ -41,7 +41,7 @@ def _tokenize(tokenizer, texts: list[str]) -> list[list[int]]:
     return [list(ids) for ids in tokenizer(texts, add_special_tokens=True)["input_ids"]]
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
+async def read_body(request: Request, limit: int) -> bytes:
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise RequestError(f"request body of {declared} bytes exceeds --max-request-bytes {limit}", 413)
@@ -81,7 +81,7 @@ async def score(request: Request) -> JSONResponse:
     state: RewardServerState = request.app.state.reward
     engine = request.app.state.engine_client
     try:
-        body = await _read_body(request, state.max_request_bytes)
+        body = await read_body(request, state.max_request_bytes)
         req = parse_score_request(body, state.served_models, state.max_score_batch)
         if req.texts is not None:
             tokenizer = engine.renderer.get_tokenizer()

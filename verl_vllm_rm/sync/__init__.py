@@ -7,9 +7,12 @@ imports verl.
 
 from verl_vllm_rm.sync.inventory import WeightUpdateRefused
 from verl_vllm_rm.sync.names import RewardModelTrainingMode
+from verl_vllm_rm.sync.parity_probe import ParityError, ParityProbe
 from verl_vllm_rm.sync.publisher import PublishResult, RewardModelPublisher, WeightSyncError
 
 __all__ = [
+    "ParityError",
+    "ParityProbe",
     "PublishResult",
     "RewardModelPublisher",
     "RewardModelTrainingMode",

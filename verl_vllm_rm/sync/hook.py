@@ -23,6 +23,7 @@ from verl.single_controller.base import Worker
 from verl.single_controller.base.decorator import Dispatch, register
 
 from verl_vllm_rm.sync.names import RewardModelTrainingMode
+from verl_vllm_rm.sync.parity_probe import ParityProbe
 from verl_vllm_rm.sync.publisher import RewardModelPublisher
 from verl_vllm_rm.sync.wire import DEFAULT_BUCKET_BYTES
 from verl_vllm_rm.training.bt import (
@@ -57,11 +58,18 @@ class OnlineRMConfig:
     api_key: str | None = None
     bucket_bytes: int = DEFAULT_BUCKET_BYTES
     timeout_s: float = 300.0
+    parity_every: int = 0  # run the parity probe after every N publishes (0: never)
+    parity_threshold: float = 1.05
 
     def __post_init__(self) -> None:
         RewardModelTrainingMode.parse(self.training_mode)
         if self.publish_every < 1:
             raise ValueError(f"online_rm.publish_every must be >= 1, got {self.publish_every}")
+        if self.parity_every < 0:
+            raise ValueError(f"online_rm.parity_every must be >= 0 (0 turns the probe off), got {self.parity_every}")
+
+    def parity_probe(self) -> ParityProbe | None:
+        return ParityProbe(every=self.parity_every, threshold=self.parity_threshold) if self.parity_every else None
 
     @classmethod
     def from_dict(cls, options: Mapping[str, Any]) -> "OnlineRMConfig":
@@ -82,14 +90,20 @@ class PublishAfterStep:
         self.every = every
         self.publisher: RewardModelPublisher | None = None
 
-    def __call__(self, step: int, model: torch.nn.Module) -> dict[str, float]:
+    def __call__(self, step: int, model: torch.nn.Module,
+                 probe_ids: Sequence[Sequence[int]] | None = None) -> dict[str, float]:
+        """Publish after step ``step`` when due; ``probe_ids`` feed the publisher's parity probe."""
         if step % self.every:
             return {}
         if self.publisher is None:
             self.publisher = self.make_publisher()
-        result = self.publisher.publish(model, self.publisher.version + 1, self.mode)
-        return {"rm/published_version": float(result.version), "rm/publish_s": result.seconds,
-                "rm/publish_bytes": float(result.num_bytes)}
+        result = self.publisher.publish(model, self.publisher.version + 1, self.mode, probe_ids=probe_ids)
+        metrics = {"rm/published_version": float(result.version), "rm/publish_s": result.seconds,
+                   "rm/publish_bytes": float(result.num_bytes)}
+        if result.parity is not None:
+            metrics.update({f"rm/parity_{k}": float(result.parity[k])
+                            for k in ("max_abs_diff", "mean_abs_diff", "mult_error")})
+        return metrics
 
 
 class RewardModelTrainingWorker(Worker):
@@ -116,7 +130,8 @@ class RewardModelTrainingWorker(Worker):
         self.trainer = BradleyTerryTrainer(model, lr=cfg.lr, max_grad_norm=cfg.max_grad_norm, grad_group=group)
         self.hook = PublishAfterStep(
             lambda: RewardModelPublisher(cfg.server_url, api_key=cfg.api_key, bucket_bytes=cfg.bucket_bytes,
-                                         timeout_s=cfg.timeout_s, group=group),
+                                         timeout_s=cfg.timeout_s, group=group,
+                                         parity_probe=cfg.parity_probe()),
             cfg.training_mode,
             cfg.publish_every,
         )
@@ -126,7 +141,8 @@ class RewardModelTrainingWorker(Worker):
         """One Bradley-Terry step on this rank's share of the pairs, then the publish hook."""
         batch = PreferenceBatch(*(pairs.batch[k].to(self.device) for k in PAIR_FIELDS))
         metrics = self.trainer.step(batch)
-        metrics.update(self.hook(self.trainer.steps, self.trainer.model))
+        probes = [ids[mask.bool()].tolist() for ids, mask in zip(batch.chosen_ids, batch.chosen_mask)]
+        metrics.update(self.hook(self.trainer.steps, self.trainer.model, probes))
         with torch.no_grad():
             margin = self._rewards(batch.chosen_ids, batch.chosen_mask) - self._rewards(
                 batch.rejected_ids, batch.rejected_mask)

@@ -21,6 +21,15 @@ from typing import Any, Iterable, Mapping, Sequence
 from verl_vllm_rm.sync.names import DEFAULT_HEAD_PATTERNS, RewardModelTrainingMode, is_head
 
 
+# What a weight may be on the wire. Names from the network never reach
+# ``getattr(torch, ...)`` unless they are listed here.
+ALLOWED_DTYPES: dict[str, int] = {
+    "float32": 4, "float16": 2, "bfloat16": 2, "float64": 8,
+    "float8_e4m3fn": 1, "float8_e5m2": 1, "int8": 1, "uint8": 1, "int32": 4, "int64": 8,
+}
+MAX_NDIM = 8
+
+
 class WeightUpdateRefused(ValueError):
     """An update that would leave the served model wrong; nothing was sent or changed."""
 
@@ -36,14 +45,35 @@ class ParamSpec:
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
 
+    @property
+    def nbytes(self) -> int:
+        numel = 1
+        for d in self.shape:
+            numel *= d
+        return numel * ALLOWED_DTYPES[self.dtype]
+
     @classmethod
-    def from_json(cls, item: Mapping[str, Any]) -> "ParamSpec":
-        try:
-            return cls(str(item["name"]), str(item["dtype"]), tuple(int(d) for d in item["shape"]))
-        except (KeyError, TypeError, ValueError) as e:
+    def from_json(cls, item: Any) -> "ParamSpec":
+        """Parse one metadata entry strictly: a str name, an allowed dtype, a list of non-negative ints."""
+        if not isinstance(item, Mapping) or set(item) != {"name", "dtype", "shape"}:
+            raise WeightUpdateRefused(f"bad metadata entry {item!r}: each entry is exactly {{name, dtype, shape}}")
+        name, dtype, shape = item["name"], item["dtype"], item["shape"]
+        if not isinstance(name, str) or not name:
+            raise WeightUpdateRefused(f"bad metadata entry {item!r}: 'name' must be a non-empty string")
+        if dtype not in ALLOWED_DTYPES:
             raise WeightUpdateRefused(
-                f"bad metadata entry {item!r} ({e}); each entry needs 'name', 'dtype' and 'shape'"
-            ) from None
+                f"bad metadata entry for {name!r}: dtype {dtype!r} is not one of {sorted(ALLOWED_DTYPES)}"
+            )
+        if (
+            not isinstance(shape, (list, tuple))
+            or len(shape) > MAX_NDIM
+            or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)
+        ):
+            raise WeightUpdateRefused(
+                f"bad metadata entry for {name!r}: 'shape' must be a list of at most {MAX_NDIM} "
+                f"non-negative integers, got {shape!r}"
+            )
+        return cls(name, dtype, tuple(shape))
 
 
 def module_key(name: str, fused_modules: Mapping[str, Sequence[str]]) -> str:
@@ -97,8 +127,12 @@ class Inventory:
         specs: Sequence[ParamSpec],
         mode: RewardModelTrainingMode | str,
         head_patterns: Iterable[str] = DEFAULT_HEAD_PATTERNS,
+        max_bytes: int | None = None,
     ) -> None:
-        """Raise :class:`WeightUpdateRefused` listing every problem, or return if the update is sound."""
+        """Raise :class:`WeightUpdateRefused` listing every problem, or return if the update is sound.
+
+        ``max_bytes`` caps the update's total size (the server's ``--weight-update-max-bytes``).
+        """
         mode = RewardModelTrainingMode.parse(mode)
         head_patterns = tuple(head_patterns)
         problems: list[str] = []
@@ -109,6 +143,9 @@ class Inventory:
             if spec.name in seen:
                 problems.append(f"parameter {spec.name!r} appears twice")
             seen.add(spec.name)
+            if spec.dtype not in ALLOWED_DTYPES:
+                problems.append(f"{spec.name!r} is {spec.dtype}, not one of {sorted(ALLOWED_DTYPES)}")
+                continue
             known = self.params.get(spec.name)
             if known is None:
                 problems.append(self._unknown(spec.name))
@@ -132,5 +169,11 @@ class Inventory:
                     f"partial module {group!r}: sends {sent} without {missing}; vLLM reloads whole "
                     "(fused) modules, so send every tensor of the group"
                 )
+        total = sum(spec.nbytes for spec in specs if spec.dtype in ALLOWED_DTYPES)
+        if max_bytes is not None and total > max_bytes:
+            problems.append(
+                f"the update carries {total} bytes, more than this server's cap of {max_bytes} bytes "
+                "(--weight-update-max-bytes); publish fewer tensors or raise the cap"
+            )
         if problems:
             raise WeightUpdateRefused("weight update refused: " + "; ".join(problems))

@@ -14,13 +14,14 @@ rank 0 talks to the server; every rank takes part in gathering sharded
 
 from __future__ import annotations
 
+import logging
 import socket
 import threading
 import time
 import urllib.parse
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
 import torch.distributed as dist
@@ -30,6 +31,7 @@ from verl_vllm_rm.sync.http import JsonHttp, ServerError
 from verl_vllm_rm.sync.inventory import Inventory, ParamSpec, WeightUpdateRefused
 from verl_vllm_rm.sync.lora import find_lora_modules, full_tensor, lora_scalings
 from verl_vllm_rm.sync.names import RewardModelTrainingMode, is_head, normalize_name, resolve_name
+from verl_vllm_rm.sync.parity_probe import ParityProbe
 from verl_vllm_rm.sync.wire import (
     DEFAULT_BUCKET_BYTES,
     BufferPool,
@@ -40,6 +42,7 @@ from verl_vllm_rm.sync.wire import (
     plan_buckets,
 )
 
+logger = logging.getLogger(__name__)
 StateDictLike = Mapping[str, torch.Tensor] | torch.nn.Module
 
 
@@ -55,6 +58,7 @@ class PublishResult:
     num_buckets: int
     seconds: float
     server: dict[str, Any] = field(default_factory=dict)
+    parity: dict[str, Any] | None = None  # the probe's figures when it ran after this publish
 
 
 @dataclass(frozen=True)
@@ -90,8 +94,13 @@ class RewardModelPublisher:
         timeout_s: float = 300.0,
         master_address: str | None = None,
         group: dist.ProcessGroup | None = None,
+        parity_probe: ParityProbe | None = None,
     ) -> None:
         self.http = JsonHttp(server_url, api_key, timeout_s=min(timeout_s, 60.0))
+        self.server_url = server_url
+        self.api_key = api_key
+        self.parity_probe = parity_probe
+        self.publishes = 0
         self.bucket_bytes = bucket_bytes
         self.timeout_s = timeout_s
         self.master_address = master_address or _local_address_towards(server_url)
@@ -104,6 +113,7 @@ class RewardModelPublisher:
         self.transport: str = info["transport"]
         self.server_world_size: int = info["world_size"]
         self.head_patterns = tuple(head_patterns or info["head_patterns"])
+        self.max_update_bytes: int | None = info.get("max_update_bytes")
         self.version: int = info["version"]
         self._transfer: TransferGroup | None = None
         self._buffers: BufferPool | None = None
@@ -147,8 +157,14 @@ class RewardModelPublisher:
     def __enter__(self) -> "RewardModelPublisher":
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: type | None, *exc: object) -> None:
+        if exc_type is None:
+            self.close()
+            return
+        try:  # never mask the error that is already propagating
+            self.close()
+        except Exception as e:
+            logger.warning("closing the weight-sync session after an error failed too: %s", e)
 
     # -- what to send ----------------------------------------------------------------------
 
@@ -195,7 +211,7 @@ class RewardModelPublisher:
             shape, dtype = meta[name]
             server = self.inventory.params.get(name)
             items.append(_Item(ParamSpec(name, server.dtype if server else dtype, shape), sources[name]))
-        self.inventory.check_update([i.spec for i in items], mode, self.head_patterns)
+        self.inventory.check_update([i.spec for i in items], mode, self.head_patterns, self.max_update_bytes)
         return items
 
     # -- sending ---------------------------------------------------------------------------
@@ -208,18 +224,26 @@ class RewardModelPublisher:
         *,
         lora_scaling: float | Mapping[str, float] | None = None,
         adapter: str = "default",
+        probe_ids: Sequence[Sequence[int]] | None = None,
     ) -> PublishResult:
         """Send what ``training_mode`` changed; the server serves it as ``version`` once this returns.
 
         ``state_dict`` is a state dict or the model itself (needed in LoRA mode
-        unless ``lora_scaling`` is given). Raises :class:`WeightUpdateRefused`
-        (nothing sent, old weights serving) or :class:`WeightSyncError`.
+        unless ``lora_scaling`` is given, and whenever the parity probe is due).
+        ``probe_ids`` are the token ids the parity probe scores. Raises
+        :class:`WeightUpdateRefused` (nothing sent, old weights serving),
+        :class:`WeightSyncError`, or :class:`ParityError` (new weights serving,
+        but the server does not score like ``state_dict``).
         """
         t0 = time.monotonic()
         if version <= self.version:
             raise WeightUpdateRefused(
                 f"version {version} is not newer than the serving version {self.version}; versions must increase"
             )
+        probe_due = self.parity_probe is not None and self.parity_probe.due(self.publishes + 1)
+        if probe_due and (not isinstance(state_dict, torch.nn.Module) or not probe_ids):
+            raise ValueError("the parity probe is due after this publish: pass the model itself (not a state "
+                             "dict) and probe_ids (token ids to score)")
         mode = RewardModelTrainingMode.parse(training_mode)
         items = self.plan(state_dict, mode, lora_scaling=lora_scaling, adapter=adapter)
         specs = [item.spec for item in items]
@@ -239,9 +263,25 @@ class RewardModelPublisher:
             self._transfer = None
             raise WeightSyncError(f"the server could not apply version {version}: {server.get('error', server)}")
         self.version = version
+        self.publishes += 1
+        parity = self._check_parity(state_dict, probe_ids) if probe_due else None
         return PublishResult(
-            version, len(items), sum(b.nbytes for b in buckets), len(buckets), time.monotonic() - t0, server
+            version, len(items), sum(b.nbytes for b in buckets), len(buckets), time.monotonic() - t0, server,
+            parity,
         )
+
+    def _check_parity(self, model: torch.nn.Module, probe_ids: Sequence[Sequence[int]]) -> dict[str, Any] | None:
+        """Every rank computes the reference (a sharded forward is collective); rank 0 asks the server."""
+        reference = self.parity_probe.reference_scores(model, probe_ids)
+        error, figures = None, None
+        if self.rank == 0:
+            try:
+                report = self.parity_probe.compare(reference, probe_ids, self.server_url, self.api_key, self.version)
+                figures = report.as_dict()
+            except Exception as e:  # every rank learns it through _agree
+                error = e
+        self._agree(error)
+        return figures
 
     def _start(
         self, specs: list[ParamSpec], mode: RewardModelTrainingMode, version: int

@@ -51,13 +51,6 @@ class Bucket:
     nbytes: int
 
 
-def _nbytes(spec: ParamSpec) -> int:
-    numel = 1
-    for d in spec.shape:
-        numel *= d
-    return numel * to_dtype(spec.dtype).itemsize
-
-
 def plan_buckets(specs: Sequence[ParamSpec], bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> list[Bucket]:
     """Split ``specs`` (in the given order) into buckets of at most ``bucket_bytes``.
 
@@ -70,7 +63,7 @@ def plan_buckets(specs: Sequence[ParamSpec], bucket_bytes: int = DEFAULT_BUCKET_
     slots: list[Slot] = []
     used = 0
     for spec in specs:
-        size = _nbytes(spec)
+        size = spec.nbytes
         offset = -(-used // ALIGN) * ALIGN
         if slots and offset + size > bucket_bytes:
             buckets.append(Bucket(tuple(slots), used))
