@@ -21,7 +21,8 @@ class Faults:
     fail_status: int = 0  # answer this HTTP status instead of forwarding ...
     fail_times: int = 0  # ... for this many requests
     delay_s: float = 0.0  # sleep before answering
-    corrupt: str | None = None  # "nan", "count", "nonjson", "index"
+    corrupt: str | None = None  # "nan", "count", "nonjson" (half a body), "index", "truncated" (cut mid-body)
+    corrupt_times: int | None = None  # corrupt this many /score answers (None: all of them)
     drop: bool = False  # close the connection without answering
 
 
@@ -77,9 +78,22 @@ class FaultProxy:
         async with self._session.request(request.method, self.upstream + request.path_qs, data=body,
                                          headers=headers) as up:
             status, text = up.status, await up.text()
-        if f.corrupt and request.path == "/score" and status == 200:
+        if f.corrupt and request.path == "/score" and status == 200 and f.corrupt_times != 0:
+            if f.corrupt_times is not None:
+                f.corrupt_times -= 1
+            if f.corrupt == "truncated":
+                return await _truncated(request, text.encode())
             text = _corrupt(text, f.corrupt)
         return web.Response(status=status, text=text, content_type="application/json")
+
+
+async def _truncated(request: web.Request, body: bytes) -> web.StreamResponse:
+    """Announce the whole body, send half of it, then cut the connection (a server dying mid-answer)."""
+    resp = web.StreamResponse(headers={"Content-Type": "application/json", "Content-Length": str(len(body))})
+    await resp.prepare(request)
+    await resp.write(body[: len(body) // 2])
+    request.transport.close()
+    return resp
 
 
 def _corrupt(text: str, kind: str) -> str:

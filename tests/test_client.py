@@ -71,7 +71,7 @@ def test_retries_exhausted_names_server_and_cause(fault_proxy, texts):
     assert fault_proxy.url in str(err.value)
 
 
-@pytest.mark.parametrize("kind", ["nan", "count", "nonjson", "index"])
+@pytest.mark.parametrize("kind", ["nan", "count", "nonjson", "index", "truncated"])
 def test_corrupt_responses_are_errors_not_numbers(fault_proxy, texts, kind):
     fault_proxy.faults.corrupt = kind
     client = VLLMRewardClient(fault_proxy.url, max_retries=1, **FAST)
@@ -104,12 +104,20 @@ def test_dropped_connection_is_retried_then_reported(fault_proxy, texts):
     assert len(fault_proxy.requests) == 3
 
 
-def test_failover_to_a_live_server(dead_url, rm_server, tokenizer, hf_model, texts):
-    client = VLLMRewardClient([dead_url, rm_server.url], max_retries=3, **FAST)
-    ids = [tokenizer(t).input_ids for t in texts[:4]]
-    for _ in range(3):
+@pytest.mark.parametrize("failing", ["dead", "slow"])
+def test_failover_to_a_live_server(failing, dead_url, fault_proxy, rm_server, tokenizer, hf_model, texts):
+    """A retry goes to another server: a dead one refuses at once, a slow one outlives read_timeout."""
+    fault_proxy.faults.delay_s = 3.0  # unused by the dead case
+    bad = dead_url if failing == "dead" else fault_proxy.url
+    # one retry only, one sequence per request: every request that met the bad server must fail over
+    client = VLLMRewardClient([bad, rm_server.url], max_retries=1, read_timeout_s=0.5, max_batch_seqs=1, **FAST)
+    ids = [tokenizer(t).input_ids for t in texts[:8]]
+    expected = sequence_scores(hf_model, ids)
+    for _ in range(2):
         got = run(client, client.score_batch(ids))
-        assert max(abs(a - b) for a, b in zip(got, sequence_scores(hf_model, ids))) < 1e-4
+        assert max(abs(a - b) for a, b in zip(got, expected)) < 1e-4
+    if failing == "slow":
+        assert len(fault_proxy.requests) >= 4  # least-outstanding sent half of the first round there
 
 
 def test_least_outstanding_routing_spreads_load(rm_server, texts):

@@ -183,9 +183,11 @@ class VLLMRewardClient:
             self._loops[loop] = state
         return state
 
-    def _pick(self) -> _Endpoint:
+    def _pick(self, avoid: _Endpoint | None = None) -> _Endpoint:
+        """Least outstanding among the servers that look up; a retry avoids the one that just failed."""
         now = time.monotonic()
         up = [e for e in self._endpoints if e.down_until <= now]
+        up = [e for e in up if e is not avoid] or up  # a slow (timed-out) server is not marked down
         if not up:  # every server looks down: try the one that went down first
             return min(self._endpoints, key=lambda e: e.down_until)
         least = min(e.outstanding for e in up)
@@ -197,14 +199,16 @@ class VLLMRewardClient:
         opts, state = self.options, self._state()
         deadline = time.monotonic() + opts.deadline_s
         errors: list[str] = []
+        failed: _Endpoint | None = None
         async with state.semaphore:
             for attempt in range(opts.max_retries + 1):
-                endpoint = self._pick()
+                endpoint = self._pick(avoid=failed)
                 try:
                     body = await self._once(state.session, endpoint, method, path, payload, deadline)
                     return validate(body) if validate else body
                 except _Retryable as e:
                     errors.append(f"{endpoint.url}: {e}")
+                    failed = endpoint
                     if e.endpoint_down:
                         endpoint.down_until = time.monotonic() + opts.endpoint_cooldown_s
                 delay = min(opts.backoff_max_s, opts.backoff_base_s * 2**attempt) * random.uniform(0.5, 1.0)

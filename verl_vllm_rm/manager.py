@@ -155,7 +155,13 @@ class VLLMRewardManager(RewardManagerBase):
             return self.options.max_length
         if self._max_length is None:  # ask the server once, shared by all concurrent callers
             self._max_length = asyncio.ensure_future(self.client.health())
-        return int((await asyncio.shield(self._max_length))["max_model_len"])
+        probe = self._max_length
+        try:
+            return int((await asyncio.shield(probe))["max_model_len"])
+        except Exception:
+            if self._max_length is probe:  # a failed probe is asked again later, not kept for the whole run
+                self._max_length = None
+            raise
 
     def _render(self, sample: Sample, response_ids: list[int] | None, response_text: str | None):
         """(prompt part, response part) ids of the RM input for a response given as ids or text."""
