@@ -221,6 +221,20 @@ def test_mask_policy_flags_only_the_failed_group(fault, fault_proxy, verl_config
     assert torch.allclose(last_token_scores(out, data)[valid], reference(hf_model, grpo_groups)[valid], atol=1e-4)
 
 
+def test_a_failed_step_leaves_no_request_behind(fault_proxy, verl_config, tokenizer, grpo_groups):
+    """The first group's 4xx fails the step; the groups queued behind it are cancelled, not sent later."""
+    fault_proxy.faults.fail_status, fault_proxy.faults.fail_times = 400, 1
+    mgr = load_reward_manager(verl_config(fault_proxy.url, max_batch_seqs=4, max_length=512,
+                                          max_concurrent_requests=1, **FAST), tokenizer)
+    with pytest.raises(RewardServerError, match="HTTP 400"):
+        mgr(build_batch(grpo_groups, tokenizer.pad_token_id))
+    time.sleep(0.3)  # a request cancelled mid-send may still reach the proxy: let it land
+    sent = len(fault_proxy.requests)
+    assert sent < len(grpo_groups)
+    mgr.loop.run_until_complete(asyncio.sleep(0.5))  # the loop runs again, as at the next step
+    assert len(fault_proxy.requests) == sent and mgr.batcher.in_flight == 0
+
+
 def test_failed_length_probe_is_asked_again(fault_proxy, verl_config, tokenizer, hf_model, grpo_groups):
     """A /health failure at the first step must not break every later step of the run."""
     fault_proxy.faults.fail_status, fault_proxy.faults.fail_times = 503, 1

@@ -76,6 +76,25 @@ class GroupBatcher:
             self._timer = loop.call_later(self._coalesce_s, self._flush)
         return await future
 
+    @property
+    def in_flight(self) -> int:
+        """Requests sent and not yet answered."""
+        return len(self._in_flight)
+
+    async def cancel_in_flight(self) -> None:
+        """Cancel every queued and in-flight request (their callers get an error) and wait for them."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        pending, self._pending = self._pending, []
+        for p in pending:
+            if not p.future.done():
+                p.future.set_exception(RuntimeError("scoring cancelled: the batch it belonged to failed"))
+        tasks = list(self._in_flight)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
     def _flush(self) -> None:
         if self._timer is not None:
             self._timer.cancel()

@@ -93,7 +93,14 @@ class VLLMRewardManager(RewardManagerBase):
         """Legacy batch API: a reward tensor shaped like ``responses`` (score at the last valid token)."""
 
         async def score_all():
-            return await asyncio.gather(*(self._score_sample(s) for s in samples_from_batch(data)))
+            tasks = [asyncio.ensure_future(self._score_sample(s)) for s in samples_from_batch(data)]
+            try:
+                return await asyncio.gather(*tasks)
+            except BaseException:  # the step fails: stop its other requests instead of leaving them queued
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, self.batcher.cancel_in_flight(), return_exceptions=True)
+                raise
 
         outputs = self.loop.run_until_complete(score_all())
         self.last_batch_stats = batch_stats([o["reward_extra_info"] for o in outputs])
