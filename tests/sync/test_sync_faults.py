@@ -115,3 +115,27 @@ def test_concurrent_scoring_sees_old_or_new_weights_never_a_mix(ws_server, tiny_
         matched.append(candidates[0])
     assert matched[0] == 0 and matched[-1] == len(states) - 1
     assert_parity(ws_server.url, states[-1], probe_ids)
+
+
+def test_a_stalled_trainer_does_not_stall_scoring(ws_server, tiny_rm, probe_ids):
+    """The buckets arrive in the background: scoring goes on with the old weights until the
+    transfer is complete, and a trainer that never sends only fails its own update."""
+    old_version = reset_server(ws_server.url, tiny_rm)
+    old_model = load_rm(tiny_rm)
+    pub = RewardModelPublisher(ws_server.url, timeout_s=5)
+    pub.connect()  # both sides join the group; then the trainer announces an update and stalls
+    body = {"metadata": [{"name": "score.weight", "dtype": "float32", "shape": [1, 128]}],
+            "training_mode": "head_only", "version": old_version + 1, "bucket_bytes": 1 << 20}
+    with requests.post(f"{ws_server.url}/update_param_batch", json=body, stream=True, timeout=60) as update:
+        lines = (line for line in update.iter_lines() if line)
+        assert b'"accepted"' in next(lines)
+        assert_parity(ws_server.url, old_model, probe_ids)
+        health = requests.get(f"{ws_server.url}/health", timeout=10).json()
+        assert health["pending_update"] == old_version + 1  # scored while the update still waits for tensors
+        assert runtime_version(ws_server.url) == old_version
+        final = next(lines)  # the group's timeout ends the stalled receive
+    assert b'"failed"' in final and b"receiving the weights failed" in final, final
+    pub._transfer = None  # the server closed the session; the next publish joins a new one
+    health = _wait_for_failed_update(ws_server.url, old_version + 1)
+    assert health["last_failed_update"]["serving_version"] == old_version
+    assert reset_server(ws_server.url, tiny_rm) == old_version + 1  # a fresh publish works again

@@ -30,6 +30,7 @@ class RewardServerState:
     version: int = 0
     last_update: dict[str, Any] = field(default_factory=dict)
     last_failed_update: dict[str, Any] = field(default_factory=dict)
+    pending_update: int | None = None  # the version being received or applied
     gate: UpdateGate = field(default_factory=UpdateGate)
 
 
@@ -69,6 +70,8 @@ async def health(request: Request) -> JSONResponse:
         "max_model_len": state.max_model_len,
         "step_tag_id": state.step_tag_id,
     }
+    if state.pending_update is not None:
+        body["pending_update"] = state.pending_update
     if state.last_update:
         body["last_update"] = state.last_update
     if state.last_failed_update:

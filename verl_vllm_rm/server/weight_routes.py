@@ -148,39 +148,61 @@ def _parse_update(payload: dict[str, Any], inventory: Inventory, sync: WeightSyn
     return specs, mode, new_version, bucket_bytes
 
 
+RECEIVE_POLL_S = 0.005
+
+
+async def _receive(engine, specs: list[ParamSpec], bucket_bytes: int) -> None:
+    """Start the workers' background receive and wait for it without blocking the engine.
+
+    A long ``collective_rpc`` would hold the engine's loop (and every score) for the
+    whole transfer; short polls let scoring go on with the old weights meanwhile.
+    The final ``join`` raises the receive's error through vLLM's own lifecycle, which
+    then clears its update state.
+    """
+    await engine.start_weight_update()
+    info = {"params": [s.to_json() for s in specs], "bucket_bytes": bucket_bytes}
+    await engine.update_weights(WeightTransferUpdateRequest({**info, "phase": "begin"}))
+    while not all(await engine.collective_rpc("rm_receive_done")):
+        await asyncio.sleep(RECEIVE_POLL_S)
+    await engine.update_weights(WeightTransferUpdateRequest({**info, "phase": "join"}))
+
+
 async def _apply_update(
     app: FastAPI, specs: list[ParamSpec], mode: RewardModelTrainingMode, version: int, bucket_bytes: int
 ) -> dict:
-    """Pause scoring, receive, reload, reset the prefix cache, bump the version, resume."""
+    """Receive (scoring goes on), then pause scoring, reload, reset the prefix cache, bump the version, resume."""
     state: RewardServerState = app.state.reward
     sync: WeightSyncState = app.state.weight_sync
     engine = app.state.engine_client
     record: dict[str, Any] = {"version": version, "training_mode": mode.value, "num_params": len(specs)}
     t0 = time.monotonic()
-    async with state.gate.updating_weights():
-        # pause_generation minus its cosmetic 20 ms sleep: drain the engine, clear its caches
-        await engine.engine_core.pause_scheduler_async(mode="wait", clear_cache=True)
-        t_paused = time.monotonic()
-        try:
-            await engine.start_weight_update()
-            update_info = {"params": [s.to_json() for s in specs], "bucket_bytes": bucket_bytes}
-            await engine.update_weights(WeightTransferUpdateRequest(update_info))
-            t_received = time.monotonic()
-            await engine.finish_weight_update(str(version))
-            await engine.reset_prefix_cache()
-            state.version = version
-            record.update(status="ok", receive_s=t_received - t_paused, reload_s=time.monotonic() - t_received)
-        except Exception as e:  # the old weights keep serving; the communicator is unusable
-            logger.exception("weight update to version %d failed", version)
-            record.update(status="failed", error=f"{type(e).__name__}: {e}", serving_version=state.version)
+    state.pending_update = version
+    try:
+        await _receive(engine, specs, bucket_bytes)
+        t_received = time.monotonic()
+        async with state.gate.updating_weights():
+            # pause_generation minus its cosmetic 20 ms sleep: drain the engine, clear its caches
+            await engine.engine_core.pause_scheduler_async(mode="wait", clear_cache=True)
+            t_paused = time.monotonic()
             try:
-                await engine.shutdown_weight_transfer_engine()
+                await engine.finish_weight_update(str(version))
+                await engine.reset_prefix_cache()
+                state.version = version
             finally:
-                sync.session = None
-            state.last_failed_update = {**record, "at": time.time()}
+                await engine.resume_generation()
+        record.update(status="ok", receive_s=t_received - t0, pause_wait_s=t_paused - t_received,
+                      reload_s=time.monotonic() - t_paused)
+    except Exception as e:  # the old weights keep serving; the communicator is unusable
+        logger.exception("weight update to version %d failed", version)
+        record.update(status="failed", error=f"{type(e).__name__}: {e}", serving_version=state.version)
+        try:
+            await engine.shutdown_weight_transfer_engine()
         finally:
-            await engine.resume_generation()
-    record.update(pause_wait_s=t_paused - t0, total_s=time.monotonic() - t0, at=time.time())
+            sync.session = None
+        state.last_failed_update = {**record, "at": time.time()}
+    finally:
+        state.pending_update = None
+    record.update(total_s=time.monotonic() - t0, at=time.time())
     state.last_update = record
     return record
 

@@ -7,7 +7,8 @@ vLLM ships NCCL engines whose trainer side needs vllm itself; ours builds a plai
 ``ProcessGroupGloo`` (CPU) or ``ProcessGroupNCCL`` (GPU) on a store the trainer
 hosts, so the trainer needs torch only (:mod:`verl_vllm_rm.sync.wire`).
 
-Atomicity: ``update_weights`` only *stages* the received buckets; the model is
+Atomicity: ``update_weights`` only *stages* the received buckets (on a
+background thread, so the worker keeps scoring meanwhile); the model is
 touched in ``finish_weight_update`` through vLLM's layerwise reload (plain
 ``load_weights`` fails on repacked CPU weights), scoped to the modules the
 update touches. A transfer that dies halfway therefore leaves the old weights
@@ -19,6 +20,7 @@ engines under the backend names ``gloo`` and ``torch_nccl``.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Any, Iterable
 
@@ -46,6 +48,7 @@ class ProcessGroupInitInfo(WeightTransferInitInfo):
 class ProcessGroupUpdateInfo(WeightTransferUpdateInfo):
     params: list[dict[str, Any]]
     bucket_bytes: int
+    phase: str = "begin"  # "begin": start receiving in the background; "join": wait for it, raise its error
 
 
 class ProcessGroupWeightTransferEngine(WeightTransferEngine[ProcessGroupInitInfo, ProcessGroupUpdateInfo]):
@@ -60,6 +63,8 @@ class ProcessGroupWeightTransferEngine(WeightTransferEngine[ProcessGroupInitInfo
         self.group: TransferGroup | None = None
         self.staging: BufferPool | None = None  # kept between updates: see BufferPool
         self.staged: list[tuple[str, torch.Tensor]] = []
+        self.receiver: threading.Thread | None = None
+        self.receive_error: BaseException | None = None
 
     def init_transfer_engine(self, init_info: ProcessGroupInitInfo) -> None:
         self.shutdown()
@@ -79,14 +84,53 @@ class ProcessGroupWeightTransferEngine(WeightTransferEngine[ProcessGroupInitInfo
         self.staged = []
 
     def update_weights(self, update_info: dict[str, Any]) -> None:
-        # The base class calls torch.accelerator.synchronize(), which has no CPU meaning.
-        self.receive_weights(self.parse_update_info(update_info))
-        if self.group is not None and self.group.device.type == "cuda":
-            torch.cuda.synchronize()
+        """``begin``: receive on a thread of its own and return at once; ``join``: wait, then raise its error.
 
-    def receive_weights(self, update_info: ProcessGroupUpdateInfo) -> None:
+        The worker keeps scoring with the old weights while the buckets arrive (they
+        only fill the staging buffers), so a publish stalls scoring for the reload
+        alone, and a trainer that stalls or dies mid-transfer does not stall it at all.
+        """
+        info = self.parse_update_info(update_info)
+        if info.phase == "begin":
+            self.begin_receive(info)
+        elif info.phase == "join":
+            self.join_receive()
+        else:
+            raise ValueError(f"unknown update phase {info.phase!r}; use 'begin' or 'join'")
+
+    def begin_receive(self, update_info: ProcessGroupUpdateInfo) -> None:
         if self.group is None:
             raise RuntimeError("no communicator: the trainer must call /init_communicator first")
+        if self.receiver is not None and self.receiver.is_alive():
+            raise RuntimeError("a weight transfer is still being received")
+        self.staged, self.receive_error = [], None
+        device = self.group.device
+
+        def receive() -> None:
+            try:
+                if device.type == "cuda":
+                    torch.cuda.set_device(device)
+                self.receive_weights(update_info)
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+            except BaseException as e:  # handed to the join
+                self.staged, self.receive_error = [], e
+
+        self.receiver = threading.Thread(target=receive, name="rm-weight-receive", daemon=True)
+        self.receiver.start()
+
+    def receive_done(self) -> bool:
+        return self.receiver is None or not self.receiver.is_alive()
+
+    def join_receive(self) -> None:
+        if self.receiver is None:
+            raise RuntimeError("no weight transfer was started")
+        self.receiver.join()
+        self.receiver, error, self.receive_error = None, self.receive_error, None
+        if error is not None:
+            raise RuntimeError(f"receiving the weights failed: {type(error).__name__}: {error}") from error
+
+    def receive_weights(self, update_info: ProcessGroupUpdateInfo) -> None:
         specs = [ParamSpec.from_json(p) for p in update_info.params]
         if self.staging is None or self.staging.device != self.group.device:
             self.staging = BufferPool(self.group.device)
@@ -150,6 +194,10 @@ WeightTransferEngineFactory.register_engine("torch_nccl", NcclProcessGroupWeight
 
 class WeightSyncWorkerExtension:
     """Mixed into vLLM's worker by ``--worker-extension-cls``; reached via ``collective_rpc``."""
+
+    def rm_receive_done(self) -> bool:
+        """Whether the background receive of the current update has ended (polled by the server)."""
+        return self.weight_transfer_engine.receive_done()
 
     def rm_weight_inventory(self) -> dict[str, Any]:
         """Checkpoint-format names and shapes the model loads, in the server's dtype.

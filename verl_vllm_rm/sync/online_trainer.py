@@ -6,7 +6,7 @@ pairs per prompt group, and runs one Bradley-Terry step on a separate Ray worker
 group (:class:`~verl_vllm_rm.sync.hook.OnlineRewardModel`), whose hook publishes
 the new RM weights into the running reward server.
 
-Enable it (see ``recipes/online_rm_grpo.sh``)::
+Enable it (see ``recipes/grpo_math_online_rm.sh``)::
 
     VERL_USE_EXTERNAL_MODULES=verl_vllm_rm.sync.online_trainer \\
     python -m verl.trainer.main_ppo trainer.v1.trainer_mode=vllm_rm_online \\
