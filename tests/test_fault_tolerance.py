@@ -26,7 +26,7 @@ import torch
 
 from verl.trainer.ppo.reward import load_reward_manager
 from verl_vllm_rm.client import RewardServerError, VLLMRewardClient
-from verl_vllm_rm.grpo_batch import Group, build_batch, row_token_ids
+from verl_vllm_rm.grpo_batch import Group, build_batch, last_token_rewards, row_token_ids
 from verl_vllm_rm.hf_reference import sequence_scores
 from verl_vllm_rm.server_process import RewardServer, free_port, start_server
 
@@ -40,11 +40,6 @@ RSS_GROWTH_BOUND_MIB = 16.0
 
 def reference(hf_model, groups: list[Group]) -> torch.Tensor:
     return torch.tensor(sequence_scores(hf_model, [row_token_ids(g, r) for g in groups for r in g.response_ids]))
-
-
-def last_token_scores(out: dict, data) -> torch.Tensor:
-    last = data.batch["attention_mask"][:, data.batch["prompts"].shape[1]:].sum(1) - 1
-    return out["reward_tensor"][torch.arange(len(data)), last]
 
 
 # -- 1. sustained run -----------------------------------------------------------------------
@@ -162,7 +157,7 @@ def test_batch_survives_server_kill_and_restart(own_server, verl_config, tokeniz
     print(f"kill/restart: killed {result['killed_at']:.2f}s into the batch (gone in {result['kill_s']:.2f}s), "
           f"restart {restart_s:.1f}s, "
           f"batch done after {result['elapsed']:.1f}s")
-    assert torch.allclose(last_token_scores(result["out"], data), reference(hf_model, groups), atol=1e-4)
+    assert torch.allclose(last_token_rewards(result["out"]["reward_tensor"], data), reference(hf_model, groups), atol=1e-4)
     assert result["out"]["reward_extra_info"]["rm_valid"] == [1.0] * len(data)
 
 
@@ -218,7 +213,7 @@ def test_mask_policy_flags_only_the_failed_group(fault, fault_proxy, verl_config
     assert len(set(data.non_tensor_batch["uid"][(~valid).numpy()])) == 1  # exactly one whole group
     assert torch.count_nonzero(out["reward_tensor"][~valid]) == 0  # no number the server did not give
     assert torch.count_nonzero(out["reward_tensor"][valid]) == 12
-    assert torch.allclose(last_token_scores(out, data)[valid], reference(hf_model, grpo_groups)[valid], atol=1e-4)
+    assert torch.allclose(last_token_rewards(out["reward_tensor"], data)[valid], reference(hf_model, grpo_groups)[valid], atol=1e-4)
 
 
 def test_a_failed_step_leaves_no_request_behind(fault_proxy, verl_config, tokenizer, grpo_groups):
@@ -243,4 +238,4 @@ def test_failed_length_probe_is_asked_again(fault_proxy, verl_config, tokenizer,
     with pytest.raises(RewardServerError, match=r"GET /health.*HTTP 503"):
         mgr(data)
     out = mgr(data, return_dict=True)  # the server answers again: the next step scores
-    assert torch.allclose(last_token_scores(out, data), reference(hf_model, grpo_groups), atol=1e-4)
+    assert torch.allclose(last_token_rewards(out["reward_tensor"], data), reference(hf_model, grpo_groups), atol=1e-4)

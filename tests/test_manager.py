@@ -9,7 +9,7 @@ import torch
 from verl.trainer.ppo.reward import load_reward_manager
 from verl_vllm_rm.client import RewardServerError
 from verl_vllm_rm.config import ConfigError
-from verl_vllm_rm.grpo_batch import build_batch, row_token_ids
+from verl_vllm_rm.grpo_batch import build_batch, last_token_rewards, row_token_ids
 from verl_vllm_rm.hf_reference import sequence_scores
 from verl_vllm_rm.rm_inputs import OverlongInputError, chat_template_ids
 
@@ -28,8 +28,7 @@ def test_rewards_equal_transformers_at_last_valid_token(rm_server, verl_config, 
     out = mgr(data, return_dict=True)
     tensor = out["reward_tensor"]
     assert tensor.shape == data.batch["responses"].shape
-    last = data.batch["attention_mask"][:, data.batch["prompts"].shape[1]:].sum(1) - 1
-    picked = tensor[torch.arange(len(data)), last]
+    picked = last_token_rewards(tensor, data)
     expected = torch.tensor(expected_scores(hf_model, grpo_groups))
     assert torch.allclose(picked, expected, atol=1e-4)
     assert torch.count_nonzero(tensor) == len(data)  # nothing but the last valid token is set

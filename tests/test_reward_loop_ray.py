@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from verl_vllm_rm.grpo_batch import build_batch, row_token_ids
+from verl_vllm_rm.grpo_batch import build_batch, last_token_rewards, row_token_ids
 from verl_vllm_rm.hf_reference import sequence_scores
 
 
@@ -36,8 +36,7 @@ def test_two_workers_split_groups_same_scores(ray_cluster, rm_server, verl_confi
     rows = [row_token_ids(g, r) for g in grpo_groups for r in g.response_ids]
     expected = torch.tensor(sequence_scores(hf_model, [rows[i] for i in perm]))
     rm_scores = out.batch["rm_scores"]
-    last = data.batch["attention_mask"][:, data.batch["prompts"].shape[1]:].sum(1) - 1
-    assert torch.allclose(rm_scores[torch.arange(len(data)), last], expected, atol=1e-4)
+    assert torch.allclose(last_token_rewards(rm_scores, data), expected, atol=1e-4)
     assert torch.count_nonzero(rm_scores) == len(data)
     assert out.non_tensor_batch["rm_valid"].tolist() == [1.0] * len(data)
     assert {"score", "rm_score", "rm_valid"} <= set(out.meta_info["reward_extra_keys"])

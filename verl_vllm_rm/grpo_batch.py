@@ -67,6 +67,14 @@ def build_batch(groups: Sequence[Group], pad_id: int, prompt_len: int | None = N
     )
 
 
+def last_token_rewards(reward_tensor, data):
+    """Each row's value at its last valid response token, where a sequence score lands in verl."""
+    import torch
+
+    last = data.batch["attention_mask"][:, data.batch["prompts"].shape[1]:].sum(1) - 1
+    return reward_tensor[torch.arange(len(data)), last]
+
+
 def row_token_ids(group: Group, response: list[int]) -> list[int]:
     """What the manager sends for one row in ``token_ids`` mode (no truncation)."""
     return list(group.prompt_ids) + list(response)

@@ -21,11 +21,12 @@ def load_reward_model(path: str):
 
 
 def sequence_scores(model, token_ids: Sequence[Sequence[int]]) -> list[float]:
-    """The scalar head at the last token of each sequence (the raw logit)."""
+    """The scalar head at the last token of each sequence (the raw logit), on the model's own device."""
     import torch
 
+    device = next(model.parameters()).device
     with torch.no_grad():
-        return [float(model(torch.tensor([list(ids)])).logits[0, 0]) for ids in token_ids]
+        return [float(model(torch.tensor([list(ids)], device=device)).logits[0, 0]) for ids in token_ids]
 
 
 def step_scores(model, token_ids: Sequence[Sequence[int]], step_tag_id: int) -> list[list[float]]:

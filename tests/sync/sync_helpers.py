@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import requests
 import torch
 
@@ -16,6 +18,16 @@ def load_rm(path: str):
     from transformers import AutoModelForSequenceClassification
 
     return AutoModelForSequenceClassification.from_pretrained(path, dtype=torch.float32).eval()
+
+
+def perturbed(model, seed: int):
+    """A copy of ``model`` with seeded noise (std 0.05) on every parameter: a distinct weight version."""
+    out = copy.deepcopy(model)
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for p in out.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    return out
 
 
 def server_scores(url: str, token_ids: list[list[int]]) -> list[float]:

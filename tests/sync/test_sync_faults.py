@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import signal
 import subprocess
 import sys
@@ -12,7 +11,7 @@ from pathlib import Path
 
 import requests
 import torch
-from sync_helpers import PARITY_ATOL, assert_parity, load_rm, max_diff, reset_server, runtime_version
+from sync_helpers import PARITY_ATOL, assert_parity, load_rm, max_diff, perturbed, reset_server, runtime_version
 
 from verl_vllm_rm.hf_reference import sequence_scores
 from verl_vllm_rm.sync import RewardModelPublisher
@@ -62,19 +61,10 @@ def test_trainer_killed_mid_transfer_leaves_old_weights_serving(ws_server, tiny_
     assert_parity(ws_server.url, new_model, probe_ids)
 
 
-def _perturbed(model, seed: int):
-    out = copy.deepcopy(model)
-    torch.manual_seed(seed)
-    with torch.no_grad():
-        for p in out.parameters():
-            p.add_(torch.randn_like(p) * 0.05)
-    return out
-
-
 def test_concurrent_scoring_sees_old_or_new_weights_never_a_mix(ws_server, tiny_rm, probe_ids):
     reset_server(ws_server.url, tiny_rm)
     base = load_rm(tiny_rm)
-    states = [base] + [_perturbed(base, seed) for seed in range(1, 5)]
+    states = [base] + [perturbed(base, seed) for seed in range(1, 5)]
     expected = [sequence_scores(m, probe_ids) for m in states]
     responses: list[list[float]] = []
     errors: list[str] = []

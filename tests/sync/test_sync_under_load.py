@@ -10,15 +10,14 @@ request is lost: every call returns every row, valid.
 from __future__ import annotations
 
 import asyncio
-import copy
 import threading
 import time
 
 import torch
-from sync_helpers import PARITY_ATOL, load_rm, reset_server
+from sync_helpers import PARITY_ATOL, load_rm, perturbed, reset_server
 
 from verl.trainer.ppo.reward import load_reward_manager
-from verl_vllm_rm.grpo_batch import build_batch, row_token_ids
+from verl_vllm_rm.grpo_batch import build_batch, last_token_rewards, row_token_ids
 from verl_vllm_rm.hf_reference import sequence_scores
 from verl_vllm_rm.sync import RewardModelPublisher
 
@@ -26,24 +25,10 @@ WORKERS = 2
 JOIN_S = 120.0
 
 
-def _perturbed(model, seed: int):
-    out = copy.deepcopy(model)
-    torch.manual_seed(seed)
-    with torch.no_grad():
-        for p in out.parameters():
-            p.add_(torch.randn_like(p) * 0.05)
-    return out
-
-
-def _rewards(out: dict, data) -> torch.Tensor:
-    last = data.batch["attention_mask"][:, data.batch["prompts"].shape[1]:].sum(1) - 1
-    return out["reward_tensor"][torch.arange(len(data)), last]
-
-
 def test_updates_under_manager_load_never_mix_or_lose(ws_server, tiny_rm, verl_config, tokenizer, grpo_groups):
     reset_server(ws_server.url, tiny_rm)
     base = load_rm(tiny_rm)
-    states = [base] + [_perturbed(base, seed) for seed in (11, 12, 13)]
+    states = [base] + [perturbed(base, seed) for seed in (11, 12, 13)]
     rows = [row_token_ids(g, r) for g in grpo_groups for r in g.response_ids]
     expected = torch.tensor([sequence_scores(m, rows) for m in states])  # [version, row]
     group_of = torch.tensor([i for i, g in enumerate(grpo_groups) for _ in g.response_ids])
@@ -65,7 +50,7 @@ def test_updates_under_manager_load_never_mix_or_lose(ws_server, tiny_rm, verl_c
             while not stop.is_set():
                 out = mgr(data, return_dict=True)
                 assert out["reward_extra_info"]["rm_valid"] == [1.0] * len(data), "a request was lost"
-                results[i].append(_rewards(out, data))
+                results[i].append(last_token_rewards(out["reward_tensor"], data))
         except BaseException as e:  # reported by the main thread
             errors.append(e)
         finally:

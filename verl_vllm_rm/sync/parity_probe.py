@@ -18,6 +18,7 @@ from typing import Sequence
 import torch
 
 from verl_vllm_rm.diagnostics.parity import ParityReport, refit_parity
+from verl_vllm_rm.hf_reference import sequence_scores
 
 logger = logging.getLogger(__name__)
 
@@ -52,13 +53,10 @@ class ParityProbe:
 
     def reference_scores(self, model: torch.nn.Module, probes: Sequence[Sequence[int]]) -> list[float]:
         """The trainer model's scores, one unpadded sequence at a time, in eval mode."""
-        device = next(model.parameters()).device
         was_training = model.training
         model.eval()
         try:
-            with torch.no_grad():
-                return [float(model(torch.tensor([list(ids)], device=device)).logits.reshape(-1)[0])
-                        for ids in probes[: self.max_probes]]
+            return sequence_scores(model, probes[: self.max_probes])
         finally:
             model.train(was_training)
 
