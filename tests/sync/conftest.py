@@ -39,3 +39,16 @@ def preference_batch(tokenizer):
         chosen.append(tokenizer(f"What is {a} + {b}? The answer is {a + b}.")["input_ids"])
         rejected.append(tokenizer(f"What is {a} + {b}? The answer is {a + b + rng.randint(1, 9)}.")["input_ids"])
     return collate_pairs(chosen, rejected, tokenizer.pad_token_id)
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """A local Ray cluster for the verl worker-group tests of one module."""
+    import ray
+
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    yield
+    if started:
+        ray.shutdown()

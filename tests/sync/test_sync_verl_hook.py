@@ -41,18 +41,6 @@ def test_pairs_are_best_vs_worst_of_each_group(rollout):
     assert best_vs_worst_pairs(uids, sequences, [1.0] * len(uids)) == ([], [])  # no gap, no signal
 
 
-@pytest.fixture(scope="module")
-def ray_cluster():
-    import ray
-
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
-    yield
-    if started:
-        ray.shutdown()
-
-
 def test_rm_step_worker_method_publishes_every_n_steps(ray_cluster, ws_server, tiny_rm, tokenizer, rollout,
                                                        probe_ids):
     from verl.single_controller.ray import RayResourcePool

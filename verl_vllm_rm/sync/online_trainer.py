@@ -14,15 +14,17 @@ Enable it (see ``recipes/grpo_math_online_rm.sh``)::
 
 verl imports this module in every process through ``VERL_USE_EXTERNAL_MODULES``,
 so the trainer mode is registered where verl's task runner looks it up. Needs
-verl's v1 trainer dependencies (``transfer_queue``): on a machine without them
-importing this module raises ImportError naming the missing package.
+verl's v1 trainer dependencies (``transfer_queue``, installed by ``make setup``).
 """
 
 from __future__ import annotations
 
+from typing import Any, Hashable
+
 import torch
 import transfer_queue as tq
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
+from transfer_queue import KVBatchMeta
 from verl.single_controller.ray import RayResourcePool
 from verl.trainer.ppo.v1 import get_trainer_cls, register_trainer
 from verl.utils.debug import marked_timer
@@ -30,34 +32,78 @@ from verl.utils.debug import marked_timer
 from verl_vllm_rm.sync.hook import OnlineRewardModel, OnlineRMConfig
 
 TRAINER_MODE = "vllm_rm_online"
+#: The reward verl writes for every trajectory (token-level, summed per sample); any other
+#: ``reward_key`` is read from the trajectory's ``extra_fields["reward_extra_info"]``.
+TOKEN_REWARD_FIELD = "rm_scores"
+
+Rollout = tuple[list[Hashable], list[list[int]], list[float]]
 
 
-def _rewards(values) -> list[float]:
-    """Per-sample reward: token-level scores (jagged) summed, or one value per sample."""
-    if isinstance(values, torch.Tensor) and values.is_nested:
-        return [float(v.sum()) for v in values.unbind()]
-    if isinstance(values, torch.Tensor):
-        return values.reshape(values.shape[0], -1).sum(-1).tolist()
-    return [float(v) for v in list(values)]
+def build_online_rm(config: DictConfig, pad_token_id: int) -> OnlineRewardModel:
+    """The RM trainer worker group described by the run's ``online_rm`` section."""
+    if "online_rm" not in config:
+        raise ValueError(f"trainer mode {TRAINER_MODE!r} needs an online_rm section: add "
+                         "+online_rm.model_path=... +online_rm.server_url=... (see recipes/grpo_math_online_rm.sh)")
+    options = OmegaConf.to_container(config.online_rm, resolve=True)
+    rm_config = OnlineRMConfig.from_dict(options)
+    # One worker per bundle (verl's default reserves 10 CPUs per bundle for colocated roles).
+    pool = RayResourcePool([rm_config.num_workers], use_gpu=rm_config.use_gpu, max_colocate_count=1,
+                           name_prefix="online_rm")
+    return OnlineRewardModel(rm_config, pool, pad_token_id)
+
+
+def _extra_reward(extra_fields: Any, key: str) -> float:
+    info = extra_fields.get("reward_extra_info", {}) if isinstance(extra_fields, dict) else {}
+    if key not in info:
+        raise KeyError(f"online_rm.reward_key={key!r} is not in this rollout's reward_extra_info (it has "
+                       f"{sorted(info)}); set +online_rm.reward_key to one of these or to {TOKEN_REWARD_FIELD!r}")
+    value = info[key]
+    return float(value[0] if isinstance(value, (list, tuple)) else value)
+
+
+def read_rollout(batch: KVBatchMeta, reward_key: str) -> Rollout:
+    """``uid``s, unpadded prompt+response ids and one reward per trajectory of a PPO step.
+
+    Rows verl added only to balance data-parallel ranks (tag ``is_padding``) are skipped:
+    they repeat real trajectories and would weigh their groups twice.
+    """
+    keys = [key for key, tag in zip(batch.keys, batch.tags) if not tag.get("is_padding", False)]
+    reward_field = TOKEN_REWARD_FIELD if reward_key == TOKEN_REWARD_FIELD else "extra_fields"
+    data = tq.kv_batch_get(keys=keys, partition_id=batch.partition_id,
+                           select_fields=["uid", "prompts", "responses", reward_field])
+    # prompts/responses are jagged: unbind gives each row without padding.
+    sequences = [torch.cat([p, r]).tolist() for p, r in zip(data["prompts"].unbind(), data["responses"].unbind())]
+    if reward_field == TOKEN_REWARD_FIELD:
+        rewards = [float(row.sum()) for row in data[TOKEN_REWARD_FIELD].unbind()]
+    else:
+        rewards = [_extra_reward(getattr(row, "data", row), reward_key) for row in data["extra_fields"]]
+    return list(data["uid"]), sequences, rewards
 
 
 @register_trainer(TRAINER_MODE)
 class OnlineRewardModelTrainer(get_trainer_cls("sync")):
     """verl's synchronous v1 trainer plus one RM step (and publish) per PPO step."""
 
+    # verl picks the replay buffer, prompt refill, checkpoint contents and the
+    # ``trainer.v1.<mode>`` options by ``self.trainer_mode``; this trainer is the sync one.
+    @property
+    def trainer_mode(self) -> str:
+        return "sync"
+
+    @trainer_mode.setter
+    def trainer_mode(self, _configured: str) -> None:
+        """verl assigns ``config.trainer.v1.trainer_mode`` (our registry name); behaviour stays sync."""
+
     def init(self):
         super().init()
-        options = OmegaConf.to_container(self.config.online_rm, resolve=True)
-        config = OnlineRMConfig.from_dict(options)
-        pool = RayResourcePool([config.num_workers], use_gpu=config.use_gpu, name_prefix="online_rm")
-        self.online_rm = OnlineRewardModel(config, pool, self.tokenizer.pad_token_id)
+        self.online_rm = build_online_rm(self.config, self.tokenizer.pad_token_id)
 
-    def step(self, metrics: dict, timing_raw: dict):
+    def step(self, metrics: dict, timing_raw: dict) -> KVBatchMeta:
         batch = super().step(metrics, timing_raw)
-        key = self.online_rm.config.reward_key
-        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
-                               select_fields=["uid", "prompts", "responses", key])
-        sequences = [torch.cat([p, r]).tolist() for p, r in zip(data["prompts"].unbind(), data["responses"].unbind())]
         with marked_timer("online_rm", timing_raw, color="purple"):
-            metrics.update(self.online_rm.train_on_rollout(list(data["uid"].tolist()), sequences, _rewards(data[key])))
+            metrics.update(self.train_reward_model(batch))
         return batch
+
+    def train_reward_model(self, batch: KVBatchMeta) -> dict[str, float]:
+        """One RM step on this PPO step's rollouts (publishing per ``online_rm.publish_every``)."""
+        return self.online_rm.train_on_rollout(*read_rollout(batch, self.online_rm.config.reward_key))
