@@ -147,3 +147,13 @@ def test_missing_rm_gallery_gives_the_install_commands():
     assert "pip install -r requirements/gallery.txt" in proc.stderr
     first_line = (REPO / "requirements" / "gallery.txt").read_text().splitlines()[0]
     assert first_line.startswith("#") and "--no-deps rm-gallery==0.1.7" in first_line
+
+
+def test_building_a_gallery_reward_leaves_the_hosts_logging_alone(tmp_path):
+    """rm-gallery's import would remove the host's loguru handlers and write ./log/rm_gallery.log."""
+    code = ("from loguru import logger\nseen = []\nlogger.add(seen.append, format='{message}')\n"
+            "from verl_vllm_rm.rewards import GalleryReward\nGalleryReward('reasoning_format')\n"
+            "logger.info('host message')\nassert seen == ['host message\\n'], seen\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert list(tmp_path.iterdir()) == []  # no ./log directory

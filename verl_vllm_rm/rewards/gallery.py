@@ -29,8 +29,9 @@ How rm-gallery is driven (rm-gallery 0.1.7):
 
 from __future__ import annotations
 
+import sys
 from concurrent.futures import ThreadPoolExecutor
-from types import SimpleNamespace
+from types import ModuleType, SimpleNamespace
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -48,8 +49,26 @@ class GalleryRewardError(RuntimeError):
     """An rm-gallery reward produced no score (e.g. its LLM judge could not be reached)."""
 
 
+def _keep_host_logging() -> None:
+    """Stop rm-gallery's import from reconfiguring the host process's logging.
+
+    ``import rm_gallery`` calls its ``init_logger()``, which removes every loguru
+    handler of the process (the trainer's included), adds its own stdout handler
+    and writes ``./log/rm_gallery.log`` into the working directory. Registering a
+    no-op ``init_logger`` under that module's name before the first import keeps
+    the host's handlers and writes no file; rm-gallery's messages still reach
+    whatever loguru handlers the host has.
+    """
+    if "rm_gallery" in sys.modules:
+        return
+    quiet = ModuleType("rm_gallery.core.utils.logger")
+    quiet.init_logger = lambda: None
+    sys.modules.setdefault(quiet.__name__, quiet)
+
+
 def _rm_gallery() -> SimpleNamespace:
     """Import rm-gallery lazily; a missing install raises ImportError with the pip commands."""
+    _keep_host_logging()
     try:
         from rm_gallery.core.data.schema import DataOutput, DataSample, Step
         from rm_gallery.core.model.message import ChatMessage, MessageRole
