@@ -43,12 +43,16 @@ def preference_batch(tokenizer):
 
 @pytest.fixture(scope="module")
 def ray_cluster():
-    """A local Ray cluster for the verl worker-group tests of one module."""
+    """A local Ray cluster for the verl worker-group tests of one module.
+
+    16 logical CPUs: each worker group holds a placement group for the module's life,
+    and TransferQueue's controller and storage units take one each.
+    """
     import ray
 
     started = not ray.is_initialized()
     if started:
-        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+        ray.init(num_cpus=16, include_dashboard=False, log_to_driver=False)
     yield
     if started:
         ray.shutdown()

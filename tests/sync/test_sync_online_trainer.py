@@ -149,3 +149,73 @@ def test_rm_step_after_a_ppo_step_trains_on_the_queue_and_publishes(step_rollout
     assert max_diff(served, trainer.online_rm.worker_group.reference_scores(probe_ids)[0]) <= PARITY_ATOL
     assert max_diff(served, before) > 1e-3
     assert torch.isfinite(torch.tensor(served)).all()
+
+
+def online_rm(tiny_rm: str, url: str, pad_id: int, mode: str = "lora"):
+    """An RM trainer worker group that publishes only when told to (resume), never per step."""
+    from verl.single_controller.ray import RayResourcePool
+
+    from verl_vllm_rm.sync.hook import OnlineRewardModel, OnlineRMConfig
+
+    config = OnlineRMConfig(model_path=tiny_rm, server_url=url, training_mode=mode, lora_rank=4, lr=5e-3,
+                            use_gpu=False, timeout_s=60, parity_every=1, publish_every=10**6)
+    return OnlineRewardModel(config, RayResourcePool([1], use_gpu=False, max_colocate_count=1), pad_id)
+
+
+def test_resume_restores_the_rm_and_its_optimizer_and_republishes(step_rollout, ws_server, tiny_rm, tokenizer,
+                                                                  probe_ids, tmp_path):
+    from verl_vllm_rm.sync.online_trainer import RM_CHECKPOINT_DIR, read_rollout, resume_reward_model
+
+    rollout = read_rollout(step_rollout[1], "verifiable_score")
+    first = online_rm(tiny_rm, ws_server.url, tokenizer.pad_token_id)
+    for _ in range(2):
+        first.train_on_rollout(*rollout)
+    folder = tmp_path / "global_step_2"
+    first.save_checkpoint(str(folder / RM_CHECKPOINT_DIR))
+    trained = first.worker_group.reference_scores(probe_ids)[0]
+
+    reset_server(ws_server.url, tiny_rm)  # as after a restart: the server serves the initial RM
+    assert max_diff(server_scores(ws_server.url, probe_ids), trained) > 1e-3
+    resumed = online_rm(tiny_rm, ws_server.url, tokenizer.pad_token_id)
+    metrics = resume_reward_model(resumed, str(folder))
+    assert metrics["rm/parity_max_abs_diff"] <= PARITY_ATOL  # probed on the last step's chosen responses
+    assert max_diff(server_scores(ws_server.url, probe_ids), trained) <= PARITY_ATOL
+    assert max_diff(resumed.worker_group.reference_scores(probe_ids)[0], trained) == 0
+
+    # AdamW's moments came back too: one more step moves both models identically.
+    first.train_on_rollout(*rollout)
+    resumed.train_on_rollout(*rollout)
+    after = first.worker_group.reference_scores(probe_ids)[0]
+    assert max_diff(after, trained) > 1e-3
+    assert max_diff(resumed.worker_group.reference_scores(probe_ids)[0], after) <= 1e-6
+
+
+def test_resume_refuses_another_modes_state_and_falls_back_to_the_initial_rm(step_rollout, ws_server, tiny_rm,
+                                                                            tokenizer, probe_ids, hf_model,
+                                                                            tmp_path, caplog):
+    from verl_vllm_rm.hf_reference import sequence_scores
+    from verl_vllm_rm.sync.online_trainer import RM_CHECKPOINT_DIR, read_rollout, resume_reward_model
+
+    lora = online_rm(tiny_rm, ws_server.url, tokenizer.pad_token_id)
+    lora.train_on_rollout(*read_rollout(step_rollout[1], "verifiable_score"))
+    lora.save_checkpoint(str(tmp_path / "global_step_1" / RM_CHECKPOINT_DIR))
+    full = online_rm(tiny_rm, ws_server.url, tokenizer.pad_token_id, mode="full")
+    with pytest.raises(Exception, match="does not match this model's trainable parameters.*training_mode"):
+        resume_reward_model(full, str(tmp_path / "global_step_1"))
+
+    # A checkpoint without RM state: the initial RM continues, and the server is brought back to it.
+    lora.resume(None)  # the server now serves the trained LoRA model
+    with caplog.at_level("WARNING", logger="verl_vllm_rm.sync.online_trainer"):
+        resume_reward_model(full, str(tmp_path / "global_step_7"))
+    assert "no online RM state" in caplog.text
+    assert max_diff(server_scores(ws_server.url, probe_ids), sequence_scores(hf_model, probe_ids)) <= PARITY_ATOL
+
+
+def test_the_resumed_folder_is_the_one_verl_resumed(compose_config, tmp_path, monkeypatch):
+    from verl_vllm_rm.sync.online_trainer import resumed_folder
+
+    monkeypatch.chdir(tmp_path)  # verl resolves a relative default_local_dir against the working directory
+    auto = compose_config(["trainer.default_local_dir=ckpts/run", "trainer.resume_mode=auto"])
+    assert resumed_folder(auto, 3) == str(tmp_path / "ckpts" / "run" / "global_step_3")
+    path = compose_config(["trainer.resume_mode=resume_path", "trainer.resume_from_path=old/global_step_9"])
+    assert resumed_folder(path, 9) == str(tmp_path / "old" / "global_step_9")

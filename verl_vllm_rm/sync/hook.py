@@ -12,6 +12,8 @@ pairs and runs the step. ``online_trainer.py`` plugs this into verl's PPO loop.
 from __future__ import annotations
 
 import dataclasses
+import os
+import uuid
 from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Mapping, Sequence
 
@@ -35,6 +37,7 @@ from verl_vllm_rm.training.bt import (
 )
 from verl_vllm_rm.training.pairs import best_vs_worst_pairs
 
+RM_STATE_FILE = "rm_state.pt"
 PAIR_FIELDS = ("chosen_input_ids", "chosen_attention_mask", "rejected_input_ids", "rejected_attention_mask")
 
 
@@ -95,6 +98,10 @@ class PublishAfterStep:
         """Publish after step ``step`` when due; ``probe_ids`` feed the publisher's parity probe."""
         if step % self.every:
             return {}
+        return self.publish(model, probe_ids)
+
+    def publish(self, model: torch.nn.Module, probe_ids: Sequence[Sequence[int]] | None = None) -> dict[str, float]:
+        """Publish ``model`` now, under the next version."""
         if self.publisher is None:
             self.publisher = self.make_publisher()
         result = self.publisher.publish(model, self.publisher.version + 1, self.mode, probe_ids=probe_ids)
@@ -128,6 +135,7 @@ class RewardModelTrainingWorker(Worker):
         model = prepare_reward_model(model.to(self.device), cfg.training_mode, lora_rank=cfg.lora_rank,
                                      lora_alpha=cfg.lora_alpha, lora_target_modules=cfg.lora_target_modules)
         self.trainer = BradleyTerryTrainer(model, lr=cfg.lr, max_grad_norm=cfg.max_grad_norm, grad_group=group)
+        self.probes: list[list[int]] = []  # the last step's chosen sequences: the parity probe's inputs
         self.hook = PublishAfterStep(
             lambda: RewardModelPublisher(cfg.server_url, api_key=cfg.api_key, bucket_bytes=cfg.bucket_bytes,
                                          timeout_s=cfg.timeout_s, group=group,
@@ -141,13 +149,33 @@ class RewardModelTrainingWorker(Worker):
         """One Bradley-Terry step on this rank's share of the pairs, then the publish hook."""
         batch = PreferenceBatch(*(pairs.batch[k].to(self.device) for k in PAIR_FIELDS))
         metrics = self.trainer.step(batch)
-        probes = [ids[mask.bool()].tolist() for ids, mask in zip(batch.chosen_ids, batch.chosen_mask)]
-        metrics.update(self.hook(self.trainer.steps, self.trainer.model, probes))
+        self.probes = [ids[mask.bool()].tolist() for ids, mask in zip(batch.chosen_ids, batch.chosen_mask)]
+        metrics.update(self.hook(self.trainer.steps, self.trainer.model, self.probes))
         with torch.no_grad():
             margin = self._rewards(batch.chosen_ids, batch.chosen_mask) - self._rewards(
                 batch.rejected_ids, batch.rejected_mask)
         return DataProto(batch=TensorDict({"rm_margin": margin.cpu()}, batch_size=[len(batch)]),
                          meta_info={"metrics": metrics})
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def save_rm_checkpoint(self, path: str) -> None:
+        """Rank 0 writes the RM's training state to ``path/RM_STATE_FILE`` (ranks hold identical replicas)."""
+        if self.rank == 0:
+            os.makedirs(path, exist_ok=True)
+            target = os.path.join(path, RM_STATE_FILE)
+            torch.save({**self.trainer.state_dict(), "probes": self.probes}, f"{target}.tmp")
+            os.replace(f"{target}.tmp", target)  # a crash mid-write never leaves a truncated checkpoint
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_rm_checkpoint(self, path: str | None) -> dict[str, float]:
+        """Restore the training state saved at ``path`` (``None``: keep the initial RM), then publish it, so
+        the server, whatever it served before, scores like this model again."""
+        if path is not None:
+            state = torch.load(os.path.join(path, RM_STATE_FILE), map_location="cpu", weights_only=True)
+            self.trainer.load_state_dict(state)
+            self.probes = state["probes"]
+        # Any in-vocabulary ids serve the parity probe when no step has run yet.
+        return self.hook.publish(self.trainer.model, self.probes or [list(range(1, 17))])
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def reference_scores(self, token_ids: list[list[int]]) -> list[float]:
@@ -186,7 +214,8 @@ class OnlineRewardModel:
         self.pad_id = pad_id
         worker = RayClassWithInitArgs(cls=ray.remote(RewardModelTrainingWorker),
                                       config=dataclasses.asdict(config))
-        self.worker_group = RayWorkerGroup(resource_pool, worker, name_prefix="online_rm")
+        # Ray actor names are global: a unique prefix lets several of these live in one Ray session.
+        self.worker_group = RayWorkerGroup(resource_pool, worker, name_prefix=f"online_rm_{uuid.uuid4().hex[:6]}")
         self.worker_group.init_model()
 
     def train_on_rollout(self, uids: Sequence[Hashable], sequences: Sequence[list[int]],
@@ -196,5 +225,17 @@ class OnlineRewardModel:
         if pairs is None:
             return {"rm/pairs": 0.0}
         out = self.worker_group.train_rm_step(pairs)
-        # One value per rank (``DataProto.concat`` lists them): report the mean.
-        return {k: sum(v) / len(v) if isinstance(v, list) else v for k, v in out.meta_info["metrics"].items()}
+        return _mean_metrics(out.meta_info["metrics"])
+
+    def save_checkpoint(self, path: str) -> None:
+        """Write the RM's training state (trainable weights, optimizer, step count) under ``path``."""
+        self.worker_group.save_rm_checkpoint(path)
+
+    def resume(self, path: str | None) -> dict[str, float]:
+        """Restore :meth:`save_checkpoint`'s state from ``path`` (``None``: the initial RM) and publish it."""
+        return self.worker_group.load_rm_checkpoint(path)[0]
+
+
+def _mean_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
+    """One value per rank (``DataProto.concat`` lists them): report the mean."""
+    return {k: sum(v) / len(v) if isinstance(v, list) else v for k, v in metrics.items()}

@@ -19,6 +19,8 @@ verl's v1 trainer dependencies (``transfer_queue``, installed by ``make setup``)
 
 from __future__ import annotations
 
+import logging
+import os
 from typing import Any, Hashable
 
 import torch
@@ -29,9 +31,12 @@ from verl.single_controller.ray import RayResourcePool
 from verl.trainer.ppo.v1 import get_trainer_cls, register_trainer
 from verl.utils.debug import marked_timer
 
-from verl_vllm_rm.sync.hook import OnlineRewardModel, OnlineRMConfig
+from verl_vllm_rm.sync.hook import RM_STATE_FILE, OnlineRewardModel, OnlineRMConfig
+
+logger = logging.getLogger(__name__)
 
 TRAINER_MODE = "vllm_rm_online"
+RM_CHECKPOINT_DIR = "online_rm"  # beside verl's actor/ and data.pt in each global_step_N folder
 #: The reward verl writes for every trajectory (token-level, summed per sample); any other
 #: ``reward_key`` is read from the trajectory's ``extra_fields["reward_extra_info"]``.
 TOKEN_REWARD_FIELD = "rm_scores"
@@ -50,6 +55,27 @@ def build_online_rm(config: DictConfig, pad_token_id: int) -> OnlineRewardModel:
     pool = RayResourcePool([rm_config.num_workers], use_gpu=rm_config.use_gpu, max_colocate_count=1,
                            name_prefix="online_rm")
     return OnlineRewardModel(rm_config, pool, pad_token_id)
+
+
+def resumed_folder(config: DictConfig, global_steps: int) -> str:
+    """The checkpoint folder verl resumed ``global_steps`` from (``trainer.resume_mode`` auto or resume_path)."""
+    if config.trainer.resume_mode == "resume_path":
+        return os.path.abspath(config.trainer.resume_from_path)
+    return os.path.join(os.path.abspath(config.trainer.default_local_dir), f"global_step_{global_steps}")
+
+
+def resume_reward_model(online_rm: OnlineRewardModel, folder: str) -> dict[str, float]:
+    """Continue the RM from the checkpoint in ``folder`` and publish it, so the server scores like it again.
+
+    A checkpoint without RM state (saved by a run without online RM training) resumes
+    from the initial RM, with a warning; that, too, is published.
+    """
+    rm_folder = os.path.join(folder, RM_CHECKPOINT_DIR)
+    if not os.path.exists(os.path.join(rm_folder, RM_STATE_FILE)):
+        logger.warning("checkpoint %s has no online RM state (%s): the RM restarts from online_rm.model_path",
+                       folder, RM_CHECKPOINT_DIR)
+        rm_folder = None
+    return online_rm.resume(rm_folder)
 
 
 def _extra_reward(extra_fields: Any, key: str) -> float:
@@ -95,8 +121,17 @@ class OnlineRewardModelTrainer(get_trainer_cls("sync")):
         """verl assigns ``config.trainer.v1.trainer_mode`` (our registry name); behaviour stays sync."""
 
     def init(self):
-        super().init()
+        super().init()  # verl's setup, which resumes from a checkpoint (and sets global_steps) when configured
         self.online_rm = build_online_rm(self.config, self.tokenizer.pad_token_id)
+        if self.global_steps > 0:
+            resume_reward_model(self.online_rm, resumed_folder(self.config, self.global_steps))
+
+    def _save_checkpoint(self):
+        # Before verl's save: it writes the latest-checkpoint tracker last, so a crash in between never
+        # leaves a tracked step without its RM state.
+        folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
+        self.online_rm.save_checkpoint(os.path.join(folder, RM_CHECKPOINT_DIR))
+        super()._save_checkpoint()
 
     def step(self, metrics: dict, timing_raw: dict) -> KVBatchMeta:
         batch = super().step(metrics, timing_raw)

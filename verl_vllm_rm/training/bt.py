@@ -10,7 +10,7 @@ the verl worker in :mod:`verl_vllm_rm.sync.hook` wraps it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 import torch.distributed as dist
@@ -131,3 +131,22 @@ class BradleyTerryTrainer:
             "rm/grad_norm": float(grad_norm),
             "rm/pairs": float(len(batch)),
         }
+
+    def state_dict(self) -> dict[str, Any]:
+        """What resumes training: the trainable parameters (by name, on CPU), the optimizer, the step count."""
+        params = {n: p.detach().cpu() for n, p in self.model.named_parameters() if p.requires_grad}
+        return {"params": params, "optimizer": self.optimizer.state_dict(), "steps": self.steps}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict`'s output into this (identically prepared) model and optimizer."""
+        trainable = {n: p for n, p in self.model.named_parameters() if p.requires_grad}
+        missing, unexpected = sorted(trainable.keys() - state["params"]), sorted(state["params"].keys() - trainable)
+        if missing or unexpected:
+            raise ValueError(f"the RM checkpoint does not match this model's trainable parameters (missing "
+                             f"{missing[:3]}, unexpected {unexpected[:3]}, {len(missing)}/{len(unexpected)} in all): "
+                             "resume with the training_mode and LoRA options it was saved with")
+        with torch.no_grad():
+            for name, param in trainable.items():
+                param.copy_(state["params"][name])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.steps = int(state["steps"])
