@@ -90,3 +90,28 @@ def test_online_rm_recipe_options_are_valid():
     assert (config.model_path, config.training_mode, config.reward_key) == ("/models/rm", "lora", "verifiable_score")
     with pytest.raises(ValueError, match="valid options"):
         OnlineRMConfig.from_dict({**options, "learning_rate": 1e-5})
+
+
+def test_two_rm_workers_average_gradients_and_publish_once_per_step(ray_cluster, ws_server, tiny_rm, tokenizer,
+                                                                    rollout, probe_ids):
+    """``num_workers=2``: verl splits the pairs, the replicas average gradients and stay identical, and
+    rank 0 publishes one version per step (rank 1 takes part in the collective publish)."""
+    from verl.single_controller.ray import RayResourcePool
+
+    from verl_vllm_rm.sync.hook import OnlineRewardModel, OnlineRMConfig
+
+    reset_server(ws_server.url, tiny_rm)
+    config = OnlineRMConfig(model_path=tiny_rm, server_url=ws_server.url, training_mode="lora", lr=5e-3,
+                            lora_rank=4, use_gpu=False, timeout_s=60, parity_every=1, num_workers=2)
+    online = OnlineRewardModel(config, RayResourcePool([2], use_gpu=False, max_colocate_count=1),
+                               tokenizer.pad_token_id)
+    uids, sequences, rewards, _ = rollout
+    start = runtime_version(ws_server.url)
+    for step in (1, 2):
+        metrics = online.train_on_rollout(uids, sequences, rewards)
+        assert metrics["rm/pairs"] == 2  # each rank's half of the 4 pairs
+        assert metrics["rm/published_version"] == start + step
+        rank0, rank1 = online.worker_group.reference_scores(probe_ids)
+        assert max_diff(rank0, rank1) <= 1e-6  # replicas stayed identical
+        assert max_diff(server_scores(ws_server.url, probe_ids), rank0) <= PARITY_ATOL
+    assert runtime_version(ws_server.url) == start + 2

@@ -85,8 +85,10 @@ def prepare_reward_model(
 class BradleyTerryTrainer:
     """One optimizer over the trainable parameters; ``step`` runs one BT update.
 
-    With ``grad_group`` (ranks holding replicas of the model) gradients are
-    averaged across it before the update, so every replica stays identical.
+    With ``grad_group`` (ranks holding replicas of the model) the replicas start
+    from rank 0's trainable parameters (a fresh LoRA adapter is random on every
+    rank) and gradients are averaged across it before each update, so every
+    replica stays identical.
     """
 
     def __init__(
@@ -106,6 +108,14 @@ class BradleyTerryTrainer:
         self.max_grad_norm = max_grad_norm
         self.grad_group = grad_group
         self.steps = 0
+        if self._replicas() > 1:
+            src = dist.get_global_rank(grad_group, 0)
+            with torch.no_grad():
+                for p in self.params:
+                    dist.broadcast(p.data, src=src, group=grad_group)
+
+    def _replicas(self) -> int:
+        return dist.get_world_size(self.grad_group) if self.grad_group is not None else 1
 
     def step(self, batch: PreferenceBatch) -> dict[str, float]:
         self.model.train()
@@ -114,7 +124,7 @@ class BradleyTerryTrainer:
         loss = bradley_terry_loss(chosen, rejected)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        if self.grad_group is not None and (world := dist.get_world_size(self.grad_group)) > 1:
+        if (world := self._replicas()) > 1:
             for p in self.params:  # gloo has no AVG: sum, then divide
                 if p.grad is not None:
                     dist.all_reduce(p.grad, group=self.grad_group)
