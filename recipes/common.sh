@@ -6,6 +6,8 @@
 #   RM_PATH     the reward model (a *ForSequenceClassification checkpoint)
 #   RM_PORT     default 8001;  RM_GPUS  CUDA_VISIBLE_DEVICES for the server
 #   RM_ARGS     extra vLLM engine flags, e.g. "--tensor-parallel-size 2"
+#   TRAIN_GPUS  CUDA_VISIBLE_DEVICES of the verl run; default: the visible GPUs minus RM_GPUS, so
+#               Ray never places a policy (or RM-trainer) worker on the reward server's GPU
 
 RM_PYTHON=${RM_PYTHON:-python}
 RM_PORT=${RM_PORT:-8001}
@@ -31,5 +33,26 @@ start_reward_server() {
 run_main_ppo() {
     if [[ "${VERL_VLLM_RM_DRY_RUN:-0}" == 1 ]]; then printf '%s\n' "$@"; exit 0; fi
     start_reward_server ${RM_SERVER_FLAGS:-}
+    local gpus
+    gpus=$(train_gpus)
+    if [[ -n "$gpus" ]]; then export CUDA_VISIBLE_DEVICES=$gpus; echo "verl runs on GPUs $gpus"; fi
     python3 -m verl.trainer.main_ppo "$@"
+}
+
+# The GPUs verl may use: TRAIN_GPUS, or the visible ones (CUDA_VISIBLE_DEVICES, else every
+# GPU nvidia-smi lists) except RM_GPUS. Ray does not know the server holds RM_GPUS and would
+# otherwise place workers there. Prints nothing when there is nothing to restrict.
+train_gpus() {
+    if [[ -n "${TRAIN_GPUS:-}" ]]; then echo "$TRAIN_GPUS"; return; fi
+    [[ -n "${RM_GPUS:-}" ]] || return 0
+    local visible=${CUDA_VISIBLE_DEVICES:-}
+    if [[ -z "$visible" ]] && command -v nvidia-smi > /dev/null; then
+        visible=$(nvidia-smi --query-gpu=index --format=csv,noheader | tr -d ' ' | paste -sd, -)
+    fi
+    [[ -n "$visible" ]] || return 0
+    local gpu kept=()
+    for gpu in ${visible//,/ }; do
+        [[ ",$RM_GPUS," == *",$gpu,"* ]] || kept+=("$gpu")
+    done
+    (IFS=,; echo "${kept[*]}")
 }
