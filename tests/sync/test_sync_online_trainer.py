@@ -106,8 +106,11 @@ def step_rollout(queue, tokenizer):
 def test_read_rollout_gives_unpadded_sequences_and_either_reward(step_rollout):
     from verl_vllm_rm.sync.online_trainer import read_rollout
 
+    from verl_vllm_rm.sync.hook import OnlineRMConfig
+
     groups, batch = step_rollout
-    uids, sequences, rewards = read_rollout(batch, "verifiable_score")
+    default_key = OnlineRMConfig(model_path="rm", server_url="http://rm").reward_key  # not the RM's own score
+    uids, sequences, rewards = read_rollout(batch, default_key)
     rows = [(uid, prompt + response, score) for uid, group in groups.items() for prompt, response, score in group]
     assert (uids, sequences, rewards) == tuple(map(list, zip(*rows)))  # verl's padding rows are skipped
     assert read_rollout(batch, "rm_scores")[2] == [10 * score for *_, score in rows]

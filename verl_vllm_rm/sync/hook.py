@@ -55,7 +55,9 @@ class OnlineRMConfig:
     lora_alpha: int = 16
     lora_target_modules: Any = "all-linear"
     min_reward_gap: float = 0.0
-    reward_key: str = "rm_scores"
+    # What ranks a group's responses: vllm_rm's verifiable score by default. "rm_scores" (the policy's
+    # reward) includes the RM's own score, so the RM would learn from its own judgement.
+    reward_key: str = "verifiable_score"
     num_workers: int = 1
     use_gpu: bool = True
     api_key: str | None = None
