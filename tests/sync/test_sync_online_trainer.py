@@ -156,13 +156,11 @@ def test_rm_step_after_a_ppo_step_trains_on_the_queue_and_publishes(step_rollout
 
 def online_rm(tiny_rm: str, url: str, pad_id: int, mode: str = "lora"):
     """An RM trainer worker group that publishes only when told to (resume), never per step."""
-    from verl.single_controller.ray import RayResourcePool
-
     from verl_vllm_rm.sync.hook import OnlineRewardModel, OnlineRMConfig
 
     config = OnlineRMConfig(model_path=tiny_rm, server_url=url, training_mode=mode, lora_rank=4, lr=5e-3,
                             use_gpu=False, timeout_s=60, parity_every=1, publish_every=10**6)
-    return OnlineRewardModel(config, RayResourcePool([1], use_gpu=False, max_colocate_count=1), pad_id)
+    return OnlineRewardModel(config, pad_id)
 
 
 def test_resume_restores_the_rm_and_its_optimizer_and_republishes(step_rollout, ws_server, tiny_rm, tokenizer,

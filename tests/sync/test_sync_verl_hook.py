@@ -43,15 +43,12 @@ def test_pairs_are_best_vs_worst_of_each_group(rollout):
 
 def test_rm_step_worker_method_publishes_every_n_steps(ray_cluster, ws_server, tiny_rm, tokenizer, rollout,
                                                        probe_ids):
-    from verl.single_controller.ray import RayResourcePool
-
     from verl_vllm_rm.sync.hook import OnlineRewardModel, OnlineRMConfig
 
     reset_server(ws_server.url, tiny_rm)
     config = OnlineRMConfig(model_path=tiny_rm, server_url=ws_server.url, training_mode="lora", publish_every=2,
                             lr=5e-3, lora_rank=4, use_gpu=False, timeout_s=60, parity_every=1)
-    pool = RayResourcePool([1], use_gpu=False, max_colocate_count=1)
-    online = OnlineRewardModel(config, pool, tokenizer.pad_token_id)
+    online = OnlineRewardModel(config, tokenizer.pad_token_id)
     uids, sequences, rewards, _ = rollout
     start = runtime_version(ws_server.url)
     for step in range(1, 5):
@@ -96,15 +93,12 @@ def test_two_rm_workers_average_gradients_and_publish_once_per_step(ray_cluster,
                                                                     rollout, probe_ids):
     """``num_workers=2``: verl splits the pairs, the replicas average gradients and stay identical, and
     rank 0 publishes one version per step (rank 1 takes part in the collective publish)."""
-    from verl.single_controller.ray import RayResourcePool
-
     from verl_vllm_rm.sync.hook import OnlineRewardModel, OnlineRMConfig
 
     reset_server(ws_server.url, tiny_rm)
     config = OnlineRMConfig(model_path=tiny_rm, server_url=ws_server.url, training_mode="lora", lr=5e-3,
                             lora_rank=4, use_gpu=False, timeout_s=60, parity_every=1, num_workers=2)
-    online = OnlineRewardModel(config, RayResourcePool([2], use_gpu=False, max_colocate_count=1),
-                               tokenizer.pad_token_id)
+    online = OnlineRewardModel(config, tokenizer.pad_token_id)
     uids, sequences, rewards, _ = rollout
     start = runtime_version(ws_server.url)
     for step in (1, 2):

@@ -208,16 +208,19 @@ def preference_pairs(uids: Sequence[Hashable], sequences: Sequence[list[int]], r
 class OnlineRewardModel:
     """The trainer-side handle: a Ray worker group training the RM on each rollout batch."""
 
-    def __init__(self, config: OnlineRMConfig, resource_pool, pad_id: int) -> None:
+    def __init__(self, config: OnlineRMConfig, pad_id: int) -> None:
         import ray
-        from verl.single_controller.ray import RayClassWithInitArgs, RayWorkerGroup
+        from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
 
         self.config = config
         self.pad_id = pad_id
+        # Ray actor names are global: a unique prefix lets several of these live in one Ray session.
+        name = f"online_rm_{uuid.uuid4().hex[:6]}"
+        # One worker per bundle (verl's default reserves 10 CPUs per bundle for colocated roles).
+        pool = RayResourcePool([config.num_workers], use_gpu=config.use_gpu, max_colocate_count=1, name_prefix=name)
         worker = RayClassWithInitArgs(cls=ray.remote(RewardModelTrainingWorker),
                                       config=dataclasses.asdict(config))
-        # Ray actor names are global: a unique prefix lets several of these live in one Ray session.
-        self.worker_group = RayWorkerGroup(resource_pool, worker, name_prefix=f"online_rm_{uuid.uuid4().hex[:6]}")
+        self.worker_group = RayWorkerGroup(pool, worker, name_prefix=name)
         self.worker_group.init_model()
 
     def train_on_rollout(self, uids: Sequence[Hashable], sequences: Sequence[list[int]],

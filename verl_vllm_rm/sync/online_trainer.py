@@ -27,7 +27,6 @@ import torch
 import transfer_queue as tq
 from omegaconf import DictConfig, OmegaConf
 from transfer_queue import KVBatchMeta
-from verl.single_controller.ray import RayResourcePool
 from verl.trainer.ppo.v1 import get_trainer_cls, register_trainer
 from verl.utils.debug import marked_timer
 
@@ -50,11 +49,7 @@ def build_online_rm(config: DictConfig, pad_token_id: int) -> OnlineRewardModel:
         raise ValueError(f"trainer mode {TRAINER_MODE!r} needs an online_rm section: add "
                          "+online_rm.model_path=... +online_rm.server_url=... (see recipes/grpo_math_online_rm.sh)")
     options = OmegaConf.to_container(config.online_rm, resolve=True)
-    rm_config = OnlineRMConfig.from_dict(options)
-    # One worker per bundle (verl's default reserves 10 CPUs per bundle for colocated roles).
-    pool = RayResourcePool([rm_config.num_workers], use_gpu=rm_config.use_gpu, max_colocate_count=1,
-                           name_prefix="online_rm")
-    return OnlineRewardModel(rm_config, pool, pad_token_id)
+    return OnlineRewardModel(OnlineRMConfig.from_dict(options), pad_token_id)
 
 
 def resumed_folder(config: DictConfig, global_steps: int) -> str:
