@@ -7,6 +7,9 @@ per session on a free loopback port and always stopped (process group kill).
 from __future__ import annotations
 
 import random
+import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 import requests
@@ -55,6 +58,15 @@ def texts() -> list[str]:
     lines = synthetic_corpus(n_lines=64, seed=123)
     rng = random.Random(7)
     return [line[: rng.randint(8, len(line))] + (f" {STEP}" if i % 3 == 0 else "") for i, line in enumerate(lines)]
+
+
+@pytest.fixture()
+def short_tmpdir():
+    """A directory short enough to be vLLM's $TMPDIR: its unix socket paths there must fit in
+    107 bytes, and pytest's tmp_path is too long for that."""
+    path = Path(tempfile.mkdtemp(prefix="t-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture()

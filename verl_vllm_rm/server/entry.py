@@ -20,6 +20,7 @@ from vllm.platforms import current_platform
 
 from verl_vllm_rm.server import auth
 from verl_vllm_rm.server.routes import RewardServerState, install_reward_routes
+from verl_vllm_rm.server.runtime_dir import private_tmpdir
 from verl_vllm_rm.sync.names import DEFAULT_HEAD_PATTERNS
 
 DEFAULT_PORT = 8001
@@ -176,4 +177,5 @@ def main(argv: list[str] | None = None) -> None:
     validate_parsed_serve_args(args)
     _exit_with_parent()
     vllm_entry.build_app = _hooked_build_app(vllm_entry.build_app)
-    uvloop.run(vllm_entry.run_server(args))
+    with private_tmpdir():
+        uvloop.run(vllm_entry.run_server(args))
