@@ -40,3 +40,23 @@ def test_only_server_package_imports_vllm():
         if "server" not in p.relative_to(pkg).parts and ("import vllm" in p.read_text() or "from vllm" in p.read_text())
     ]
     assert offenders == []
+
+
+def test_setup_refuses_to_start_on_a_full_disk(tmp_path):
+    """`make setup` checks free space before pip starts, and says what to free (CI once died of
+    pip's bare 'No space left on device' half way through the server install)."""
+    repo = Path(__file__).resolve().parents[1]
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    (fake_bin / "df").write_text("#!/bin/sh\necho 'Filesystem 1024-blocks Used Available Capacity Mounted'\n"
+                                 "echo '/dev/x 100000000 99000000 1048576 99% /'\n")
+    (fake_bin / "df").chmod(0o755)
+    venv = tmp_path / "venv-server"
+    result = subprocess.run(
+        ["make", "-C", str(repo), f"VENV_SERVER={venv}", f"{venv}/.installed"],
+        capture_output=True, text=True, env={"PATH": f"{fake_bin}:/usr/bin:/bin"},
+    )
+    assert result.returncode != 0
+    assert f"building {venv} needs about 6 GB free on this disk, 1 GB are free" in result.stderr
+    assert "remove old clones or virtual environments" in result.stderr
+    assert not venv.exists(), "nothing may be installed after the refusal"
