@@ -81,7 +81,7 @@ def start_server_with_progress(model_path: Path):
     from verl_vllm_rm.server_process import start_server
 
     with ThreadPoolExecutor(max_workers=1) as pool, tqdm(desc="starting vLLM (pooling runner)", unit="s") as bar:
-        pending = pool.submit(start_server, model_path, SERVER_ARGS)
+        pending = pool.submit(start_server, model_path, SERVER_ARGS, log_path=model_path.parent / "server.log")
         while True:
             try:
                 server = pending.result(timeout=1.0)  # re-raises a failed start here
@@ -146,7 +146,7 @@ def print_tables(tokenizer, groups, info) -> None:
             print(f"  {text[:46]:<46} {info['rm_score'][row]:>8.3f} {info['score'][row]:>8.3f} {verdict:>7}")
             row += 1
     wins, ties = sum(info["win"]), sum(info["win_and"])
-    print(f"\noverall win rate vs reference: win={wins / row:.2f}  win_and={ties / row:.2f}  ({row} responses)")
+    print(f"\noverall win rate vs reference: win={wins / row:.2f}  win_and (win or tie)={ties / row:.2f}  ({row} responses)")
 
 
 def train_step_and_publish(server, model, tokenizer, trainer, seed: int, probe_ids) -> None:
@@ -197,4 +197,5 @@ def main(workdir: str | None = None, train_seconds: float = 60.0, seed: int = 0)
     finally:
         say("5/5", "stop the server")
         server.stop()
-    print(f"\ndone in {time.monotonic() - t_start:.0f} s. Next: recipes/ for GPU runs, README 'Quick start on GPUs'.")
+    print(f"\ndone in {time.monotonic() - t_start:.0f} s; the tiny RMs and the server log stay in {work}.")
+    print("Next: recipes/ for GPU runs, README 'Quick start on GPUs'.")
