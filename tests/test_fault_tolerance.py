@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -98,6 +99,14 @@ class Restartable:
             time.sleep(0.1)
 
 
+def private_dir_of(pid: int) -> Path:
+    """The server's private $TMPDIR (``verl_vllm_rm.server.runtime_dir``), found by its pid file."""
+    for pid_file in Path(tempfile.gettempdir()).glob("vrm-*/server.pid"):
+        if pid_file.read_text().split()[0] == str(pid):
+            return pid_file.parent
+    raise AssertionError(f"no private TMPDIR for server pid {pid}")
+
+
 def _in_group(p: psutil.Process, pgid: int) -> bool:
     try:
         return os.getpgid(p.pid) == pgid and p.status() != psutil.STATUS_ZOMBIE
@@ -150,8 +159,11 @@ def test_batch_survives_server_kill_and_restart(own_server, verl_config, tokeniz
                       deadline_s=600, backoff_max_s=1.0, max_length=512, num_examine=0)
     mgr = load_reward_manager(cfg, tokenizer)
     data = build_batch(groups, tokenizer.pad_token_id)
+    killed_dir = private_dir_of(own_server.server.process.pid)
     thread, result = kill_mid_batch(own_server, mgr, data)
+    assert killed_dir.exists(), "a SIGKILLed server cannot remove its private TMPDIR"
     restart_s = own_server.ensure_running()
+    assert not killed_dir.exists(), "the next start removes a dead server's private TMPDIR"
     thread.join(120)
     assert not thread.is_alive() and "error" not in result, result.get("error")
     print(f"kill/restart: killed {result['killed_at']:.2f}s into the batch (gone in {result['kill_s']:.2f}s), "

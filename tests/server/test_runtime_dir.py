@@ -1,11 +1,14 @@
 """The server's private $TMPDIR: vLLM's sockets and init files go there and leave with it."""
 
 import os
+import subprocess
+import sys
 import tempfile
+from pathlib import Path
 
 import pytest
 
-from verl_vllm_rm.server.runtime_dir import UNIX_SOCKET_PATH_MAX, private_tmpdir
+from verl_vllm_rm.server.runtime_dir import PID_FILE, PREFIX, UNIX_SOCKET_PATH_MAX, private_tmpdir
 
 
 @pytest.fixture()
@@ -46,3 +49,28 @@ def test_long_tmpdir_is_left_alone(base, monkeypatch):
     with private_tmpdir() as path:
         assert path is None and os.environ["TMPDIR"] == str(long_base)
     assert os.listdir(long_base) == []
+
+
+def _dir_of(base, name: str, owner: str | None):
+    path = base / f"{PREFIX}{name}"
+    path.mkdir()
+    (path / "sock").touch()
+    if owner is not None:
+        (path / PID_FILE).write_text(owner)
+    return path
+
+
+def test_a_start_removes_the_dirs_of_dead_servers_only(base):
+    """A SIGKILLed server leaves its directory; the next start removes it, and nothing that may be live."""
+    namespace = os.readlink("/proc/self/ns/pid")
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    dead = _dir_of(base, "dead", f"{gone.pid} {namespace}")
+    live = _dir_of(base, "live", f"{os.getpid()} {namespace}")
+    creating = _dir_of(base, "creating", None)
+    elsewhere = _dir_of(base, "other-ns", f"{gone.pid} pid:[1]")  # a container sharing /tmp
+    with private_tmpdir() as path:
+        assert not dead.exists()
+        assert live.exists() and creating.exists() and elsewhere.exists()
+        assert Path(path, PID_FILE).read_text() == f"{os.getpid()} {namespace}"
+    assert sorted(p.name for p in base.iterdir()) == sorted(p.name for p in (live, creating, elsewhere))
