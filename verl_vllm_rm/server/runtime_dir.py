@@ -13,6 +13,7 @@ container sharing /tmp never takes a live server of another namespace for dead.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import tempfile
@@ -27,6 +28,7 @@ SOCKET_NAME_LEN = 36  # vLLM names its sockets with a uuid4
 PREFIX = "vrm-"
 PID_FILE = "server.pid"
 _SAVED = ("TMPDIR", "TORCHINDUCTOR_CACHE_DIR")
+logger = logging.getLogger(__name__)
 
 
 def _owner() -> str:
@@ -76,7 +78,8 @@ def private_tmpdir() -> Iterator[str | None]:
     Yields the directory, or ``None`` (nothing changed) when vLLM's socket paths inside it
     would pass the unix-socket limit: the server must not fail where plain vLLM would start.
     """
-    sweep_dead(tempfile.gettempdir())
+    for stale in sweep_dead(tempfile.gettempdir()):
+        logger.info("removed %s, left behind by a server that was killed", stale)
     path = tempfile.mkdtemp(prefix=PREFIX)
     if len(path) + 1 + SOCKET_NAME_LEN > UNIX_SOCKET_PATH_MAX:
         os.rmdir(path)
