@@ -18,24 +18,33 @@ from verl_vllm_rm.grpo_batch import Group, build_batch
 from verl_vllm_rm.server_process import running_server
 from verl_vllm_rm.tiny_rm import build_tiny_rm
 
+REFERENCE = " <think>add 3 and 4</think> The answer is 7."
+RESPONSES = [REFERENCE, " The answer is 7.", " The answer is 8.", " so so so so"]
+
+
+def validate(server_url: str, model_path: str) -> dict[str, list]:
+    """Score RESPONSES in validation mode; returns verl's reward_extra_info."""
+    tok = AutoTokenizer.from_pretrained(model_path)
+    group = Group(tok("What is 3 + 4?").input_ids, [tok(r, add_special_tokens=False).input_ids for r in RESPONSES],
+                  ground_truth=REFERENCE)
+    config_dir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
+    with initialize_config_dir(config_dir=config_dir, version_base=None):
+        cfg = compose("ppo_trainer", overrides=["reward.reward_manager.name=vllm_rm",
+                                                f"actor_rollout_ref.model.path={model_path}",
+                                                f"+reward.reward_kwargs.server_url={server_url}",
+                                                "+reward.reward_kwargs.num_examine=0"])
+    manager = load_reward_manager(cfg, tok)
+    data = build_batch([group], tok.pad_token_id)
+    data.meta_info["validate"] = True
+    info = manager(data, return_dict=True)["reward_extra_info"]
+    manager.close()
+    for text, win, win_and, margin in zip(RESPONSES, info["win"], info["win_and"], info["ref_margin"]):
+        print(f"win={win:.0f} win_and={win_and:.0f} margin={margin:+.3f}  {text.strip()}")
+    print(f"win rate {sum(info['win']) / len(RESPONSES):.2f}, win_and rate {sum(info['win_and']) / len(RESPONSES):.2f}")
+    return info
+
+
 if __name__ == "__main__":
     path = str(build_tiny_rm(tempfile.mkdtemp() + "/tiny-rm"))
-    tok = AutoTokenizer.from_pretrained(path)
-    reference = " <think>add 3 and 4</think> The answer is 7."
-    responses = [reference, " The answer is 7.", " The answer is 8.", " so so so so"]
-    group = Group(tok("What is 3 + 4?").input_ids, [tok(r, add_special_tokens=False).input_ids for r in responses],
-                  ground_truth=reference)
     with running_server(path, ["--dtype", "float32", "--enforce-eager"]) as server:
-        config_dir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
-        with initialize_config_dir(config_dir=config_dir, version_base=None):
-            cfg = compose("ppo_trainer", overrides=["reward.reward_manager.name=vllm_rm",
-                                                    f"+reward.reward_kwargs.server_url={server.url}",
-                                                    "+reward.reward_kwargs.num_examine=0"])
-        manager = load_reward_manager(cfg, tok)
-        data = build_batch([group], tok.pad_token_id)
-        data.meta_info["validate"] = True
-        info = manager(data, return_dict=True)["reward_extra_info"]
-        manager.close()
-    for text, win, win_and, margin in zip(responses, info["win"], info["win_and"], info["ref_margin"]):
-        print(f"win={win:.0f} win_and={win_and:.0f} margin={margin:+.3f}  {text.strip()}")
-    print(f"win rate {sum(info['win']) / len(responses):.2f}, win_and rate {sum(info['win_and']) / len(responses):.2f}")
+        validate(server.url, path)

@@ -10,14 +10,20 @@ from verl_vllm_rm.client import VLLMRewardClient
 from verl_vllm_rm.server_process import running_server
 from verl_vllm_rm.tiny_rm import build_tiny_rm
 
+TEXTS = ["What is 2 + 2? The answer is 4.", "What is 2 + 2? The answer is 5.", "so so so so"]
 
-async def score(url: str) -> None:
-    async with VLLMRewardClient(url, max_batch_seqs=2) as client:  # small budget: 3 requests below
-        texts = ["What is 2 + 2? The answer is 4.", "What is 2 + 2? The answer is 5.", "so so so so"]
-        for text, s in zip(texts, await client.score_batch(texts)):
+
+async def score(url: str) -> tuple[list[float], list[float], int]:
+    """Raw scores, sigmoid-normalized scores and the server's weights version."""
+    async with VLLMRewardClient(url, max_batch_seqs=2) as client:  # small budget: 2 requests per batch
+        raw = await client.score_batch(TEXTS)
+        for text, s in zip(TEXTS, raw):
             print(f"{s:+.4f}  {text}")
-        print("normalized:", [round(p, 4) for p in await client.score_batch(texts, normalize=True)])
-        print("server version:", await client.get_model_version())
+        normalized = await client.score_batch(TEXTS, normalize=True)
+        print("normalized:", [round(p, 4) for p in normalized])
+        version = await client.get_model_version()
+        print("server version:", version)
+    return raw, normalized, version
 
 
 if __name__ == "__main__":

@@ -20,28 +20,32 @@ from verl_vllm_rm.tiny_rm import build_tiny_rm
 from verl_vllm_rm.training.bt import BradleyTerryTrainer, collate_pairs, prepare_reward_model
 
 
-def main(modes: list[str]) -> None:
-    path = build_tiny_rm(tempfile.mkdtemp() + "/tiny-rm")
-    tok = AutoTokenizer.from_pretrained(path)
+def train_and_publish(server_url: str, model_path: str, modes: list[str], steps: int = 3) -> list[dict]:
+    """BT steps from the model at ``model_path``, each published; one record per step with the parity."""
+    tok = AutoTokenizer.from_pretrained(model_path)
     pairs = preference_pairs(64, seed=1)
     batch = collate_pairs([tok(p.prompt + p.chosen).input_ids for p in pairs],
                           [tok(p.prompt + p.rejected).input_ids for p in pairs], tok.pad_token_id)
     probes = [tok(p.prompt + p.chosen).input_ids for p in pairs[:8]]
-    with running_server(path, ["--dtype", "float32", "--enforce-eager", "--enable-weight-updates"]) as server:
-        with RewardModelPublisher(server.url) as publisher:
-            for mode in modes:
-                base = AutoModelForSequenceClassification.from_pretrained(path, dtype=torch.float32)
-                model = prepare_reward_model(base, mode)
-                trainer = BradleyTerryTrainer(model, lr=5e-3)
-                for _ in range(3):
-                    loss = trainer.step(batch)["rm/bt_loss"]
-                    result = publisher.publish(model, publisher.version + 1, mode)
-                    served = [d["score"] for d in requests.post(f"{server.url}/score",
-                                                                json={"input": probes}).json()["data"]]
-                    diff = max(abs(a - b) for a, b in zip(served, sequence_scores(model.eval(), probes)))
-                    print(f"{mode:>9}: loss {loss:.4f}  published v{result.version} ({result.num_params} tensors, "
-                          f"{result.seconds * 1000:.0f} ms)  max |server - trainer| = {diff:.1e}")
+    records = []
+    with RewardModelPublisher(server_url) as publisher:
+        for mode in modes:
+            base = AutoModelForSequenceClassification.from_pretrained(model_path, dtype=torch.float32)
+            model = prepare_reward_model(base, mode)
+            trainer = BradleyTerryTrainer(model, lr=5e-3)
+            for _ in range(steps):
+                loss = trainer.step(batch)["rm/bt_loss"]
+                result = publisher.publish(model, publisher.version + 1, mode)
+                served = [d["score"] for d in requests.post(f"{server_url}/score",
+                                                            json={"input": probes}).json()["data"]]
+                diff = max(abs(a - b) for a, b in zip(served, sequence_scores(model.eval(), probes)))
+                print(f"{mode:>9}: loss {loss:.4f}  published v{result.version} ({result.num_params} tensors, "
+                      f"{result.seconds * 1000:.0f} ms)  max |server - trainer| = {diff:.1e}")
+                records.append({"mode": mode, "loss": loss, "version": result.version, "max_diff": diff})
+    return records
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:] or ["head_only", "lora", "full"])
+    path = str(build_tiny_rm(tempfile.mkdtemp() + "/tiny-rm"))
+    with running_server(path, ["--dtype", "float32", "--enforce-eager", "--enable-weight-updates"]) as server:
+        train_and_publish(server.url, path, sys.argv[1:] or ["head_only", "lora", "full"])

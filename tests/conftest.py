@@ -17,6 +17,7 @@ import requests
 from verl_vllm_rm.server_process import running_server
 from verl_vllm_rm.tiny_rm import STEP, build_tiny_rm, synthetic_corpus
 
+ROOT = Path(__file__).resolve().parents[1]
 # fp32 + eager: exact parity with transformers and a fast start on CPU.
 SERVER_TEST_ARGS = ["--dtype", "float32", "--max-model-len", "512", "--enforce-eager"]
 
@@ -58,6 +59,20 @@ def texts() -> list[str]:
     lines = synthetic_corpus(n_lines=64, seed=123)
     rng = random.Random(7)
     return [line[: rng.randint(8, len(line))] + (f" {STEP}" if i % 3 == 0 else "") for i, line in enumerate(lines)]
+
+
+@pytest.fixture(scope="session")
+def load_example():
+    """``load_example(name)``: the module ``examples/NAME.py`` (its ``__main__`` part not run)."""
+    import importlib.util
+
+    def load(name: str):
+        spec = importlib.util.spec_from_file_location(f"example_{name}", ROOT / "examples" / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    return load
 
 
 @pytest.fixture()
