@@ -1,5 +1,6 @@
 """Install-level contracts: entry points, console script, and the two-environment split."""
 
+import re
 import subprocess
 import sys
 from importlib.metadata import entry_points
@@ -7,6 +8,7 @@ from pathlib import Path
 
 from verl_vllm_rm.server_process import find_server_python
 
+ROOT = Path(__file__).resolve().parents[1]
 TRAINER_MODULES = ["verl_vllm_rm.tiny_rm", "verl_vllm_rm.server_process", "verl_vllm_rm.hf_reference"]
 
 
@@ -60,3 +62,42 @@ def test_setup_refuses_to_start_on_a_full_disk(tmp_path):
     assert f"building {venv} needs about 6 GB free on this disk, 1 GB are free" in result.stderr
     assert "remove old clones or virtual environments" in result.stderr
     assert not venv.exists(), "nothing may be installed after the refusal"
+
+
+def _canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _pinned(*files: str) -> dict[str, str]:
+    pins = {}
+    for name in files:
+        for line in (ROOT / "requirements" / name).read_text().splitlines():
+            line = line.split("#")[0].strip()
+            if line:
+                package, version = line.split("==")
+                pins[_canonical(package)] = version
+    return pins
+
+
+def _installed(python: str) -> dict[str, str]:
+    lines = subprocess.run([python, "-m", "pip", "freeze", "--exclude-editable"],
+                           capture_output=True, text=True, check=True).stdout.splitlines()
+    assert all("==" in line for line in lines), f"installed from outside a registry: {lines}"
+    return {_canonical(line.split("==")[0]): line.split("==")[1] for line in lines}
+
+
+def test_environments_hold_exactly_the_pinned_sets():
+    """Everything installed is pinned, at its pinned version, so a fresh machine gets the same set
+    (an unpinned transitive dependency would float to whatever the registry serves that day)."""
+    gallery = re.search(r"rm-gallery==([\w.]+)", (ROOT / "Makefile").read_text()).group(1)
+    expected = {
+        sys.executable: {**_pinned("trainer.txt", "gallery.txt"), "rm-gallery": gallery},
+        find_server_python(): _pinned("server.txt"),
+    }
+    for python, pins in expected.items():
+        installed = _installed(python)
+        assert installed == pins, {
+            "installed, not pinned": {k: v for k, v in installed.items() if k not in pins},
+            "pinned, not installed": {k: v for k, v in pins.items() if k not in installed},
+            "other version": {k: (v, installed[k]) for k, v in pins.items() if installed.get(k, v) != v},
+        }
