@@ -52,11 +52,16 @@ def build_online_rm(config: DictConfig, pad_token_id: int) -> OnlineRewardModel:
     return OnlineRewardModel(OnlineRMConfig.from_dict(options), pad_token_id)
 
 
+def step_folder(config: DictConfig, global_steps: int) -> str:
+    """The folder verl saves step ``global_steps``'s checkpoint in."""
+    return os.path.join(os.path.abspath(config.trainer.default_local_dir), f"global_step_{global_steps}")
+
+
 def resumed_folder(config: DictConfig, global_steps: int) -> str:
     """The checkpoint folder verl resumed ``global_steps`` from (``trainer.resume_mode`` auto or resume_path)."""
     if config.trainer.resume_mode == "resume_path":
         return os.path.abspath(config.trainer.resume_from_path)
-    return os.path.join(os.path.abspath(config.trainer.default_local_dir), f"global_step_{global_steps}")
+    return step_folder(config, global_steps)
 
 
 def resume_reward_model(online_rm: OnlineRewardModel, folder: str) -> dict[str, float]:
@@ -124,7 +129,7 @@ class OnlineRewardModelTrainer(get_trainer_cls("sync")):
     def _save_checkpoint(self):
         # Before verl's save: it writes the latest-checkpoint tracker last, so a crash in between never
         # leaves a tracked step without its RM state.
-        folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
+        folder = step_folder(self.config, self.global_steps)
         self.online_rm.save_checkpoint(os.path.join(folder, RM_CHECKPOINT_DIR))
         super()._save_checkpoint()
 
