@@ -31,12 +31,11 @@ _SAVED = ("TMPDIR", "TORCHINDUCTOR_CACHE_DIR")
 logger = logging.getLogger(__name__)
 
 
-def _owner() -> str:
+def _pid_namespace() -> str:
     try:
-        namespace = os.readlink("/proc/self/ns/pid")
+        return os.readlink("/proc/self/ns/pid")
     except OSError:
-        namespace = "?"
-    return f"{os.getpid()} {namespace}"
+        return "?"
 
 
 def _alive(pid: int) -> bool:
@@ -45,7 +44,7 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:  # another user's process
-        return True
+        pass
     return True
 
 
@@ -55,7 +54,7 @@ def sweep_dead(base: str) -> list[str]:
     A directory is left alone without a readable ``server.pid`` (being created, or another
     user's) or when its server ran in another pid namespace.
     """
-    namespace = _owner().split(" ", 1)[1]
+    namespace = _pid_namespace()
     removed = []
     for entry in os.scandir(base):
         if not entry.name.startswith(PREFIX) or not entry.is_dir(follow_symlinks=False):
@@ -85,7 +84,7 @@ def private_tmpdir() -> Iterator[str | None]:
         os.rmdir(path)
         yield None
         return
-    Path(path, PID_FILE).write_text(_owner())
+    Path(path, PID_FILE).write_text(f"{os.getpid()} {_pid_namespace()}")
     saved = {key: os.environ.get(key) for key in _SAVED}
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", default_cache_dir())
     os.environ["TMPDIR"] = path
