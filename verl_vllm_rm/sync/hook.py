@@ -230,7 +230,8 @@ class OnlineRewardModel:
         if pairs is None:
             return {"rm/pairs": 0.0}
         out = self.worker_group.train_rm_step(pairs)
-        return _mean_metrics(out.meta_info["metrics"])
+        # One value per rank (``DataProto.concat`` lists them): report the mean.
+        return {k: sum(v) / len(v) if isinstance(v, list) else v for k, v in out.meta_info["metrics"].items()}
 
     def save_checkpoint(self, path: str) -> None:
         """Write the RM's training state (trainable weights, optimizer, step count) under ``path``."""
@@ -239,8 +240,3 @@ class OnlineRewardModel:
     def resume(self, path: str | None) -> dict[str, float]:
         """Restore :meth:`save_checkpoint`'s state from ``path`` (``None``: the initial RM) and publish it."""
         return self.worker_group.load_rm_checkpoint(path)[0]
-
-
-def _mean_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
-    """One value per rank (``DataProto.concat`` lists them): report the mean."""
-    return {k: sum(v) / len(v) if isinstance(v, list) else v for k, v in metrics.items()}
