@@ -12,7 +12,7 @@ import requests
 import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-from verl_vllm_rm.demo.preferences import preference_pairs
+from verl_vllm_rm.dev.tiny_task import preference_pairs
 from verl_vllm_rm.hf_reference import sequence_scores
 from verl_vllm_rm.server_process import running_server
 from verl_vllm_rm.sync import RewardModelPublisher

@@ -9,7 +9,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from verl_vllm_rm.demo.preferences import bad_answers, good_answer, preference_pairs, question
+from verl_vllm_rm.dev.tiny_task import bad_answers, good_answer, preference_pairs, question
 
 SERVER_ARGS = ["--dtype", "float32", "--max-model-len", "512", "--enforce-eager", "--enable-weight-updates"]
 

@@ -1,0 +1,158 @@
+"""Every change the CPU harness makes to verl 0.9.1, in one list, each with the verl code it works around.
+
+Each :class:`Patch` says what it changes, why, and how to tell that the installed
+verl still needs it (``needed``): ``tests/dev/test_cpu_harness.py`` fails loudly
+when a patch no longer applies, naming it, so a verl upgrade never runs on a
+silently stale harness. Nothing here runs unless the harness is imported
+(``VERL_USE_EXTERNAL_MODULES=verl_vllm_rm.dev.cpu_harness``), and the harness
+refuses to load where a GPU is visible.
+
+Run settings that are plain Hydra overrides (not patches) live with the command
+that sets them: :data:`verl_vllm_rm.dev.tiny_ppo.CPU_OVERRIDES`.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import os
+from dataclasses import dataclass
+from typing import Callable
+
+import torch.distributed
+
+
+@dataclass(frozen=True)
+class Patch:
+    name: str
+    verl_code: str  # where in verl the problem is
+    why: str
+    needed: Callable[[], bool]  # True while the installed verl still has the problem
+    apply: Callable[[], None]
+
+
+def _register_platform() -> None:
+    from verl.plugin.platform.platform_manager import PlatformRegistry
+
+    from verl_vllm_rm.dev.cpu_harness.platform import PLATFORM_NAME, PlatformCPU
+
+    PlatformRegistry.register(platform=PLATFORM_NAME)(PlatformCPU)
+    os.environ["VERL_PLATFORM"] = PLATFORM_NAME  # inherited by every Ray worker
+
+
+def _platform_needed() -> bool:
+    from verl.plugin.platform.platform_manager import PlatformRegistry
+
+    from verl_vllm_rm.dev.cpu_harness.platform import PlatformCPU
+
+    registered = PlatformRegistry.get("cpu")
+    return registered is None or registered is PlatformCPU
+
+
+def _dedupe_backends(backend: str | None) -> str | None:
+    """``"cpu:gloo,cpu:gloo"`` -> ``"cpu:gloo"``; anything else unchanged."""
+    if not isinstance(backend, str) or "," not in backend:
+        return backend
+    return ",".join(dict.fromkeys(part.strip() for part in backend.split(",")))
+
+
+def _patch_backend_string() -> None:
+    original = torch.distributed.init_process_group
+    if getattr(original, "_vrm_dedupe", False):
+        return
+
+    @functools.wraps(original)
+    def init_process_group(*args, **kwargs):
+        if "backend" in kwargs:
+            kwargs["backend"] = _dedupe_backends(kwargs["backend"])
+        elif args:
+            args = (_dedupe_backends(args[0]), *args[1:])
+        return original(*args, **kwargs)
+
+    init_process_group._vrm_dedupe = True
+    torch.distributed.init_process_group = init_process_group
+
+
+def _backend_string_needed() -> bool:
+    from verl.utils import distributed
+
+    return 'f"cpu:gloo,{get_device_name()}:{get_nccl_backend()}"' in inspect.getsource(
+        distributed.initialize_global_process_group_ray)
+
+
+def _select_fsdp_engine() -> None:
+    os.environ["VERL_ENGINE_DEVICE"] = "cuda"  # verl's own override of the engine lookup's device
+
+
+def _fsdp_engine_needed() -> bool:
+    import verl.workers.engine.fsdp.transformer_impl  # noqa: F401  (registers the FSDP engines)
+    from verl.workers.engine.base import EngineRegistry
+
+    fsdp2 = EngineRegistry._engines["language_model"]["fsdp2"]
+    return "cuda" in fsdp2 and "cpu" not in fsdp2
+
+
+def _register_rollout() -> None:
+    from verl.workers.rollout import base
+    from verl.workers.rollout.replica import RolloutReplicaRegistry
+
+    from verl_vllm_rm.dev.cpu_harness.rollout import BACKEND_NAME
+
+    def load():
+        from verl_vllm_rm.dev.cpu_harness.rollout import CPURolloutReplica
+
+        return CPURolloutReplica
+
+    RolloutReplicaRegistry.register(BACKEND_NAME, load)
+    base._ROLLOUT_REGISTRY[(BACKEND_NAME, "async")] = "verl_vllm_rm.dev.cpu_harness.rollout.CPUServerAdapter"
+
+
+def _rollout_needed() -> bool:
+    from verl.workers.rollout import base
+    from verl.workers.rollout.replica import RolloutReplicaRegistry
+
+    # Still the two registries this patch writes to, and verl ships no CPU backend of its own.
+    return (isinstance(base._ROLLOUT_REGISTRY, dict) and ("vllm", "async") in base._ROLLOUT_REGISTRY
+            and set(RolloutReplicaRegistry._registry) - {"hf_cpu"} == {"vllm", "sglang", "trtllm"})
+
+
+PATCHES: tuple[Patch, ...] = (
+    Patch(
+        name="cpu-platform",
+        verl_code="verl/plugin/platform/platform_manager.py: _detect_platform_name; verl/utils/device.py: "
+                  "auto_set_device",
+        why="no cpu platform is registered: detection falls back to 'nvidia' and trainer.device=cpu is overwritten",
+        needed=_platform_needed,
+        apply=_register_platform,
+    ),
+    Patch(
+        name="gloo-backend-string",
+        verl_code="verl/utils/distributed.py: initialize_global_process_group_ray",
+        why="builds 'cpu:gloo,{device}:{backend}', which on the cpu platform is 'cpu:gloo,cpu:gloo' and "
+            "torch.distributed raises 'Duplicate device type cpu'; repeated entries are dropped",
+        needed=_backend_string_needed,
+        apply=_patch_backend_string,
+    ),
+    Patch(
+        name="fsdp-engine-device",
+        verl_code="verl/workers/engine/fsdp/transformer_impl.py: @EngineRegistry.register(device=['cuda', 'npu'])",
+        why="the FSDP engines are registered for cuda and npu only; VERL_ENGINE_DEVICE=cuda selects the same "
+            "class, which then places tensors through the cpu platform",
+        needed=_fsdp_engine_needed,
+        apply=_select_fsdp_engine,
+    ),
+    Patch(
+        name="hf-cpu-rollout",
+        verl_code="verl/workers/rollout/replica.py: RolloutReplicaRegistry; verl/workers/rollout/base.py: "
+                  "_ROLLOUT_REGISTRY",
+        why="main_ppo can only roll out with vllm, sglang or trtllm, each needing its engine next to verl; "
+            "'hf_cpu' (a transformers copy of the policy) is added to both registries",
+        needed=_rollout_needed,
+        apply=_register_rollout,
+    ),
+)
+
+
+def apply_all() -> None:
+    for patch in PATCHES:
+        patch.apply()

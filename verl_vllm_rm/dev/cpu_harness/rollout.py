@@ -1,0 +1,188 @@
+"""``actor_rollout_ref.rollout.name=hf_cpu``: a rollout backend verl 0.9.1 can drive on CPU.
+
+verl's main_ppo only starts rollout replicas registered in
+``verl/workers/rollout/replica.py`` (``RolloutReplicaRegistry``: vllm, sglang,
+trtllm), and each needs its engine importable next to verl. This backend is a
+transformers copy of the policy in one Ray actor per replica:
+
+* :class:`HFGenerationServer` (the replica's "server"): token ids in, sampled token
+  ids and their log-probabilities out (``generate``, as verl's agent loop calls
+  vLLM's server), and ``load_weights`` for the actor's new weights.
+* :class:`CPURolloutReplica`: starts that actor where verl starts a vLLM server.
+* :class:`CPUServerAdapter`: lives in each actor worker (verl's hybrid engine) and
+  hands the tensors of verl's ``naive`` weight sync to its replica's server after
+  every PPO step.
+
+verl's own ``HFRollout`` (``verl/workers/rollout/hf_rollout.py``) generates whole
+padded batches without log-probabilities from an FSDP module in the same process;
+the agent loop needs one request at a time, so sampling here is a short loop of
+its own over the model's KV cache.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import threading
+from typing import Any, Generator
+
+import ray
+import torch
+from verl.workers.rollout.base import BaseRollout
+from verl.workers.rollout.replica import RolloutReplica, TokenOutput
+
+BACKEND_NAME = "hf_cpu"
+#: When set, each generation (prompt ids, response ids, weight version) is appended to this JSONL file,
+#: so a test can tie verl's decoded rollout dump back to the exact token ids the reward server scored.
+GENERATION_LOG_ENV = "VERL_VLLM_RM_GENERATION_LOG"
+
+
+def server_name(replica_rank: int) -> str:
+    return f"hf_cpu_rollout_server_{replica_rank}"
+
+
+@torch.no_grad()
+def sample(model: torch.nn.Module, prompt_ids: list[int], max_tokens: int, stop_ids: set[int],
+           temperature: float = 1.0, top_p: float = 1.0, top_k: int = -1,
+           generator: torch.Generator | None = None) -> tuple[list[int], list[float]]:
+    """Sample up to ``max_tokens`` tokens after ``prompt_ids`` (stopping after a stop id).
+
+    Log-probabilities are those of the temperature-scaled distribution, which is
+    what verl's actor computes for the same tokens (``logits / temperature``).
+    ``temperature == 0`` is greedy.
+    """
+    out = model(input_ids=torch.tensor([prompt_ids]), use_cache=True)
+    tokens: list[int] = []
+    log_probs: list[float] = []
+    for _ in range(max_tokens):
+        logits = out.logits[0, -1].float()
+        scaled = logits / temperature if temperature > 0 else logits
+        logp = torch.log_softmax(scaled, dim=-1)
+        if temperature <= 0:
+            token = int(torch.argmax(logits))
+        else:
+            token = int(torch.multinomial(_filtered_probs(scaled, top_p, top_k), 1, generator=generator))
+        tokens.append(token)
+        log_probs.append(float(logp[token]))
+        if token in stop_ids:
+            break
+        out = model(input_ids=torch.tensor([[token]]), past_key_values=out.past_key_values, use_cache=True)
+    return tokens, log_probs
+
+
+def _filtered_probs(scaled_logits: torch.Tensor, top_p: float, top_k: int) -> torch.Tensor:
+    logits = scaled_logits.clone()
+    if 0 < top_k < logits.numel():
+        logits[logits < torch.topk(logits, top_k).values[-1]] = float("-inf")
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, descending=True)
+        cumulative = torch.softmax(sorted_logits, dim=-1).cumsum(-1)
+        drop = cumulative - torch.softmax(sorted_logits, dim=-1) > top_p  # keep the token that crosses top_p
+        logits[order[drop]] = float("-inf")
+    return torch.softmax(logits, dim=-1)
+
+
+class HFGenerationServer:
+    """One replica's policy copy (a Ray actor): generates one request at a time."""
+
+    def __init__(self, model_path: str, prompt_length: int, response_length: int, seed: int = 0) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+        torch.set_num_threads(1)  # the actor and reward server share a couple of cores
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+        tokenizer = AutoTokenizer.from_pretrained(model_path)
+        eos = GenerationConfig.from_model_config(self.model.config).eos_token_id
+        self.stop_ids = {tokenizer.eos_token_id, *([eos] if isinstance(eos, int) else (eos or []))} - {None}
+        self.max_model_len = prompt_length + response_length
+        self.response_length = response_length
+        self.generator = torch.Generator().manual_seed(seed)
+        self.global_steps: int | None = None
+        self.lock = threading.Lock()
+        self.log_path = os.environ.get(GENERATION_LOG_ENV)
+
+    async def generate(self, request_id: str, prompt_ids: list[int], sampling_params: dict[str, Any],
+                       **_multimodal: Any) -> TokenOutput:
+        return await asyncio.to_thread(self._generate, list(prompt_ids), dict(sampling_params))
+
+    def _generate(self, prompt_ids: list[int], params: dict[str, Any]) -> TokenOutput:
+        room = self.max_model_len - len(prompt_ids)
+        if room < 1:
+            raise ValueError(f"prompt of {len(prompt_ids)} tokens leaves no room to generate within "
+                             f"{self.max_model_len} tokens (data.max_prompt_length + max_response_length)")
+        max_tokens = max(1, min(params.get("max_tokens", self.response_length), room))
+        top_k = params.get("top_k", -1)
+        with self.lock:
+            tokens, log_probs = sample(self.model, prompt_ids, max_tokens, self.stop_ids,
+                                       temperature=float(params.get("temperature", 1.0)),
+                                       top_p=float(params.get("top_p", 1.0)),
+                                       top_k=-1 if top_k is None else int(top_k), generator=self.generator)
+            if self.log_path:
+                with open(self.log_path, "a") as f:
+                    f.write(json.dumps({"version": self.global_steps, "prompt_ids": prompt_ids,
+                                        "response_ids": tokens}) + "\n")
+        return TokenOutput(token_ids=tokens, log_probs=log_probs if params.get("logprobs") else None,
+                           stop_reason="completed", extra_fields={"global_steps": self.global_steps})
+
+    def load_weights(self, state_dict: dict[str, torch.Tensor], global_steps: int | None = None) -> int:
+        """Load the actor's full weights (HF names); returns how many tensors were loaded."""
+        with self.lock:
+            missing, unexpected = self.model.load_state_dict(state_dict, strict=False)
+            # Tied embeddings arrive once; anything else missing means a wrong or partial update.
+            missing = [n for n in missing if not (n == "lm_head.weight" and self.model.config.tie_word_embeddings)]
+            if missing or unexpected:
+                raise ValueError(f"policy weight update does not match the rollout model: missing {missing[:5]}, "
+                                 f"unexpected {unexpected[:5]}")
+            self.global_steps = global_steps
+        return len(state_dict)
+
+    # Lifecycle calls verl makes on every rollout server; a CPU copy has no device memory to free.
+    async def wake_up(self) -> None: ...
+    async def sleep(self) -> None: ...
+    async def clear_kv_cache(self) -> None: ...
+    async def release_kv_cache(self) -> None: ...
+    async def resume_kv_cache(self) -> None: ...
+    async def abort_all_requests(self, reject_request: bool = False) -> None: ...
+    async def resume_generation(self) -> None: ...
+    async def start_profile(self, **kwargs: Any) -> None: ...
+    async def stop_profile(self) -> None: ...
+
+
+class CPURolloutReplica(RolloutReplica):
+    """Starts the replica's :class:`HFGenerationServer` where verl would start a vLLM server."""
+
+    async def launch_servers(self) -> None:
+        if self.world_size != 1:
+            raise ValueError(f"rollout {BACKEND_NAME!r} runs one process per replica: set "
+                             "actor_rollout_ref.rollout.tensor_model_parallel_size=1 (and data/pipeline parallel 1)")
+        actor = ray.remote(HFGenerationServer).options(
+            name=server_name(self.replica_rank), num_cpus=1, max_concurrency=self.max_concurrency,
+        ).remote(self.model_config.get("local_path") or self.model_config.path, self.config.prompt_length, self.config.response_length,
+                 self.config.seed + self.replica_rank)
+        self.servers = [actor]
+        self._server_handle = actor
+        self._server_address = f"{BACKEND_NAME}-replica-{self.replica_rank}"
+
+
+class CPUServerAdapter(BaseRollout):
+    """The actor worker's side of the weight sync: sends its full weights to its replica's server."""
+
+    def __init__(self, config, model_config, device_mesh=None, *args, **kwargs) -> None:
+        super().__init__(config, model_config, device_mesh)
+        self.replica_rank = int(os.environ.get("RANK", 0))  # one rollout process per replica
+        self.is_leader_rank = True
+        self.sleep_level = 0
+
+    async def update_weights(self, weights: Generator[tuple[str, torch.Tensor], None, None],
+                             wire_format: str = "named_tensors", **kwargs: Any) -> None:
+        if wire_format != "named_tensors":
+            raise ValueError(f"rollout {BACKEND_NAME!r} takes full weights, not {wire_format!r}: "
+                             "keep actor_rollout_ref.rollout.checkpoint_engine.backend at its default")
+        if kwargs.get("peft_config") is not None:
+            raise ValueError(f"rollout {BACKEND_NAME!r} takes merged weights: set actor_rollout_ref.model.lora.merge=True")
+        state = {name: tensor.detach().to("cpu", copy=True) for name, tensor in weights}
+        server = ray.get_actor(server_name(self.replica_rank))
+        await server.load_weights.remote(state, kwargs.get("global_steps"))
+
+    async def resume(self, tags: list[str]) -> None: ...
+    async def release(self) -> None: ...

@@ -1,0 +1,116 @@
+"""A tiny causal-LM policy built offline on any reward model's tokenizer.
+
+Sharing the RM's tokenizer means the policy's token ids are the RM's, so
+``input_format=token_ids`` (the plugin's default) works with the RM given. The
+policy is pre-trained for a few seconds on the tiny task's answers, all four
+styles mixed (:mod:`verl_vllm_rm.dev.tiny_task`), so it starts out producing
+every style and GRPO has something to choose between.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from verl_vllm_rm.dev.tiny_task import MAX_OPERAND, all_answers, question
+
+#: For RM tokenizers without a chat template: the turns' contents one after another.
+PLAIN_CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"
+
+
+@dataclass(frozen=True)
+class TinyPolicySpec:
+    hidden_size: int = 64
+    intermediate_size: int = 128
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    max_position_embeddings: int = 512
+    sft_steps: int = 150
+    sft_batch: int = 32
+    sft_lr: float = 3e-3
+    seed: int = 0
+
+
+def policy_tokenizer(rm_dir: str | Path):
+    """The RM's tokenizer, with a plain chat template when it has none (verl's dataset applies one)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(rm_dir)
+    if not tokenizer.chat_template:
+        tokenizer.chat_template = PLAIN_CHAT_TEMPLATE
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    if tokenizer.eos_token_id is None:
+        raise ValueError(f"the tokenizer in {rm_dir} has no EOS token; the policy needs one to stop generating")
+    return tokenizer
+
+
+def sft_examples(tokenizer, n: int, rng: random.Random) -> list[tuple[list[int], int]]:
+    """``(token ids, prompt length)``: a chat prompt, then one answer of a random style, then EOS."""
+    examples = []
+    for _ in range(n):
+        a, b = rng.randint(0, MAX_OPERAND), rng.randint(0, MAX_OPERAND)
+        prompt = tokenizer.apply_chat_template([{"role": "user", "content": question(a, b)}],
+                                               add_generation_prompt=True, tokenize=False)
+        prompt_ids = tokenizer(prompt, add_special_tokens=False).input_ids
+        answer_ids = tokenizer(rng.choice(all_answers(a, b, rng)), add_special_tokens=False).input_ids
+        examples.append((prompt_ids + answer_ids + [tokenizer.eos_token_id], len(prompt_ids)))
+    return examples
+
+
+def build_tiny_policy(rm_dir: str | Path, out_dir: str | Path, spec: TinyPolicySpec = TinyPolicySpec()) -> Path:
+    """Create (or reuse) the tiny policy for the RM in ``rm_dir`` under ``out_dir``; returns ``out_dir``."""
+    import torch
+    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+
+    out = Path(out_dir)
+    stamp = out / "tiny_policy_spec.json"
+    key = {**asdict(spec), "rm": str(Path(rm_dir).resolve())}
+    if stamp.exists() and json.loads(stamp.read_text()) == key:
+        return out
+    tokenizer = policy_tokenizer(rm_dir)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer), hidden_size=spec.hidden_size, intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_hidden_layers, num_attention_heads=spec.num_attention_heads,
+        num_key_value_heads=spec.num_key_value_heads, max_position_embeddings=spec.max_position_embeddings,
+        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, bos_token_id=None,
+        tie_word_embeddings=False, torch_dtype="float32",
+    )
+    torch.manual_seed(spec.seed)
+    model = Qwen2ForCausalLM(config)
+    _pretrain(model, tokenizer, spec)
+    model.generation_config = GenerationConfig(eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    stamp.write_text(json.dumps(key))
+    return out
+
+
+def _pretrain(model, tokenizer, spec: TinyPolicySpec) -> float:
+    """Next-token loss on the answers only; returns the last batch's loss."""
+    import torch
+
+    rng = random.Random(spec.seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=spec.sft_lr)
+    model.train()
+    loss = torch.tensor(0.0)
+    for _ in range(spec.sft_steps):
+        batch = sft_examples(tokenizer, spec.sft_batch, rng)
+        width = max(len(ids) for ids, _ in batch)
+        input_ids = torch.full((len(batch), width), tokenizer.pad_token_id)
+        labels = torch.full((len(batch), width), -100)
+        mask = torch.zeros((len(batch), width), dtype=torch.long)
+        for row, (ids, prompt_len) in enumerate(batch):
+            input_ids[row, : len(ids)] = torch.tensor(ids)
+            labels[row, prompt_len: len(ids)] = torch.tensor(ids[prompt_len:])
+            mask[row, : len(ids)] = 1
+        loss = model(input_ids=input_ids, attention_mask=mask, labels=labels).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    model.eval()
+    return float(loss)
