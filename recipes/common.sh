@@ -8,12 +8,17 @@
 #   RM_ARGS     extra vLLM engine flags, e.g. "--tensor-parallel-size 2"
 #   TRAIN_GPUS  CUDA_VISIBLE_DEVICES of the verl run; default: the visible GPUs minus RM_GPUS, so
 #               Ray never places a policy (or RM-trainer) worker on the reward server's GPU
+#   RM_SERVER_URL  use this running reward server instead of starting one
+#   VERL_VLLM_RM_CPU_PROFILE=1  the same recipe on a machine without a GPU: tiny sizes, 2 steps, verl's
+#               main_ppo made to run on CPU by verl_vllm_rm.dev.cpu_harness (MODEL, DATA and RM_PATH
+#               must then be tiny: `make test` runs every recipe this way)
 
 RM_PYTHON=${RM_PYTHON:-python}
 RM_PORT=${RM_PORT:-8001}
-RM_URL=${RM_URL:-http://127.0.0.1:${RM_PORT}}
+RM_URL=${RM_SERVER_URL:-${RM_URL:-http://127.0.0.1:${RM_PORT}}}
 
 start_reward_server() {
+    if [[ -n "${RM_SERVER_URL:-}" ]]; then echo "using the reward server at ${RM_SERVER_URL}"; return 0; fi
     [[ -n "${RM_PATH:-}" ]] || { echo "set RM_PATH to the reward model" >&2; exit 2; }
     CUDA_VISIBLE_DEVICES=${RM_GPUS:-${CUDA_VISIBLE_DEVICES:-}} \
         "$RM_PYTHON" -m verl_vllm_rm.server --model "$RM_PATH" --port "$RM_PORT" ${RM_ARGS:-} "$@" \
@@ -36,7 +41,13 @@ run_main_ppo() {
     local gpus
     gpus=$(train_gpus)
     if [[ -n "$gpus" ]]; then export CUDA_VISIBLE_DEVICES=$gpus; echo "verl runs on GPUs $gpus"; fi
-    python3 -m verl.trainer.main_ppo "$@"
+    local profile=()
+    if [[ "${VERL_VLLM_RM_CPU_PROFILE:-0}" == 1 ]]; then
+        export VERL_USE_EXTERNAL_MODULES=verl_vllm_rm.dev.cpu_harness${VERL_USE_EXTERNAL_MODULES:+,$VERL_USE_EXTERNAL_MODULES}
+        mapfile -t profile < <(python3 -m verl_vllm_rm.dev.tiny_ppo --cpu-profile 2)
+        [[ ${#profile[@]} -gt 0 ]] || { echo "could not build the CPU profile" >&2; exit 1; }
+    fi
+    python3 -m verl.trainer.main_ppo "$@" "${profile[@]}"
 }
 
 # The GPUs verl may use: TRAIN_GPUS, or the visible ones (CUDA_VISIBLE_DEVICES, else every

@@ -7,6 +7,8 @@
 #   MODEL=Qwen/Qwen2.5-1.5B-Instruct DATA=$HOME/data/helpfulness bash recipes/grpo_helpfulness_rm_only.sh
 # DATA/*.parquet rows carry the chat in "prompt" and the reference answer in
 # reward_model.ground_truth (or set reference_source=extra_info:<key>).
+# pairwise=always: verl 0.9.1's agent loop does not tell the reward manager which samples are
+# validation ones, so pairwise=auto would never compare; always costs one reference score per prompt.
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
 MODEL=${MODEL:-Qwen/Qwen2.5-1.5B-Instruct}
@@ -34,7 +36,7 @@ run_main_ppo \
     +reward.reward_kwargs.combine=replace \
     +reward.reward_kwargs.input_format=chat_template \
     +reward.reward_kwargs.rm_tokenizer_path="${RM_PATH:-/path/to/rm}" \
-    +reward.reward_kwargs.pairwise=auto \
+    +reward.reward_kwargs.pairwise=always \
     +reward.reward_kwargs.reference_source=ground_truth \
     +reward.reward_kwargs.missing_reference=skip \
     trainer.n_gpus_per_node="$N_GPUS" \

@@ -19,7 +19,7 @@ export N_GPUS=${N_GPUS:-6}
 export RM_SERVER_FLAGS="--enable-weight-updates ${RM_SERVER_FLAGS:-}"
 # verl imports this module in every process, which registers trainer mode vllm_rm_online.
 export VERL_USE_EXTERNAL_MODULES=verl_vllm_rm.sync.online_trainer
-RM_URL=${RM_URL:-http://127.0.0.1:${RM_PORT:-8001}}
+RM_URL=${RM_SERVER_URL:-${RM_URL:-http://127.0.0.1:${RM_PORT:-8001}}}
 
 # The weighted math recipe, plus the online RM trainer (later overrides win).
 exec bash "$(dirname "$0")/grpo_math_rm_weighted.sh" \

@@ -165,3 +165,23 @@ def grpo_groups(tokenizer):
         groups.append(Group(prompt, responses, ground_truth=str(a + b), data_source="openai/gsm8k",
                             raw_prompt=messages))
     return groups
+
+
+@pytest.fixture(scope="session")
+def online_rm_server(tiny_rm):
+    """A weight-update server for runs that train the RM online (head_only updates only: every run's
+    first publish replaces the head, so each run's parity holds whatever ran before)."""
+    with running_server(tiny_rm, [*SERVER_TEST_ARGS, "--enable-weight-updates"]) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def tiny_task(tmp_path_factory, tiny_rm) -> dict[str, Path]:
+    """The tiny policy on the session RM's tokenizer and the tiny task's parquet files."""
+    from verl_vllm_rm.dev.tiny_policy import build_tiny_policy
+    from verl_vllm_rm.dev.tiny_task import write_dataset
+
+    root = tmp_path_factory.mktemp("tiny_task")
+    train, val = write_dataset(root / "data")
+    (root / "data" / "test.parquet").write_bytes(val.read_bytes())  # the recipes' name for the val split
+    return {"policy": build_tiny_policy(tiny_rm, root / "policy"), "data": root / "data"}

@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 import urllib.request
 
 
@@ -43,9 +44,29 @@ def _tiny_rm(args: argparse.Namespace, rest: list[str]) -> int:
 
 
 def _demo(args: argparse.Namespace, rest: list[str]) -> int:
-    from verl_vllm_rm.demo.run import main as run_demo
+    from verl_vllm_rm.dev.demo import main as run_demo
+    from verl_vllm_rm.dev.tiny_ppo import TinyPPOError
 
-    run_demo(args.workdir, train_seconds=args.train_seconds, seed=args.seed)
+    try:
+        run_demo(args.workdir, train_seconds=args.train_seconds, seed=args.seed, steps=args.steps)
+    except TinyPPOError as e:
+        print(f"demo: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _tiny_ppo(args: argparse.Namespace, rest: list[str]) -> int:
+    from verl_vllm_rm.dev.tiny_ppo import TinyPPOConfig, TinyPPOError, print_summary, run_tiny_ppo
+
+    work_dir = args.work_dir or tempfile.mkdtemp(prefix="verl-vllm-rm-tiny-ppo-")
+    extra = rest[1:] if rest[:1] == ["--"] else rest
+    try:
+        cfg = TinyPPOConfig(work_dir, steps=args.steps, rm=args.rm, online=args.online, extra_overrides=extra,
+                            server_url=args.server_url, seed=args.seed)
+        print_summary(run_tiny_ppo(cfg))
+    except (TinyPPOError, ValueError) as e:
+        print(f"tiny-ppo: {e}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -102,14 +123,26 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--identical-tol", type=float, default=0.0, help="rows equal within this are identical")
     check.add_argument("--api-key", default=os.environ.get("VERL_VLLM_RM_API_KEY"))
     check.set_defaults(func=_check, passthrough=False)
-    demo = sub.add_parser("demo", help="the whole product on CPU: train, serve, score through verl, publish")
+    demo = sub.add_parser("demo", help="the whole loop on CPU: train a tiny RM, serve it, run verl's main_ppo "
+                          "GRPO with vllm_rm while the RM trains online")
     demo.add_argument("--workdir", help="where the tiny models go (default: a new temporary directory)")
     demo.add_argument("--train-seconds", type=float, default=60.0)
+    demo.add_argument("--steps", type=int, default=10, help="GRPO steps of main_ppo")
     demo.add_argument("--seed", type=int, default=0)
     demo.set_defaults(func=_demo, passthrough=False)
     bench = sub.add_parser("bench", help="run benchmarks/bench_*.py (JSON and summary.png into benchmarks/results/)")
     bench.add_argument("--only", nargs="*", help="substrings of benchmark names to run")
     bench.set_defaults(func=_bench, passthrough=False)
+    ppo = sub.add_parser("tiny-ppo", help="verl's real main_ppo GRPO with vllm_rm on CPU (tiny policy, any RM); "
+                         "further arguments after -- are Hydra overrides")
+    ppo.add_argument("--steps", type=int, default=8)
+    ppo.add_argument("--rm", help="reward model dir (default: the tiny RM, built and trained offline)")
+    ppo.add_argument("--online", default="off", choices=["off", "head_only", "lora", "full"],
+                     help="train the RM during the run and publish it into the server after every step")
+    ppo.add_argument("--work-dir", help="models, data, logs, rollouts, summary.json (default: a new temp dir)")
+    ppo.add_argument("--server-url", help="use this running reward server instead of starting one")
+    ppo.add_argument("--seed", type=int, default=0)
+    ppo.set_defaults(func=_tiny_ppo, passthrough=True)
     tiny = sub.add_parser("tiny-rm", help="build the offline tiny reward model used by tests and the demo")
     tiny.add_argument("out", help="output directory")
     tiny.set_defaults(func=_tiny_rm, passthrough=False)

@@ -113,4 +113,4 @@ def _pretrain(model, tokenizer, spec: TinyPolicySpec) -> float:
         loss.backward()
         optimizer.step()
     model.eval()
-    return float(loss)
+    return float(loss.detach())

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Hashable
+from typing import TYPE_CHECKING, Any, Hashable
 
 import torch
 import transfer_queue as tq
@@ -30,7 +30,12 @@ from transfer_queue import KVBatchMeta
 from verl.trainer.ppo.v1 import get_trainer_cls, register_trainer
 from verl.utils.debug import marked_timer
 
-from verl_vllm_rm.sync.hook import RM_STATE_FILE, OnlineRewardModel, OnlineRMConfig
+# ``verl_vllm_rm.sync.hook`` is imported where it is used: a Ray worker whose first import is the hook
+# (an RM trainer worker unpickling its class) imports verl from it, verl then imports this module
+# (VERL_USE_EXTERNAL_MODULES), and a module-level import of the half-initialised hook here would fail.
+
+if TYPE_CHECKING:
+    from verl_vllm_rm.sync.hook import OnlineRewardModel
 
 logger = logging.getLogger(__name__)
 
@@ -43,8 +48,10 @@ TOKEN_REWARD_FIELD = "rm_scores"
 Rollout = tuple[list[Hashable], list[list[int]], list[float]]
 
 
-def build_online_rm(config: DictConfig, pad_token_id: int) -> OnlineRewardModel:
+def build_online_rm(config: DictConfig, pad_token_id: int) -> "OnlineRewardModel":
     """The RM trainer worker group described by the run's ``online_rm`` section."""
+    from verl_vllm_rm.sync.hook import OnlineRewardModel, OnlineRMConfig
+
     if "online_rm" not in config:
         raise ValueError(f"trainer mode {TRAINER_MODE!r} needs an online_rm section: add "
                          "+online_rm.model_path=... +online_rm.server_url=... (see recipes/grpo_math_online_rm.sh)")
@@ -64,12 +71,14 @@ def resumed_folder(config: DictConfig, global_steps: int) -> str:
     return step_folder(config, global_steps)
 
 
-def resume_reward_model(online_rm: OnlineRewardModel, folder: str) -> dict[str, float]:
+def resume_reward_model(online_rm: "OnlineRewardModel", folder: str) -> dict[str, float]:
     """Continue the RM from the checkpoint in ``folder`` and publish it, so the server scores like it again.
 
     A checkpoint without RM state (saved by a run without online RM training) resumes
     from the initial RM, with a warning; that, too, is published.
     """
+    from verl_vllm_rm.sync.hook import RM_STATE_FILE
+
     rm_folder = os.path.join(folder, RM_CHECKPOINT_DIR)
     if not os.path.exists(os.path.join(rm_folder, RM_STATE_FILE)):
         logger.warning("checkpoint %s has no online RM state (%s): the RM restarts from online_rm.model_path",

@@ -32,10 +32,8 @@ import torch
 from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, TokenOutput
 
-BACKEND_NAME = "hf_cpu"
-#: When set, each generation (prompt ids, response ids, weight version) is appended to this JSONL file,
-#: so a test can tie verl's decoded rollout dump back to the exact token ids the reward server scored.
-GENERATION_LOG_ENV = "VERL_VLLM_RM_GENERATION_LOG"
+from verl_vllm_rm.dev.cpu_names import BACKEND_NAME, GENERATION_LOG_ENV
+
 
 
 def server_name(replica_rank: int) -> str:

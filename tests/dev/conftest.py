@@ -1,0 +1,58 @@
+"""Real ``main_ppo`` runs (verl's trainer on CPU through the harness, the real vLLM-CPU server),
+each started once per session and shared by the tests that check it."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import requests
+
+from verl_vllm_rm.dev.tiny_ppo import TinyPPOConfig, run_tiny_ppo
+
+
+def tiny_ppo(work_dir: Path, rm: str, server_url: str, steps: int, **kwargs) -> dict:
+    cfg = TinyPPOConfig(work_dir, steps=steps, rm=rm, server_url=server_url, **kwargs)
+    return run_tiny_ppo(cfg, on_step=None)
+
+
+@pytest.fixture(scope="session")
+def plain_run(tmp_path_factory, tiny_rm, rm_server) -> dict:
+    """vllm_rm in main_ppo: 2 GRPO steps against the session server, validation before and after."""
+    return tiny_ppo(tmp_path_factory.mktemp("ppo_plain"), tiny_rm, rm_server.url, steps=2)
+
+
+def generations(work_dir: Path) -> list[dict]:
+    path = Path(work_dir) / "generations.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def direct_scores(url: str, sequences: list[list[int]]) -> list[float]:
+    resp = requests.post(f"{url}/score", json={"input": sequences}, timeout=120)
+    resp.raise_for_status()
+    return [item["score"] for item in resp.json()["data"]]
+
+
+def expected_totals(dump: list[dict], gens: list[dict], tokenizer, url: str) -> list[tuple[dict, list[float], float]]:
+    """For each dump row: the candidate RM scores (direct /score of every generation that decodes to the
+    row's text) and the rule part of the tiny task's composition (gsm8k correctness + 0.5 * form)."""
+    from verl.utils.reward_score import default_compute_score
+
+    from verl_vllm_rm.dev.tiny_task import DATA_SOURCE
+
+    by_text: dict[tuple[str, str], list[list[int]]] = {}
+    for g in gens:
+        key = (tokenizer.decode(g["prompt_ids"], skip_special_tokens=True),
+               tokenizer.decode(g["response_ids"], skip_special_tokens=True))
+        by_text.setdefault(key, []).append(g["prompt_ids"] + g["response_ids"])
+    out = []
+    for row in dump:
+        sequences = by_text.get((row["input"], row["output"]))
+        assert sequences, f"no generation decodes to the dumped rollout {row['output']!r}"
+        text = row["output"]
+        rules = float(default_compute_score(DATA_SOURCE, text, row["gts"])) + 0.5 * float(
+            re.search("</think> The answer is .* #### ", text, re.DOTALL) is not None)
+        out.append((row, direct_scores(url, sequences), rules))
+    return out

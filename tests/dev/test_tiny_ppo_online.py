@@ -1,0 +1,102 @@
+"""Trainer mode ``vllm_rm_online`` in verl's real ``main_ppo``: one RM step per PPO step, published and
+parity-probed; RM state in verl's checkpoints and a resumed run; the reward server killed mid-run."""
+
+from __future__ import annotations
+
+import os
+import signal
+import pytest
+import torch
+from conftest import direct_scores, expected_totals, generations, tiny_ppo
+
+from verl_vllm_rm.dev.tiny_ppo import TinyPPOConfig, TinyPPOError, read_dump, read_metrics, run_tiny_ppo
+from verl_vllm_rm.server_process import free_port, running_server, start_server
+
+pytestmark = [pytest.mark.server, pytest.mark.ray]
+
+
+@pytest.fixture(scope="module")
+def online_runs(tmp_path_factory, tiny_rm, server_args):
+    """2 online steps (a checkpoint each), then the same run resumed to step 3, against one server."""
+    work = tmp_path_factory.mktemp("ppo_online")
+    with running_server(tiny_rm, [*server_args, "--enable-weight-updates"]) as server:
+        common = dict(online="head_only", validate=False, extra_overrides=["trainer.save_freq=1"])
+        first = tiny_ppo(work, tiny_rm, server.url, steps=2, **common)
+        resumed = tiny_ppo(work, tiny_rm, server.url, steps=3, **common)
+        probes = [g["prompt_ids"] + g["response_ids"] for g in generations(work)[-8:]]
+        served = direct_scores(server.url, probes)
+        yield work, first, resumed, probes, served
+
+
+def test_every_step_trains_publishes_and_matches_the_trainer(online_runs):
+    _, first, _, _, _ = online_runs
+    assert [s["rm_version"] for s in first["steps"]] == [1, 2]  # one publish per PPO step
+    for s in first["steps"]:
+        assert s["parity_max_abs"] is not None and s["parity_max_abs"] <= 1e-4, s
+
+
+def test_rm_state_is_in_verls_checkpoint_and_the_resumed_run_continues(online_runs, tiny_rm):
+    work, _, resumed, probes, served = online_runs
+    for step in (1, 2, 3):
+        assert (work / "checkpoints" / f"global_step_{step}" / "online_rm" / "rm_state.pt").is_file()
+    assert [s["step"] for s in resumed["steps"]] == [3]  # verl resumed from global_step_2
+    # The resume publishes the restored RM (version 3), step 3 publishes again (version 4).
+    assert resumed["steps"][0]["rm_version"] == 4
+    assert resumed["steps"][0]["parity_max_abs"] <= 1e-4
+    # The server scores like the RM saved after the resumed run's step.
+    from transformers import AutoModelForSequenceClassification
+
+    from verl_vllm_rm.hf_reference import sequence_scores
+
+    state = torch.load(work / "checkpoints" / "global_step_3" / "online_rm" / "rm_state.pt", weights_only=True)
+    model = AutoModelForSequenceClassification.from_pretrained(tiny_rm, dtype=torch.float32).eval()
+    model.load_state_dict(state["params"], strict=False)
+    assert state["steps"] == 3 and set(state["params"]) == {"score.weight"}
+    reference = sequence_scores(model, probes)
+    assert max(abs(a - b) for a, b in zip(served, reference)) <= 1e-4
+
+
+def test_reward_server_killed_and_restarted_during_a_step(tmp_path, tiny_rm, server_args):
+    """Retries cover the restart: the run completes and every reward is the restarted server's score."""
+    port = free_port()
+    servers = [start_server(tiny_rm, server_args, port=port)]
+
+    def kill_and_restart(step, metrics, version):
+        if step == 1:  # step 2 is generating: its rewards meet a dead server
+            os.killpg(servers[0].process.pid, signal.SIGKILL)
+            servers[0].process.wait()
+            servers.append(start_server(tiny_rm, server_args, port=port))
+
+    cfg = TinyPPOConfig(tmp_path / "kill", steps=3, rm=tiny_rm, server_url=servers[0].url, validate=False,
+                        extra_overrides=["+reward.reward_kwargs.max_retries=100",
+                                         "+reward.reward_kwargs.backoff_max_s=2"])
+    try:
+        summary = run_tiny_ppo(cfg, on_step=kill_and_restart)
+        assert len(servers) == 2, "the server was never killed"
+        assert [s["step"] for s in summary["steps"]] == [1, 2, 3]
+        for step in (2, 3):
+            dump = read_dump(cfg.work_dir, step)
+            assert dump and all(row["rm_valid"] == 1.0 for row in dump)
+        # Every RM score verl used after the restart is the server's score of that rollout.
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(summary["policy"])
+        for row, candidates, _ in expected_totals(read_dump(cfg.work_dir, 2), generations(cfg.work_dir),
+                                                  tokenizer, servers[-1].url):
+            assert min(abs(row["rm_score"] - c) for c in candidates) <= 1e-4
+    finally:
+        for server in servers:
+            server.stop()
+
+
+def test_unreachable_server_stops_the_run_naming_it(tmp_path, tiny_rm, dead_url):
+    """No retry can help: main_ppo stops with the plugin's error naming the server, and no step trained."""
+    cfg = TinyPPOConfig(tmp_path / "dead", steps=2, rm=tiny_rm, server_url=dead_url, validate=False,
+                        extra_overrides=["+reward.reward_kwargs.max_retries=1",
+                                         "+reward.reward_kwargs.deadline_s=5"])
+    with pytest.raises(TinyPPOError) as err:
+        run_tiny_ppo(cfg, on_step=None)
+    assert "main_ppo exited with code" in str(err.value)
+    log = (cfg.work_dir / "main_ppo.log").read_text(errors="replace")
+    assert "RewardServerError" in log and dead_url.split("//")[1] in log
+    assert not [step for step, m in read_metrics(cfg.work_dir) if "training/global_step" in m]

@@ -1,1 +1,0 @@
-"""``make demo`` / ``verl-vllm-rm demo``: the whole product on CPU in a few minutes."""
