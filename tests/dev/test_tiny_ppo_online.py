@@ -7,41 +7,41 @@ import os
 import signal
 import pytest
 import torch
-from conftest import direct_scores, expected_totals, generations, tiny_ppo
+from ppo_runs import direct_scores, expected_totals, generations, tiny_ppo
 
 from verl_vllm_rm.dev.tiny_ppo import TinyPPOConfig, TinyPPOError, read_dump, read_metrics, run_tiny_ppo
-from verl_vllm_rm.server_process import free_port, running_server, start_server
+from verl_vllm_rm.server_process import free_port, get_json, start_server
 
 pytestmark = [pytest.mark.server, pytest.mark.ray]
 
 
 @pytest.fixture(scope="module")
-def online_runs(tmp_path_factory, tiny_rm, server_args):
+def online_runs(tmp_path_factory, tiny_rm, tiny_task, online_rm_server):
     """2 online steps (a checkpoint each), then the same run resumed to step 3, against one server."""
     work = tmp_path_factory.mktemp("ppo_online")
-    with running_server(tiny_rm, [*server_args, "--enable-weight-updates"]) as server:
-        common = dict(online="head_only", validate=False, extra_overrides=["trainer.save_freq=1"])
-        first = tiny_ppo(work, tiny_rm, server.url, steps=2, **common)
-        resumed = tiny_ppo(work, tiny_rm, server.url, steps=3, **common)
-        probes = [g["prompt_ids"] + g["response_ids"] for g in generations(work)[-8:]]
-        served = direct_scores(server.url, probes)
-        yield work, first, resumed, probes, served
+    url = online_rm_server.url
+    start = get_json(f"{url}/runtime_version")["version"]
+    common = dict(online="head_only", validate=False, extra_overrides=["trainer.save_freq=1"])
+    first = tiny_ppo(work, tiny_rm, tiny_task["policy"], url, steps=2, **common)
+    resumed = tiny_ppo(work, tiny_rm, tiny_task["policy"], url, steps=3, **common)
+    probes = [g["prompt_ids"] + g["response_ids"] for g in generations(work)[-8:]]
+    return work, start, first, resumed, probes, direct_scores(url, probes)
 
 
 def test_every_step_trains_publishes_and_matches_the_trainer(online_runs):
-    _, first, _, _, _ = online_runs
-    assert [s["rm_version"] for s in first["steps"]] == [1, 2]  # one publish per PPO step
+    _, start, first, _, _, _ = online_runs
+    assert [s["rm_version"] for s in first["steps"]] == [start + 1, start + 2]  # one publish per PPO step
     for s in first["steps"]:
         assert s["parity_max_abs"] is not None and s["parity_max_abs"] <= 1e-4, s
 
 
 def test_rm_state_is_in_verls_checkpoint_and_the_resumed_run_continues(online_runs, tiny_rm):
-    work, _, resumed, probes, served = online_runs
+    work, start, _, resumed, probes, served = online_runs
     for step in (1, 2, 3):
         assert (work / "checkpoints" / f"global_step_{step}" / "online_rm" / "rm_state.pt").is_file()
     assert [s["step"] for s in resumed["steps"]] == [3]  # verl resumed from global_step_2
-    # The resume publishes the restored RM (version 3), step 3 publishes again (version 4).
-    assert resumed["steps"][0]["rm_version"] == 4
+    # The resume publishes the restored RM, step 3 publishes again.
+    assert resumed["steps"][0]["rm_version"] == start + 4
     assert resumed["steps"][0]["parity_max_abs"] <= 1e-4
     # The server scores like the RM saved after the resumed run's step.
     from transformers import AutoModelForSequenceClassification
@@ -56,7 +56,7 @@ def test_rm_state_is_in_verls_checkpoint_and_the_resumed_run_continues(online_ru
     assert max(abs(a - b) for a, b in zip(served, reference)) <= 1e-4
 
 
-def test_reward_server_killed_and_restarted_during_a_step(tmp_path, tiny_rm, server_args):
+def test_reward_server_killed_and_restarted_during_a_step(tmp_path, tiny_rm, tiny_task, server_args):
     """Retries cover the restart: the run completes and every reward is the restarted server's score."""
     port = free_port()
     servers = [start_server(tiny_rm, server_args, port=port)]
@@ -67,7 +67,8 @@ def test_reward_server_killed_and_restarted_during_a_step(tmp_path, tiny_rm, ser
             servers[0].process.wait()
             servers.append(start_server(tiny_rm, server_args, port=port))
 
-    cfg = TinyPPOConfig(tmp_path / "kill", steps=3, rm=tiny_rm, server_url=servers[0].url, validate=False,
+    cfg = TinyPPOConfig(tmp_path / "kill", steps=3, rm=tiny_rm, policy=str(tiny_task["policy"]),
+                        server_url=servers[0].url, validate=False,
                         extra_overrides=["+reward.reward_kwargs.max_retries=100",
                                          "+reward.reward_kwargs.backoff_max_s=2"])
     try:
@@ -89,9 +90,10 @@ def test_reward_server_killed_and_restarted_during_a_step(tmp_path, tiny_rm, ser
             server.stop()
 
 
-def test_unreachable_server_stops_the_run_naming_it(tmp_path, tiny_rm, dead_url):
+def test_unreachable_server_stops_the_run_naming_it(tmp_path, tiny_rm, tiny_task, dead_url):
     """No retry can help: main_ppo stops with the plugin's error naming the server, and no step trained."""
-    cfg = TinyPPOConfig(tmp_path / "dead", steps=2, rm=tiny_rm, server_url=dead_url, validate=False,
+    cfg = TinyPPOConfig(tmp_path / "dead", steps=2, rm=tiny_rm, policy=str(tiny_task["policy"]),
+                        server_url=dead_url, validate=False,
                         extra_overrides=["+reward.reward_kwargs.max_retries=1",
                                          "+reward.reward_kwargs.deadline_s=5"])
     with pytest.raises(TinyPPOError) as err:

@@ -21,8 +21,8 @@ def say(stage: str, text: str) -> None:
 
 
 def main(workdir: str | None = None, train_seconds: float = 60.0, seed: int = 0, steps: int = 10,
-         online: str = "full") -> dict:
-    from verl_vllm_rm.dev.tiny_ppo import TinyPPOConfig, print_summary, run_tiny_ppo
+         online: str = "lora") -> dict:
+    from verl_vllm_rm.dev.tiny_ppo import FORM_WEIGHT, TinyPPOConfig, print_summary, run_tiny_ppo
     from verl_vllm_rm.dev.tiny_task import train_tiny_rm
 
     t_start = time.monotonic()
@@ -31,10 +31,11 @@ def main(workdir: str | None = None, train_seconds: float = 60.0, seed: int = 0,
     rm = train_tiny_rm(work, train_seconds, seed)
     say("2/4", f"serve it with the real vLLM engine, then run verl's main_ppo GRPO for {steps} steps with "
                f"reward.reward_manager.name=vllm_rm")
-    print("reward = RM score + gsm8k correctness + 0.5 * answer form; after each PPO step the RM trains "
-          f"one step ({online}) on the run's rollouts and is published into the server (parity checked)")
+    print(f"reward = RM score + gsm8k correctness + {FORM_WEIGHT:g} * answer form; after each PPO step the RM "
+          f"trains one step ({online}) on the run's rollouts and is published into the server (parity checked)")
     print(f"(first step includes Ray start-up and warm-up; log: {work / 'main_ppo.log'})", flush=True)
-    cfg = TinyPPOConfig(work, steps=steps, rm=str(rm), online=online, seed=seed)
+    cfg = TinyPPOConfig(work, steps=steps, rm=str(rm), online=online, seed=seed, batch_prompts=8,
+                        extra_overrides=["actor_rollout_ref.actor.optim.lr=5e-4"])
     summary = run_tiny_ppo(cfg)
     say("3/4", "what verl trained on, step by step")
     print_summary(summary)

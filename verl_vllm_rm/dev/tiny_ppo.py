@@ -51,9 +51,9 @@ CPU_OVERRIDES = [
 #: The reward GRPO trains on: the RM's score + gsm8k correctness + 2 * the tiny task's answer form. The
 #: form rule keeps the tiny policy from settling on strings the tiny RM happens to over-score.
 FORM_WEIGHT = 2.0
+FORM_PATTERN = "</think> The answer is .* #### "
 REWARDS = ("{components:[rubric,verifiable,format],weights:{rubric:1.0,verifiable:1.0,format:%s},"
-           % FORM_WEIGHT +
-           "format:{pattern:'%s'}}" % "</think> The answer is .* #### ")
+           "format:{pattern:'%s'}}" % (FORM_WEIGHT, FORM_PATTERN))
 
 
 class TinyPPOError(RuntimeError):
@@ -65,6 +65,7 @@ class TinyPPOConfig:
     work_dir: Path
     steps: int = 8
     rm: str | None = None  # None: the tiny RM, built and trained offline in work_dir
+    policy: str | None = None  # None: the tiny policy, built on the RM's tokenizer in work_dir
     online: str = "off"
     extra_overrides: list[str] = field(default_factory=list)
     server_url: str | None = None  # None: start a server on the RM (and stop it at the end)
@@ -104,7 +105,10 @@ def prepare_inputs(cfg: TinyPPOConfig) -> Inputs:
         rm = Path(cfg.rm).resolve()
         if not (rm / "config.json").exists():
             raise TinyPPOError(f"--rm {rm}: no config.json there; give a *ForSequenceClassification checkpoint dir")
-    policy = build_tiny_policy(rm, cfg.work_dir / "tiny-policy", TinyPolicySpec(seed=cfg.seed))
+    if cfg.policy is None:
+        policy = build_tiny_policy(rm, cfg.work_dir / "tiny-policy", TinyPolicySpec(seed=cfg.seed))
+    else:
+        policy = Path(cfg.policy).resolve()
     train, val = write_dataset(cfg.work_dir / "data", seed=cfg.seed)
     return Inputs(rm, policy, train, val)
 
@@ -207,15 +211,19 @@ def _runtime_version(url: str) -> int | None:
 
 
 def run_main_ppo(cfg: TinyPPOConfig, inputs: Inputs, server_url: str,
-                 on_step: Callable[[int, dict, int | None], None] | None = None) -> dict[int, int | None]:
+                 on_step: Callable[[int, dict, int | None], None] | None = None,
+                 overrides: list[str] | None = None) -> dict[int, int | None]:
     """Run main_ppo to the end; ``on_step(step, metrics, rm_version)`` as each step's metrics land.
 
-    Returns the server's ``/runtime_version`` read right after each step.
+    ``overrides`` replaces :func:`main_ppo_overrides` (a benchmark's variants). Returns the server's
+    ``/runtime_version`` read right after each step.
     """
     for stale in ("metrics.jsonl", "generations.jsonl"):
         (cfg.work_dir / stale).unlink(missing_ok=True)
     log_path = cfg.work_dir / "main_ppo.log"
-    cmd = [sys.executable, "-m", "verl.trainer.main_ppo", *main_ppo_overrides(cfg, inputs, server_url)]
+    if overrides is None:
+        overrides = main_ppo_overrides(cfg, inputs, server_url)
+    cmd = [sys.executable, "-m", "verl.trainer.main_ppo", *overrides]
     (cfg.work_dir / "main_ppo.cmd").write_text(" \\\n  ".join(cmd) + "\n")
     versions: dict[int, int | None] = {}
     with open(log_path, "wb") as log:

