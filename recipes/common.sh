@@ -43,7 +43,7 @@ run_main_ppo() {
     if [[ -n "$gpus" ]]; then export CUDA_VISIBLE_DEVICES=$gpus; echo "verl runs on GPUs $gpus"; fi
     local profile=()
     if [[ "${VERL_VLLM_RM_CPU_PROFILE:-0}" == 1 ]]; then
-        export VERL_USE_EXTERNAL_MODULES=verl_vllm_rm.dev.cpu_harness${VERL_USE_EXTERNAL_MODULES:+,$VERL_USE_EXTERNAL_MODULES}
+        export VERL_USE_EXTERNAL_MODULES=verl_vllm_rm.dev.cpu_harness.activate${VERL_USE_EXTERNAL_MODULES:+,$VERL_USE_EXTERNAL_MODULES}
         mapfile -t profile < <(python3 -m verl_vllm_rm.dev.tiny_ppo --cpu-profile 2)
         [[ ${#profile[@]} -gt 0 ]] || { echo "could not build the CPU profile" >&2; exit 1; }
     fi

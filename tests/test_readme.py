@@ -28,3 +28,16 @@ def test_every_option_is_documented_and_every_documented_option_exists():
     fields = {f.name for f in dataclasses.fields(ManagerOptions)}
     assert fields - documented == set(), "options missing from the README"
     assert documented - fields == set(), "README documents options that do not exist"
+
+
+def test_opening_shows_tiny_ppo_as_the_way_to_try_any_rm():
+    opening = "\n".join(README.splitlines()[:40])
+    assert "verl-vllm-rm tiny-ppo --rm" in opening
+
+
+def test_every_cpu_harness_patch_is_documented():
+    from verl_vllm_rm.dev.cpu_harness.patches import PATCHES
+
+    section = README.split("## verl's own main_ppo on CPU")[1].split("\n## ")[0]
+    documented = set(re.findall(r"^\| `([a-z0-9-]+)` \|", section, re.M))
+    assert documented == {p.name for p in PATCHES}

@@ -56,7 +56,8 @@ def _demo(args: argparse.Namespace, rest: list[str]) -> int:
 
 
 def _tiny_ppo(args: argparse.Namespace, rest: list[str]) -> int:
-    from verl_vllm_rm.dev.tiny_ppo import TinyPPOConfig, TinyPPOError, print_summary, run_tiny_ppo
+    from verl_vllm_rm.dev.ppo_report import print_summary
+    from verl_vllm_rm.dev.tiny_ppo import TinyPPOConfig, TinyPPOError, run_tiny_ppo
 
     work_dir = args.work_dir or tempfile.mkdtemp(prefix="verl-vllm-rm-tiny-ppo-")
     extra = rest[1:] if rest[:1] == ["--"] else rest

@@ -25,8 +25,9 @@ def _python(code: str, **env: str) -> str:
 
 def test_every_patch_still_applies_to_the_installed_verl():
     """A verl upgrade that fixes (or moves) what a patch works around fails here, naming the patch."""
-    out = _python("import json, verl_vllm_rm.dev.cpu_harness as h; "
-                  "print(json.dumps([[p.name, p.verl_code, p.needed()] for p in h.PATCHES]))")
+    out = _python("import json, verl_vllm_rm.dev.cpu_harness.activate; "
+                  "from verl_vllm_rm.dev.cpu_harness.patches import PATCHES; "
+                  "print(json.dumps([[p.name, p.verl_code, p.needed()] for p in PATCHES]))")
     patches = json.loads(out)
     assert len(patches) >= 5
     stale = [f"{name} ({code})" for name, code, needed in patches if not needed]
@@ -35,7 +36,7 @@ def test_every_patch_still_applies_to_the_installed_verl():
 
 def test_the_harness_registers_cpu_and_the_rollout_backend():
     out = _python(
-        "import json, torch.distributed as d, verl_vllm_rm.dev.cpu_harness; "
+        "import json, torch.distributed as d, verl_vllm_rm.dev.cpu_harness.activate; "
         "from verl.utils.device import get_device_name, get_nccl_backend; "
         "from verl.workers.rollout.replica import RolloutReplicaRegistry; "
         "from verl.workers.rollout.base import get_rollout_class; "
@@ -48,7 +49,8 @@ def test_plugin_and_verl_never_load_the_harness():
     """The plugin's normal path (entry point, manager) leaves verl's platforms and torch untouched."""
     out = _python("import sys, json, verl, verl_vllm_rm.plugin, verl_vllm_rm.manager; "
                   "from verl.plugin.platform.platform_manager import PlatformRegistry; "
-                  "print(json.dumps(['verl_vllm_rm.dev.cpu_harness' in sys.modules, PlatformRegistry.get('cpu')]))")
+                  "print(json.dumps(['verl_vllm_rm.dev.cpu_harness.activate' in sys.modules, "
+                  "PlatformRegistry.get('cpu')]))")
     assert json.loads(out) == [False, None]
 
 
@@ -110,3 +112,14 @@ def test_policy_on_an_rm_tokenizer_without_chat_template(tmp_path, tiny_rm):
     policy_tok = AutoTokenizer.from_pretrained(out)
     assert policy_tok.chat_template == PLAIN_CHAT_TEMPLATE
     assert policy_tok("The answer is 7. #### 7").input_ids == tokenizer("The answer is 7. #### 7").input_ids
+
+
+def test_importing_the_harness_modules_changes_nothing():
+    """Only ``activate`` patches: this test session imported the rollout and the patch list above, and
+    an activated harness here would hand VERL_PLATFORM=cpu to every later Ray worker of the suite."""
+    import os
+
+    import verl_vllm_rm.dev.cpu_harness.patches  # noqa: F401
+
+    assert "verl_vllm_rm.dev.cpu_harness.activate" not in sys.modules
+    assert "VERL_PLATFORM" not in os.environ and "VERL_ENGINE_DEVICE" not in os.environ

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from ppo_runs import expected_totals, generations, tiny_ppo
 
-from verl_vllm_rm.dev.tiny_ppo import read_dump
+from verl_vllm_rm.dev.ppo_report import read_dump
 
 
 

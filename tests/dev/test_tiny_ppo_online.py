@@ -9,7 +9,8 @@ import pytest
 import torch
 from ppo_runs import direct_scores, expected_totals, generations, tiny_ppo
 
-from verl_vllm_rm.dev.tiny_ppo import TinyPPOConfig, TinyPPOError, read_dump, read_metrics, run_tiny_ppo
+from verl_vllm_rm.dev.ppo_report import read_dump, read_metrics
+from verl_vllm_rm.dev.tiny_ppo import TinyPPOConfig, TinyPPOError, run_tiny_ppo
 from verl_vllm_rm.server_process import free_port, get_json, start_server
 
 pytestmark = [pytest.mark.server, pytest.mark.ray]

@@ -1,7 +1,7 @@
 """Names the CPU harness and its callers share, importable without activating the harness
-(importing :mod:`verl_vllm_rm.dev.cpu_harness` patches verl in that process)."""
+(importing :mod:`verl_vllm_rm.dev.cpu_harness.activate` patches verl in that process)."""
 
-HARNESS_MODULE = "verl_vllm_rm.dev.cpu_harness"
+HARNESS_MODULE = "verl_vllm_rm.dev.cpu_harness.activate"
 BACKEND_NAME = "hf_cpu"  # actor_rollout_ref.rollout.name of the CPU rollout
 #: When set, each generation (prompt ids, response ids, weight version) is appended to this JSONL file,
 #: so a test can tie verl's decoded rollout dump back to the exact token ids the reward server scored.

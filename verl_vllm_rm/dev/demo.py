@@ -22,7 +22,8 @@ def say(stage: str, text: str) -> None:
 
 def main(workdir: str | None = None, train_seconds: float = 60.0, seed: int = 0, steps: int = 10,
          online: str = "lora") -> dict:
-    from verl_vllm_rm.dev.tiny_ppo import FORM_WEIGHT, TinyPPOConfig, print_summary, run_tiny_ppo
+    from verl_vllm_rm.dev.ppo_report import print_summary
+    from verl_vllm_rm.dev.tiny_ppo import FORM_WEIGHT, TinyPPOConfig, run_tiny_ppo
     from verl_vllm_rm.dev.tiny_task import train_tiny_rm
 
     t_start = time.monotonic()

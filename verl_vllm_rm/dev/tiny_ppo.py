@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Callable
 
 from verl_vllm_rm.dev.cpu_names import BACKEND_NAME, GENERATION_LOG_ENV, HARNESS_MODULE
-from verl_vllm_rm.dev.tiny_task import DATA_SOURCE
+from verl_vllm_rm.dev.ppo_report import plot, print_step, read_metrics, summarize
 
 ONLINE_MODES = ("off", "head_only", "lora", "full")
 ONLINE_MODULE = "verl_vllm_rm.sync.online_trainer"
@@ -253,100 +253,12 @@ def run_main_ppo(cfg: TinyPPOConfig, inputs: Inputs, server_url: str,
     return versions
 
 
-def read_metrics(work_dir: Path) -> list[tuple[int, dict]]:
-    """verl's file-logger lines ``(step, metrics)`` so far (a partly written last line is left for later)."""
-    path = Path(work_dir) / "metrics.jsonl"
-    if not path.exists():
-        return []
-    lines = []
-    for line in path.read_text().splitlines():
-        try:
-            entry = json.loads(line)
-        except json.JSONDecodeError:
-            break
-        lines.append((int(entry["step"]), entry["data"]))
-    return lines
-
-
 def first_error(log_path: Path) -> str:
     """The most telling line of a failed run's log: the last exception raised, else its last line."""
     lines = Path(log_path).read_text(errors="replace").splitlines()
     markers = ("Error:", "Exception:", "error:")
     errors = [line.strip() for line in lines if any(m in line for m in markers) and "Warning" not in line]
     return errors[-1] if errors else (lines[-1].strip() if lines else "(empty log)")
-
-
-def read_dump(work_dir: Path, step: int) -> list[dict]:
-    path = Path(work_dir) / "rollouts" / f"{step}.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
-
-VAL_SECTIONS = ("val-core/", "val-aux/")  # verl's validation metrics: <section>/<data_source>/<key>/<stat>
-
-
-def _mean(values: list) -> float | None:
-    values = [float(v) for v in values if v is not None]
-    return sum(values) / len(values) if values else None
-
-
-def summarize(cfg: TinyPPOConfig, versions: dict[int, int | None]) -> dict:
-    """``summary.json``'s content: one entry per step, the validation figures, and where things are."""
-    metrics = dict(read_metrics(cfg.work_dir))
-    steps = []
-    for step in sorted(versions):
-        m = metrics.get(step, {})
-        dump = read_dump(cfg.work_dir, step)
-        steps.append({
-            "step": step,
-            "reward_mean": m.get("critic/rewards/mean"),
-            "rm_score_mean": _mean([row.get("rm_score") for row in dump]),
-            "verifiable_mean": _mean([row.get("verifiable_score") for row in dump]),
-            "form_mean": _mean([row.get("format") for row in dump]),
-            "rm_version": versions[step],
-            "parity_max_abs": m.get("rm/parity_max_abs_diff") if cfg.online != "off" else None,
-            "step_s": m.get("timing_s/step"),
-        })
-    validation = {step: {k.split("/", 1)[1]: v for k, v in m.items() if k.startswith(VAL_SECTIONS)}
-                  for step, m in metrics.items() if any(k.startswith(VAL_SECTIONS) for k in m)}
-    return {
-        "online": cfg.online,
-        "steps": steps,
-        "validation": validation,
-        "rollout_data_dir": str(cfg.work_dir / "rollouts"),
-        "metrics_file": str(cfg.work_dir / "metrics.jsonl"),
-        "main_ppo_log": str(cfg.work_dir / "main_ppo.log"),
-        "plot": str(cfg.work_dir / "reward_per_step.png"),
-    }
-
-
-def plot(summary: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    steps = [s["step"] for s in summary["steps"]]
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    for key, label in (("reward_mean", "reward (what GRPO trained on)"), ("rm_score_mean", "RM score"),
-                       ("form_mean", "answer form"), ("verifiable_mean", "gsm8k correctness")):
-        values = [s[key] for s in summary["steps"]]
-        if any(v is not None for v in values):
-            ax.plot(steps, values, marker="o", label=label)
-    ax.set_xlabel("PPO step")
-    ax.set_ylabel("mean per sample")
-    ax.set_title(f"main_ppo GRPO with vllm_rm (online RM: {summary['online']})")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-
-
-def print_step(step: int, metrics: dict, version: int | None) -> None:
-    parity = metrics.get("rm/parity_max_abs_diff")
-    extra = f"  parity max|server-trainer|={parity:.1e}" if parity is not None else ""
-    print(f"step {step:>3}: reward {metrics.get('critic/rewards/mean', float('nan')):+.3f}  "
-          f"rm_version {version}  {metrics.get('timing_s/step', float('nan')):.1f} s{extra}", flush=True)
 
 
 def run_tiny_ppo(cfg: TinyPPOConfig, on_step: Callable[[int, dict, int | None], None] | None = print_step) -> dict:
@@ -368,27 +280,11 @@ def run_tiny_ppo(cfg: TinyPPOConfig, on_step: Callable[[int, dict, int | None], 
     finally:
         if server is not None:
             server.stop()
-    summary = summarize(cfg, versions)
+    summary = summarize(cfg.work_dir, cfg.online, versions)
     summary.update(rm=str(inputs.rm), policy=str(inputs.policy), server_url=url)
     plot(summary, Path(summary["plot"]))
     (cfg.work_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
-
-
-def print_summary(summary: dict) -> None:
-    def fmt(v, spec):
-        return format(v, spec) if v is not None else "-"
-
-    print(f"\n{'step':>4} {'reward':>8} {'rm score':>9} {'form':>6} {'correct':>8} {'rm_version':>10} {'parity':>9}")
-    for s in summary["steps"]:
-        print(f"{s['step']:>4} {fmt(s['reward_mean'], '+8.3f')} {fmt(s['rm_score_mean'], '+9.3f')} "
-              f"{fmt(s['form_mean'], '6.2f')} {fmt(s['verifiable_mean'], '8.2f')} {fmt(s['rm_version'], '>10')} "
-              f"{fmt(s['parity_max_abs'], '9.1e')}")
-    for step, figures in sorted(summary["validation"].items()):
-        wins = {k.rsplit("/", 2)[-2]: v for k, v in figures.items() if k.endswith(("/win/mean@1", "/win_and/mean@1"))}
-        print(f"validation at step {step}: " + ", ".join(f"{k}={v:.2f}" for k, v in sorted(wins.items())))
-    print(f"\nsummary: {Path(summary['plot']).parent / 'summary.json'}\nplot: {summary['plot']}\n"
-          f"rollout dump: {summary['rollout_data_dir']}")
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ Each :class:`Patch` says what it changes, why, and how to tell that the installe
 verl still needs it (``needed``): ``tests/dev/test_cpu_harness.py`` fails loudly
 when a patch no longer applies, naming it, so a verl upgrade never runs on a
 silently stale harness. Nothing here runs unless the harness is imported
-(``VERL_USE_EXTERNAL_MODULES=verl_vllm_rm.dev.cpu_harness``), and the harness
+(``VERL_USE_EXTERNAL_MODULES=verl_vllm_rm.dev.cpu_harness.activate``), and the harness
 refuses to load where a GPU is visible.
 
 Run settings that are plain Hydra overrides (not patches) live with the command
@@ -161,6 +161,33 @@ def _dump_extra_info_needed() -> bool:
     return 'reward_extra_infos_dict = {"uid": ' in source and "self._dump_generations(" in source
 
 
+def _unpin_ref_offload() -> None:
+    import dataclasses
+
+    from verl.workers.engine.fsdp import transformer_impl
+
+    policy = transformer_impl.CPUOffloadPolicy
+    if getattr(policy, "_vrm_unpinned", False):
+        return
+
+    @dataclasses.dataclass
+    class UnpinnedCPUOffloadPolicy(policy):
+        """FSDP2's CPU offload without pinned host memory (pinning needs an accelerator)."""
+
+        _vrm_unpinned = True
+
+        def __post_init__(self) -> None:
+            self.pin_memory = False
+
+    transformer_impl.CPUOffloadPolicy = UnpinnedCPUOffloadPolicy
+
+
+def _unpin_needed() -> bool:
+    from verl.workers.engine.fsdp import transformer_impl
+
+    return "CPUOffloadPolicy(pin_memory=True)" in inspect.getsource(transformer_impl.FSDPEngine._build_fsdp_module)
+
+
 PATCHES: tuple[Patch, ...] = (
     Patch(
         name="cpu-platform",
@@ -194,6 +221,15 @@ PATCHES: tuple[Patch, ...] = (
             "'hf_cpu' (a transformers copy of the policy) is added to both registries",
         needed=_rollout_needed,
         apply=_register_rollout,
+    ),
+    Patch(
+        name="unpinned-ref-offload",
+        verl_code="verl/workers/engine/fsdp/transformer_impl.py: FSDPEngine._build_fsdp_module",
+        why="a forward-only FSDP2 model (the reference policy of use_kl_loss=True) always gets "
+            "CPUOffloadPolicy(pin_memory=True), and pinning host memory raises 'Cannot access accelerator "
+            "device when none is available'; the policy is made without pinning",
+        needed=_unpin_needed,
+        apply=_unpin_ref_offload,
     ),
     Patch(
         name="rollout-dump-extra-info",
