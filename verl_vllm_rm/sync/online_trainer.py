@@ -87,8 +87,16 @@ def resume_reward_model(online_rm: "OnlineRewardModel", folder: str) -> dict[str
     return online_rm.resume(rm_folder)
 
 
-def _extra_reward(extra_fields: Any, key: str) -> float:
-    info = extra_fields.get("reward_extra_info", {}) if isinstance(extra_fields, dict) else {}
+def reward_extra_info(row: Any) -> dict[str, Any]:
+    """The reward manager's ``reward_extra_info`` of one trajectory, from its TransferQueue ``extra_fields``
+    row (one-element lists unwrapped)."""
+    fields = getattr(row, "data", row)
+    info = fields.get("reward_extra_info", {}) if isinstance(fields, dict) else {}
+    return {k: (v[0] if isinstance(v, (list, tuple)) and len(v) == 1 else v) for k, v in info.items()}
+
+
+def _extra_reward(row: Any, key: str) -> float:
+    info = reward_extra_info(row)
     if key not in info:
         raise KeyError(f"online_rm.reward_key={key!r} is not in this rollout's reward_extra_info (it has "
                        f"{sorted(info)}); set +online_rm.reward_key to one of these or to {TOKEN_REWARD_FIELD!r}")
@@ -111,7 +119,7 @@ def read_rollout(batch: KVBatchMeta, reward_key: str) -> Rollout:
     if reward_field == TOKEN_REWARD_FIELD:
         rewards = [float(row.sum()) for row in data[TOKEN_REWARD_FIELD].unbind()]
     else:
-        rewards = [_extra_reward(getattr(row, "data", row), reward_key) for row in data["extra_fields"]]
+        rewards = [_extra_reward(row, reward_key) for row in data["extra_fields"]]
     return list(data["uid"]), sequences, rewards
 
 

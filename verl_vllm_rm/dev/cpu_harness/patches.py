@@ -132,8 +132,10 @@ def _dump_reward_extra_info() -> None:
             keys = reward_extra_infos_dict["uid"]  # verl passes the batch keys in dump order
             import transfer_queue as tq
 
+            from verl_vllm_rm.sync.online_trainer import reward_extra_info
+
             rows = tq.kv_batch_get(keys=keys, partition_id=batch.partition_id, select_fields=["extra_fields"])
-            infos = [_reward_extra_info(row) for row in rows["extra_fields"]]
+            infos = [reward_extra_info(row) for row in rows["extra_fields"]]
             for name in sorted({name for info in infos for name in info}):
                 reward_extra_infos_dict.setdefault(name, [info.get(name) for info in infos])
             return dump(reward_extra_infos_dict=reward_extra_infos_dict, **kwargs)
@@ -146,12 +148,6 @@ def _dump_reward_extra_info() -> None:
 
     log_rollout_data._vrm_extra_info = True
     PPOTrainer._log_rollout_data = log_rollout_data
-
-
-def _reward_extra_info(row) -> dict:
-    fields = getattr(row, "data", row)
-    info = fields.get("reward_extra_info", {}) if isinstance(fields, dict) else {}
-    return {k: (v[0] if isinstance(v, (list, tuple)) and len(v) == 1 else v) for k, v in info.items()}
 
 
 def _dump_extra_info_needed() -> bool:
