@@ -12,20 +12,19 @@ import requests
 import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-from verl_vllm_rm.dev.tiny_task import preference_pairs
+from verl_vllm_rm.dev.tiny_task import encode_pairs, preference_pairs
 from verl_vllm_rm.hf_reference import sequence_scores
 from verl_vllm_rm.server_process import running_server
 from verl_vllm_rm.sync import RewardModelPublisher
 from verl_vllm_rm.tiny_rm import build_tiny_rm
-from verl_vllm_rm.training.bt import BradleyTerryTrainer, collate_pairs, prepare_reward_model
+from verl_vllm_rm.training.bt import BradleyTerryTrainer, prepare_reward_model
 
 
 def train_and_publish(server_url: str, model_path: str, modes: list[str], steps: int = 3) -> list[dict]:
     """BT steps from the model at ``model_path``, each published; one record per step with the parity."""
     tok = AutoTokenizer.from_pretrained(model_path)
     pairs = preference_pairs(64, seed=1)
-    batch = collate_pairs([tok(p.prompt + p.chosen).input_ids for p in pairs],
-                          [tok(p.prompt + p.rejected).input_ids for p in pairs], tok.pad_token_id)
+    batch = encode_pairs(tok, pairs)
     probes = [tok(p.prompt + p.chosen).input_ids for p in pairs[:8]]
     records = []
     with RewardModelPublisher(server_url) as publisher:
