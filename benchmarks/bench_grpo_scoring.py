@@ -30,8 +30,8 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def make_groups(tokenizer, rng, n_prompts: int, n_responses: int, prompt_len: int, response_len: int):
-    from verl_vllm_rm.grpo_batch import Group
-    from verl_vllm_rm.tiny_rm import synthetic_corpus
+    from verl_vllm_rm.dev.grpo_batch import Group
+    from verl_vllm_rm.dev.tiny_rm import synthetic_corpus
 
     words = " ".join(synthetic_corpus(n_lines=200, seed=1)).split()
 
@@ -94,7 +94,7 @@ def run_one_request(url, rows) -> float:
 
 
 def bench_shape(server_url, model, tokenizer, shape, reps, seed) -> dict:
-    from verl_vllm_rm.grpo_batch import build_batch, row_token_ids
+    from verl_vllm_rm.dev.grpo_batch import build_batch, row_token_ids
 
     n_prompts, n_responses, prompt_len, response_len = shape
     rng = np.random.default_rng(seed)
@@ -130,8 +130,8 @@ def main(argv=None) -> dict:
 
     from transformers import AutoTokenizer
 
-    from verl_vllm_rm.server_process import running_server
-    from verl_vllm_rm.tiny_rm import build_tiny_rm
+    from verl_vllm_rm.dev.server_launcher import running_server
+    from verl_vllm_rm.dev.tiny_rm import build_tiny_rm
 
     model = str(build_tiny_rm(Path(tempfile.gettempdir()) / "verl-vllm-rm-bench-tiny-rm"))
     tokenizer = AutoTokenizer.from_pretrained(model)

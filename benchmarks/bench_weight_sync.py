@@ -31,10 +31,10 @@ from pathlib import Path
 
 import torch
 
-from verl_vllm_rm.server_process import free_port
-from verl_vllm_rm.sync.inventory import ParamSpec
-from verl_vllm_rm.sync.wire import DEFAULT_BUCKET_BYTES, BufferPool, open_group, pack, plan_buckets
-from verl_vllm_rm.tiny_rm import TinyRMSpec, build_tiny_rm
+from verl_vllm_rm.dev.server_launcher import free_port
+from verl_vllm_rm.protocol.inventory import ParamSpec
+from verl_vllm_rm.protocol.wire import DEFAULT_BUCKET_BYTES, BufferPool, open_group, pack, plan_buckets
+from verl_vllm_rm.dev.tiny_rm import TinyRMSpec, build_tiny_rm
 
 RESULTS = Path(__file__).resolve().parent / "results"
 MODELS = {
@@ -84,8 +84,8 @@ def raw_broadcast_s(backend: str, sizes: list[int], reps: int) -> list[float]:
 def bench_model(name: str, workdir: Path, modes: list[str], reps: int, bucket_bytes: int) -> list[dict]:
     from transformers import AutoModelForSequenceClassification
 
-    from verl_vllm_rm.server_process import running_server
-    from verl_vllm_rm.sync import RewardModelPublisher
+    from verl_vllm_rm.dev.server_launcher import running_server
+    from verl_vllm_rm.weight_sync import RewardModelPublisher
 
     path = build_tiny_rm(workdir / name, MODELS[name])
     model = AutoModelForSequenceClassification.from_pretrained(path, dtype=torch.float32)

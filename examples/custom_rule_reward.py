@@ -15,9 +15,9 @@ from hydra import compose, initialize_config_dir
 from transformers import AutoTokenizer
 from verl.trainer.ppo.reward import load_reward_manager
 
-from verl_vllm_rm.grpo_batch import Group, build_batch
-from verl_vllm_rm.server_process import running_server
-from verl_vllm_rm.tiny_rm import build_tiny_rm
+from verl_vllm_rm.dev.grpo_batch import Group, build_batch
+from verl_vllm_rm.dev.server_launcher import running_server
+from verl_vllm_rm.dev.tiny_rm import build_tiny_rm
 
 RESPONSES = [" <think>add</think> <answer>7, thanks</answer>", " The answer is 7.", " please: 7"]
 WEIGHTS = {"rubric": 0.8, "verifiable": 0.5, "format": 1.0}

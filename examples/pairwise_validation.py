@@ -14,9 +14,9 @@ from hydra import compose, initialize_config_dir
 from transformers import AutoTokenizer
 from verl.trainer.ppo.reward import load_reward_manager
 
-from verl_vllm_rm.grpo_batch import Group, build_batch
-from verl_vllm_rm.server_process import running_server
-from verl_vllm_rm.tiny_rm import build_tiny_rm
+from verl_vllm_rm.dev.grpo_batch import Group, build_batch
+from verl_vllm_rm.dev.server_launcher import running_server
+from verl_vllm_rm.dev.tiny_rm import build_tiny_rm
 
 REFERENCE = " <think>add 3 and 4</think> The answer is 7."
 RESPONSES = [REFERENCE, " The answer is 7.", " The answer is 8.", " so so so so"]

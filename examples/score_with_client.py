@@ -6,9 +6,9 @@
 import asyncio
 import tempfile
 
-from verl_vllm_rm.client import VLLMRewardClient
-from verl_vllm_rm.server_process import running_server
-from verl_vllm_rm.tiny_rm import build_tiny_rm
+from verl_vllm_rm.scoring.client import VLLMRewardClient
+from verl_vllm_rm.dev.server_launcher import running_server
+from verl_vllm_rm.dev.tiny_rm import build_tiny_rm
 
 TEXTS = ["What is 2 + 2? The answer is 4.", "What is 2 + 2? The answer is 5.", "so so so so"]
 

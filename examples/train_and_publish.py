@@ -13,11 +13,11 @@ import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from verl_vllm_rm.dev.tiny_task import encode_pairs, preference_pairs
-from verl_vllm_rm.hf_reference import sequence_scores
-from verl_vllm_rm.server_process import running_server
-from verl_vllm_rm.sync import RewardModelPublisher
-from verl_vllm_rm.tiny_rm import build_tiny_rm
-from verl_vllm_rm.training.bt import BradleyTerryTrainer, prepare_reward_model
+from verl_vllm_rm.parity.reference import sequence_scores
+from verl_vllm_rm.dev.server_launcher import running_server
+from verl_vllm_rm.weight_sync import RewardModelPublisher
+from verl_vllm_rm.dev.tiny_rm import build_tiny_rm
+from verl_vllm_rm.online.bt import BradleyTerryTrainer, prepare_reward_model
 
 
 def train_and_publish(server_url: str, model_path: str, modes: list[str], steps: int = 3) -> list[dict]:

@@ -18,7 +18,7 @@ PUBLISH_EVERY=${PUBLISH_EVERY:-1}
 export N_GPUS=${N_GPUS:-6}
 export RM_SERVER_FLAGS="--enable-weight-updates ${RM_SERVER_FLAGS:-}"
 # verl imports this module in every process, which registers trainer mode vllm_rm_online.
-export VERL_USE_EXTERNAL_MODULES=verl_vllm_rm.sync.online_trainer
+export VERL_USE_EXTERNAL_MODULES=verl_vllm_rm.online.trainer_mode
 RM_URL=${RM_SERVER_URL:-${RM_URL:-http://127.0.0.1:${RM_PORT:-8001}}}
 
 # The weighted math recipe, plus the online RM trainer (later overrides win).
@@ -32,6 +32,6 @@ exec bash "$(dirname "$0")/grpo_math_rm_weighted.sh" \
     +online_rm.reward_key=verifiable_score \
     +online_rm.lr=1e-5 \
     +online_rm.num_workers="${RM_TRAIN_GPUS:-1}" \
-    +ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES=verl_vllm_rm.sync.online_trainer \
+    +ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES=verl_vllm_rm.online.trainer_mode \
     trainer.experiment_name=grpo_gsm8k_online_rm \
     "$@"

@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 import requests
 
-from verl_vllm_rm.server_process import running_server
-from verl_vllm_rm.tiny_rm import STEP, build_tiny_rm, synthetic_corpus
+from verl_vllm_rm.dev.server_launcher import running_server
+from verl_vllm_rm.dev.tiny_rm import STEP, build_tiny_rm, synthetic_corpus
+from verl_vllm_rm.online.bt import collate_pairs
 
 ROOT = Path(__file__).resolve().parents[1]
 # fp32 + eager: exact parity with transformers and a fast start on CPU.
@@ -41,7 +42,7 @@ def tokenizer(tiny_rm):
 
 @pytest.fixture(scope="session")
 def hf_model(tiny_rm):
-    from verl_vllm_rm.hf_reference import load_reward_model
+    from verl_vllm_rm.parity.reference import load_reward_model
 
     return load_reward_model(tiny_rm)
 
@@ -108,7 +109,7 @@ def fault_proxy(rm_server):
 @pytest.fixture(scope="session")
 def dead_url() -> str:
     """A loopback URL with nothing listening (connection refused)."""
-    from verl_vllm_rm.server_process import free_port
+    from verl_vllm_rm.dev.server_launcher import free_port
 
     return f"http://127.0.0.1:{free_port()}"
 
@@ -151,7 +152,7 @@ def verl_config(tiny_rm):
 @pytest.fixture(scope="session")
 def grpo_groups(tokenizer):
     """4 prompts x 4 responses of different lengths, with gsm8k-style ground truths."""
-    from verl_vllm_rm.grpo_batch import Group
+    from verl_vllm_rm.dev.grpo_batch import Group
 
     groups = []
     for a, b in [(3, 4), (12, 30), (7, 8), (100, 23)]:
@@ -185,3 +186,46 @@ def tiny_task(tmp_path_factory, tiny_rm) -> dict[str, Path]:
     train, val = write_dataset(root / "data")
     (root / "data" / "test.parquet").write_bytes(val.read_bytes())  # the recipes' name for the val split
     return {"policy": build_tiny_policy(tiny_rm, root / "policy"), "data": root / "data"}
+
+
+@pytest.fixture(scope="session")
+def ws_server(tiny_rm, server_args):
+    """The reward server with weight updates enabled (gloo transport on CPU)."""
+    with running_server(tiny_rm, [*server_args, "--enable-weight-updates"]) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def probe_ids(tokenizer) -> list[list[int]]:
+    """Eight probe sequences of different lengths (token ids)."""
+    lines = synthetic_corpus(n_lines=8, seed=99)
+    return [tokenizer(line[: 20 + 9 * i])["input_ids"] for i, line in enumerate(lines)]
+
+
+@pytest.fixture(scope="session")
+def preference_batch(tokenizer):
+    """Arithmetic pairs: chosen states the right answer, rejected a wrong one."""
+    rng = random.Random(5)
+    chosen, rejected = [], []
+    for _ in range(8):
+        a, b = rng.randint(0, 99), rng.randint(0, 99)
+        chosen.append(tokenizer(f"What is {a} + {b}? The answer is {a + b}.")["input_ids"])
+        rejected.append(tokenizer(f"What is {a} + {b}? The answer is {a + b + rng.randint(1, 9)}.")["input_ids"])
+    return collate_pairs(chosen, rejected, tokenizer.pad_token_id)
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """A local Ray cluster for the verl worker-group tests of one module.
+
+    16 logical CPUs: each worker group holds a placement group for the module's life,
+    and TransferQueue's controller and storage units take one each.
+    """
+    import ray
+
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=16, include_dashboard=False, log_to_driver=False)
+    yield
+    if started:
+        ray.shutdown()

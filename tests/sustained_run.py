@@ -61,7 +61,7 @@ def main(argv: list[str]) -> None:
     from transformers import AutoTokenizer
 
     from verl.trainer.ppo.reward import load_reward_manager
-    from verl_vllm_rm.grpo_batch import Group, build_batch
+    from verl_vllm_rm.dev.grpo_batch import Group, build_batch
 
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     config = compose_verl_config([

@@ -4,6 +4,9 @@ import asyncio
 import math
 
 import pytest
+from sync_helpers import reset_server
+
+MODES = ["head_only", "lora", "full"]
 
 
 def test_score_with_client(rm_server, load_example):
@@ -28,3 +31,14 @@ def test_custom_rule_reward(rm_server, tiny_rm, load_example):
     w = example.WEIGHTS
     for total, rubric, polite, fmt in zip(info["score"], info["rm_score"], info["verifiable_score"], info["format"]):
         assert total == pytest.approx(w["rubric"] * rubric + w["verifiable"] * polite + w["format"] * fmt, abs=1e-6)
+
+
+MODES = ["head_only", "lora", "full"]
+
+
+def test_train_and_publish_example(ws_server, tiny_rm, load_example):
+    start = reset_server(ws_server.url, tiny_rm)
+    records = load_example("train_and_publish").train_and_publish(ws_server.url, tiny_rm, MODES, steps=2)
+    assert [r["mode"] for r in records] == [m for m in MODES for _ in range(2)]
+    assert [r["version"] for r in records] == list(range(start + 1, start + 7))
+    assert max(r["max_diff"] for r in records) < 1e-4

@@ -6,17 +6,17 @@ import sys
 from importlib.metadata import entry_points
 from pathlib import Path
 
-from verl_vllm_rm.server_process import find_server_python
+from verl_vllm_rm.dev.server_launcher import find_server_python
 
 ROOT = Path(__file__).resolve().parents[1]
-TRAINER_MODULES = ["verl_vllm_rm.tiny_rm", "verl_vllm_rm.server_process", "verl_vllm_rm.hf_reference"]
+TRAINER_MODULES = ["verl_vllm_rm.dev.tiny_rm", "verl_vllm_rm.dev.server_launcher", "verl_vllm_rm.parity.reference"]
 
 
 def test_console_script_and_plugin_entry_point_are_declared():
     scripts = {ep.name: ep.value for ep in entry_points(group="console_scripts")}
     assert scripts["verl-vllm-rm"] == "verl_vllm_rm.cli:main"
     plugins = {ep.name: ep.value for ep in entry_points(group="verl.plugins")}
-    assert plugins["vllm_rm"] == "verl_vllm_rm.plugin"
+    assert plugins["vllm_rm"] == "verl_vllm_rm.scoring.plugin"
 
 
 def test_trainer_side_imports_without_vllm():
@@ -28,7 +28,7 @@ def test_trainer_side_imports_without_vllm():
 
 def test_server_side_imports_without_verl():
     code = (
-        "import sys, verl_vllm_rm.server.entry, verl_vllm_rm.server.routes; "
+        "import sys, verl_vllm_rm.server.entry, verl_vllm_rm.server.score.router; "
         "assert not any(m == 'verl' or m.startswith('verl.') for m in sys.modules)"
     )
     subprocess.run([find_server_python(), "-c", code], check=True)

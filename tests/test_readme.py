@@ -4,7 +4,7 @@ import dataclasses
 import re
 from pathlib import Path
 
-from verl_vllm_rm.config import ManagerOptions
+from verl_vllm_rm.scoring.options import ManagerOptions
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()

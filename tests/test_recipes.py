@@ -12,8 +12,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from verl.trainer.ppo.reward import resolve_reward_manager_cls
-from verl_vllm_rm.config import parse_options
-from verl_vllm_rm.manager import VLLMRewardManager
+from verl_vllm_rm.scoring.options import parse_options
+from verl_vllm_rm.scoring.manager import VLLMRewardManager
 
 RECIPES = sorted(p for p in (Path(__file__).resolve().parents[1] / "recipes").glob("*.sh") if p.name != "common.sh")
 

@@ -11,7 +11,7 @@ import urllib.request
 
 
 def _serve(args: argparse.Namespace, rest: list[str]) -> int:
-    from verl_vllm_rm.server_process import find_server_python
+    from verl_vllm_rm.dev.server_launcher import find_server_python
 
     python = args.server_python or find_server_python()
     os.execv(python, [python, "-m", "verl_vllm_rm.server", *rest])
@@ -37,7 +37,7 @@ def _score(args: argparse.Namespace, rest: list[str]) -> int:
 
 
 def _tiny_rm(args: argparse.Namespace, rest: list[str]) -> int:
-    from verl_vllm_rm.tiny_rm import build_tiny_rm
+    from verl_vllm_rm.dev.tiny_rm import build_tiny_rm
 
     print(build_tiny_rm(args.out))
     return 0
@@ -74,7 +74,7 @@ def _tiny_ppo(args: argparse.Namespace, rest: list[str]) -> int:
 def _bench(args: argparse.Namespace, rest: list[str]) -> int:
     import runpy
 
-    from verl_vllm_rm.server_process import REPO_ROOT
+    from verl_vllm_rm.dev.server_launcher import REPO_ROOT
 
     scripts = sorted((REPO_ROOT / "benchmarks").glob("bench_*.py"))
     if not scripts:
@@ -91,7 +91,7 @@ def _bench(args: argparse.Namespace, rest: list[str]) -> int:
 
 
 def _check(args: argparse.Namespace, rest: list[str]) -> int:
-    from verl_vllm_rm.diagnostics.check import run_check
+    from verl_vllm_rm.parity.check import run_check
 
     report = run_check(args.url, args.model, probes=args.probes, threshold=args.threshold, api_key=args.api_key,
                        zero_norm=args.zero_norm, identical_tol=args.identical_tol)

@@ -47,7 +47,7 @@ def test_the_harness_registers_cpu_and_the_rollout_backend():
 
 def test_plugin_and_verl_never_load_the_harness():
     """The plugin's normal path (entry point, manager) leaves verl's platforms and torch untouched."""
-    out = _python("import sys, json, verl, verl_vllm_rm.plugin, verl_vllm_rm.manager; "
+    out = _python("import sys, json, verl, verl_vllm_rm.scoring.plugin, verl_vllm_rm.scoring.manager; "
                   "from verl.plugin.platform.platform_manager import PlatformRegistry; "
                   "print(json.dumps(['verl_vllm_rm.dev.cpu_harness.activate' in sys.modules, "
                   "PlatformRegistry.get('cpu')]))")

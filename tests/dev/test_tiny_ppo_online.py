@@ -11,7 +11,7 @@ from ppo_runs import direct_scores, expected_totals, generations, tiny_ppo
 
 from verl_vllm_rm.dev.ppo_report import read_dump, read_metrics
 from verl_vllm_rm.dev.tiny_ppo import TinyPPOConfig, TinyPPOError, run_tiny_ppo
-from verl_vllm_rm.server_process import free_port, get_json, start_server
+from verl_vllm_rm.dev.server_launcher import free_port, get_json, start_server
 
 pytestmark = [pytest.mark.server, pytest.mark.ray]
 
@@ -47,7 +47,7 @@ def test_rm_state_is_in_verls_checkpoint_and_the_resumed_run_continues(online_ru
     # The server scores like the RM saved after the resumed run's step.
     from transformers import AutoModelForSequenceClassification
 
-    from verl_vllm_rm.hf_reference import sequence_scores
+    from verl_vllm_rm.parity.reference import sequence_scores
 
     state = torch.load(work / "checkpoints" / "global_step_3" / "online_rm" / "rm_state.pt", weights_only=True)
     model = AutoModelForSequenceClassification.from_pretrained(tiny_rm, dtype=torch.float32).eval()

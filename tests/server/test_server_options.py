@@ -3,10 +3,10 @@
 import pytest
 import requests
 
-from verl_vllm_rm.sync import RewardModelPublisher, WeightUpdateRefused
+from verl_vllm_rm.weight_sync import RewardModelPublisher, WeightUpdateRefused
 
-from verl_vllm_rm.hf_reference import sequence_scores, step_scores
-from verl_vllm_rm.server_process import running_server
+from verl_vllm_rm.parity.reference import sequence_scores, step_scores
+from verl_vllm_rm.dev.server_launcher import running_server
 
 KEY = "test-secret"
 AUTH = {"Authorization": f"Bearer {KEY}"}

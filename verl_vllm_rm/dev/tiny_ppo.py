@@ -22,7 +22,7 @@ from verl_vllm_rm.dev.cpu_names import BACKEND_NAME, GENERATION_LOG_ENV, HARNESS
 from verl_vllm_rm.dev.ppo_report import plot, print_step, read_metrics, summarize
 
 ONLINE_MODES = ("off", "head_only", "lora", "full")
-ONLINE_MODULE = "verl_vllm_rm.sync.online_trainer"
+ONLINE_MODULE = "verl_vllm_rm.online.trainer_mode"
 SERVER_ARGS = ["--dtype", "float32", "--max-model-len", "512", "--enforce-eager"]
 
 #: Hydra overrides verl 0.9.1 needs on CPU (settings, not patches; the patches are in cpu_harness.patches).
@@ -202,7 +202,7 @@ def main_ppo_env(cfg: TinyPPOConfig) -> dict[str, str]:
 
 
 def _runtime_version(url: str) -> int | None:
-    from verl_vllm_rm.server_process import get_json
+    from verl_vllm_rm.dev.server_launcher import get_json
 
     try:
         return int(get_json(f"{url}/runtime_version", timeout=5.0)["version"])
@@ -263,7 +263,7 @@ def first_error(log_path: Path) -> str:
 
 def run_tiny_ppo(cfg: TinyPPOConfig, on_step: Callable[[int, dict, int | None], None] | None = print_step) -> dict:
     """Build the inputs, serve the RM, run main_ppo; returns the summary (also in ``summary.json``)."""
-    from verl_vllm_rm.server_process import ServerStartError, start_server
+    from verl_vllm_rm.dev.server_launcher import ServerStartError, start_server
 
     inputs = prepare_inputs(cfg)
     server = None

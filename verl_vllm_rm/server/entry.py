@@ -19,9 +19,9 @@ from vllm import envs
 from vllm.platforms import current_platform
 
 from verl_vllm_rm.server import auth
-from verl_vllm_rm.server.routes import RewardServerState, install_reward_routes
+from verl_vllm_rm.server.score.router import RewardServerState, install_reward_routes
 from verl_vllm_rm.server.runtime_dir import private_tmpdir
-from verl_vllm_rm.sync.names import DEFAULT_HEAD_PATTERNS
+from verl_vllm_rm.protocol.names import DEFAULT_HEAD_PATTERNS
 
 DEFAULT_PORT = 8001
 WORKER_EXTENSION = "verl_vllm_rm.server.worker_extension.WeightSyncWorkerExtension"
@@ -136,7 +136,7 @@ def _hooked_build_app(original):
         install_reward_routes(app)
         app.state.reward = _reward_state(args, model_config)
         if args.enable_weight_updates:
-            from verl_vllm_rm.server.weight_routes import install_weight_routes
+            from verl_vllm_rm.server.weights.router import install_weight_routes
 
             patterns = tuple(p.strip() for p in args.weight_update_head_patterns.split(",") if p.strip())
             install_weight_routes(app, args.weight_update_backend, patterns, args.weight_update_max_bytes)

@@ -5,7 +5,7 @@ vLLM's native machinery drives the lifecycle (``init_weight_transfer_engine`` ->
 ``collective_rpc`` into every worker); this module supplies the engine it calls.
 vLLM ships NCCL engines whose trainer side needs vllm itself; ours builds a plain
 ``ProcessGroupGloo`` (CPU) or ``ProcessGroupNCCL`` (GPU) on a store the trainer
-hosts, so the trainer needs torch only (:mod:`verl_vllm_rm.sync.wire`).
+hosts, so the trainer needs torch only (:mod:`verl_vllm_rm.protocol.wire`).
 
 Atomicity: ``update_weights`` only *stages* the received buckets (on a
 background thread, so the worker keeps scoring meanwhile); the model is
@@ -28,8 +28,8 @@ import torch
 from vllm.distributed.weight_transfer import WeightTransferEngine, WeightTransferEngineFactory
 from vllm.distributed.weight_transfer.base import WeightTransferInitInfo, WeightTransferUpdateInfo
 
-from verl_vllm_rm.sync.inventory import ParamSpec, module_key
-from verl_vllm_rm.sync.wire import BufferPool, TransferGroup, open_group, plan_buckets, unpack
+from verl_vllm_rm.protocol.inventory import ParamSpec, module_key
+from verl_vllm_rm.protocol.wire import BufferPool, TransferGroup, open_group, plan_buckets, unpack
 
 ENGINE_BACKENDS = {"gloo": "gloo", "torch_nccl": "nccl"}
 
@@ -207,7 +207,7 @@ class WeightSyncWorkerExtension:
         """
         from vllm.model_executor.model_loader import get_model_loader
 
-        from verl_vllm_rm.sync.wire import dtype_name
+        from verl_vllm_rm.protocol.wire import dtype_name
 
         model = self.model_runner.get_model()
         model_config = self.vllm_config.model_config

@@ -23,7 +23,7 @@ _later: list[str] = []
 if "verl" not in sys.modules:
     # A process whose first import is this module (a Ray actor unpickling an hf_cpu class) imports
     # verl below, and verl then imports every module in VERL_USE_EXTERNAL_MODULES. One of them may
-    # ask verl for its platform at import time (verl_vllm_rm.sync.online_trainer does, through
+    # ask verl for its platform at import time (verl_vllm_rm.online.trainer_mode does, through
     # verl's trainer), before the cpu platform exists: verl imports only this module then, and
     # the others follow once the patches are in.
     _modules = os.environ.get(_ENV, "")

@@ -132,7 +132,7 @@ def _dump_reward_extra_info() -> None:
             keys = reward_extra_infos_dict["uid"]  # verl passes the batch keys in dump order
             import transfer_queue as tq
 
-            from verl_vllm_rm.sync.online_trainer import reward_extra_info
+            from verl_vllm_rm.online.trainer_mode import reward_extra_info
 
             rows = tq.kv_batch_get(keys=keys, partition_id=batch.partition_id, select_fields=["extra_fields"])
             infos = [reward_extra_info(row) for row in rows["extra_fields"]]

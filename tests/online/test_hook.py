@@ -1,0 +1,111 @@
+"""The verl path: preference pairs from a rollout batch, the RM step as a verl worker method
+(real Ray worker group, ``@register`` dispatch), and the publish hook after it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from sync_helpers import PARITY_ATOL, max_diff, reset_server, runtime_version, server_scores
+
+from verl_vllm_rm.online.pairs import best_vs_worst_pairs, rollout_sequences
+
+
+@pytest.fixture(scope="module")
+def rollout(tokenizer):
+    """4 prompts x 4 responses in verl's layout (left-padded prompts, right-padded responses),
+    with a verifiable reward: 1 for the right sum, 0 otherwise."""
+    pad = tokenizer.pad_token_id
+    rows, uids, rewards = [], [], []
+    for g, (a, b) in enumerate([(3, 4), (12, 30), (7, 8), (40, 2)]):
+        prompt = tokenizer(f"What is {a} + {b}?").input_ids
+        for k, answer in enumerate([a + b + 1, a + b, a * b, a + b]):
+            rows.append((prompt, tokenizer(f" <think>{'add ' * k}</think> The answer is {answer}.").input_ids))
+            uids.append(f"group-{g}")
+            rewards.append(float(answer == a + b))
+    p_len, r_len = max(len(p) for p, _ in rows), max(len(r) for _, r in rows)
+    prompts = torch.full((len(rows), p_len), pad)
+    responses = torch.full((len(rows), r_len), pad)
+    mask = torch.zeros((len(rows), p_len + r_len), dtype=torch.long)
+    for i, (p, r) in enumerate(rows):
+        prompts[i, p_len - len(p):], responses[i, : len(r)] = torch.tensor(p), torch.tensor(r)
+        mask[i, p_len - len(p): p_len + len(r)] = 1
+    return uids, rollout_sequences(prompts, responses, mask), rewards, [p + r for p, r in rows]
+
+
+def test_pairs_are_best_vs_worst_of_each_group(rollout):
+    uids, sequences, rewards, unpadded = rollout
+    assert sequences == unpadded
+    chosen, rejected = best_vs_worst_pairs(uids, sequences, rewards)
+    assert chosen == [unpadded[4 * g + 1] for g in range(4)]  # first correct response of each group
+    assert rejected == [unpadded[4 * g] for g in range(4)]  # first wrong one
+    assert best_vs_worst_pairs(uids, sequences, [1.0] * len(uids)) == ([], [])  # no gap, no signal
+
+
+def test_rm_step_worker_method_publishes_every_n_steps(ray_cluster, ws_server, tiny_rm, tokenizer, rollout,
+                                                       probe_ids):
+    from verl_vllm_rm.online.hook import OnlineRewardModel, OnlineRMConfig
+
+    reset_server(ws_server.url, tiny_rm)
+    config = OnlineRMConfig(model_path=tiny_rm, server_url=ws_server.url, training_mode="lora", publish_every=2,
+                            lr=5e-3, lora_rank=4, use_gpu=False, timeout_s=60, parity_every=1)
+    online = OnlineRewardModel(config, tokenizer.pad_token_id)
+    uids, sequences, rewards, _ = rollout
+    start = runtime_version(ws_server.url)
+    for step in range(1, 5):
+        metrics = online.train_on_rollout(uids, sequences, rewards)
+        assert metrics["rm/pairs"] == 4 and metrics["rm/bt_loss"] > 0
+        trainer_scores = online.worker_group.reference_scores(probe_ids)[0]
+        served = server_scores(ws_server.url, probe_ids)
+        if step % 2 == 0:
+            assert metrics["rm/published_version"] == start + step // 2
+            assert metrics["rm/parity_max_abs_diff"] <= PARITY_ATOL  # the probe ran on the step's own pairs
+            assert metrics["rm/parity_mult_error"] <= 1.05
+            assert max_diff(served, trainer_scores) <= PARITY_ATOL
+        else:
+            assert "rm/published_version" not in metrics
+            assert max_diff(served, trainer_scores) > 1e-3  # trained but not yet published
+        assert runtime_version(ws_server.url) == start + step // 2
+
+
+def test_online_rm_recipe_options_are_valid():
+    import os
+    import subprocess
+    from pathlib import Path
+
+    from omegaconf import OmegaConf
+
+    from verl_vllm_rm.online.hook import OnlineRMConfig
+
+    recipe = Path(__file__).resolve().parents[2] / "recipes" / "grpo_math_online_rm.sh"
+    env = dict(os.environ, VERL_VLLM_RM_DRY_RUN="1", RM_PATH="/models/rm")
+    overrides = subprocess.run(["bash", str(recipe)], env=env, capture_output=True, text=True,
+                               check=True).stdout.splitlines()
+    assert "trainer.v1.trainer_mode=vllm_rm_online" in overrides
+    options = OmegaConf.to_container(OmegaConf.from_dotlist(
+        [o.removeprefix("+online_rm.") for o in overrides if o.startswith("+online_rm.")]))
+    config = OnlineRMConfig.from_dict(options)
+    assert (config.model_path, config.training_mode, config.reward_key) == ("/models/rm", "lora", "verifiable_score")
+    with pytest.raises(ValueError, match="valid options"):
+        OnlineRMConfig.from_dict({**options, "learning_rate": 1e-5})
+
+
+def test_two_rm_workers_average_gradients_and_publish_once_per_step(ray_cluster, ws_server, tiny_rm, tokenizer,
+                                                                    rollout, probe_ids):
+    """``num_workers=2``: verl splits the pairs, the replicas average gradients and stay identical, and
+    rank 0 publishes one version per step (rank 1 takes part in the collective publish)."""
+    from verl_vllm_rm.online.hook import OnlineRewardModel, OnlineRMConfig
+
+    reset_server(ws_server.url, tiny_rm)
+    config = OnlineRMConfig(model_path=tiny_rm, server_url=ws_server.url, training_mode="lora", lr=5e-3,
+                            lora_rank=4, use_gpu=False, timeout_s=60, parity_every=1, num_workers=2)
+    online = OnlineRewardModel(config, tokenizer.pad_token_id)
+    uids, sequences, rewards, _ = rollout
+    start = runtime_version(ws_server.url)
+    for step in (1, 2):
+        metrics = online.train_on_rollout(uids, sequences, rewards)
+        assert metrics["rm/pairs"] == 2  # each rank's half of the 4 pairs
+        assert metrics["rm/published_version"] == start + step
+        rank0, rank1 = online.worker_group.reference_scores(probe_ids)
+        assert max_diff(rank0, rank1) <= 1e-6  # replicas stayed identical
+        assert max_diff(server_scores(ws_server.url, probe_ids), rank0) <= PARITY_ATOL
+    assert runtime_version(ws_server.url) == start + 2

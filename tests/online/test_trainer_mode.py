@@ -1,0 +1,222 @@
+"""Trainer mode ``vllm_rm_online`` (``online_trainer.py``) with verl's own pieces.
+
+verl's PPO step itself needs GPUs (rollout replicas, FSDP actor), so these tests
+run everything around it for real: the trainer class built from verl's composed
+config inside a Ray worker that found it through ``VERL_USE_EXTERNAL_MODULES``
+(the recipe's route), and the RM step reading a PPO step's trajectories from a
+real TransferQueue, written field by field as verl's agent loop writes them
+(``AgentLoopOutput.as_dict`` + ``list_of_dict_to_tensordict``, padding rows by
+verl's ``upsample_batch_to_divisible_size``), then training and publishing into
+the real server.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from sync_helpers import PARITY_ATOL, max_diff, reset_server, runtime_version, server_scores
+
+RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "grpo_math_online_rm.sh"
+MODULE = "verl_vllm_rm.online.trainer_mode"
+
+
+def recipe_overrides(**env: str) -> list[str]:
+    """The trainer overrides ``recipes/grpo_math_online_rm.sh`` passes to main_ppo."""
+    run_env = dict(os.environ, VERL_VLLM_RM_DRY_RUN="1", RM_PATH="/models/rm", **env)
+    return subprocess.run(["bash", str(RECIPE)], env=run_env, capture_output=True, text=True,
+                          check=True).stdout.splitlines()
+
+
+def test_ray_worker_finds_the_trainer_mode_and_it_behaves_as_sync(ray_cluster, compose_config):
+    """Built like main_ppo's task runner builds it: verl's registry, the recipe's config."""
+    import cloudpickle
+    import ray
+
+    overrides = recipe_overrides()
+    assert f"+ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES={MODULE}" in overrides
+    config = compose_config(overrides)
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+    @ray.remote(runtime_env={"env_vars": {"VERL_USE_EXTERNAL_MODULES": MODULE}})
+    def build(config):
+        import verl  # noqa: F401  (imports the modules named by VERL_USE_EXTERNAL_MODULES)
+        from verl.trainer.ppo.v1 import get_trainer_cls
+
+        trainer = get_trainer_cls(config.trainer.v1.trainer_mode)(config)
+        return type(trainer).__name__, type(trainer.replay_buffer).__name__, trainer.trainer_mode
+
+    # verl keys the replay buffer, refill and checkpoints off trainer_mode: "sync", not the async buffer.
+    assert ray.get(build.remote(config)) == ("OnlineRewardModelTrainer", "ReplayBuffer", "sync")
+
+
+@pytest.fixture(scope="module")
+def queue(ray_cluster):
+    import transfer_queue as tq
+
+    tq.init()
+    yield tq
+    tq.close()
+
+
+def put_trajectories(tq, groups: dict[str, list[tuple[list[int], list[int], float]]]):
+    """Write rollouts to the TransferQueue as verl's agent loop does; returns their KVBatchMeta.
+
+    ``groups``: uid -> [(prompt ids, response ids, verifiable score)]. The token-level
+    ``rm_scores`` carry 10x the verifiable score, so the two reward keys give different pairs.
+    """
+    from transfer_queue import KVBatchMeta
+    from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, AgentLoopOutput
+    from verl.utils.tensordict_utils import list_of_dict_to_tensordict
+
+    keys, fields, tags = [], [], []
+    for uid, rows in groups.items():
+        for session, (prompt, response, score) in enumerate(rows):
+            output = AgentLoopOutput(prompt_ids=prompt, response_ids=response, response_mask=[1] * len(response),
+                                     reward_score=10 * score, metrics=AgentLoopMetrics(),
+                                     extra_fields={"reward_extra_info": {"verifiable_score": score}})
+            field = output.as_dict()
+            field.update(uid=uid, session_id=session, global_steps=1)
+            keys.append(f"{uid}_{session}_0")
+            fields.append(field)
+            tags.append({"status": "success", "seq_len": len(prompt) + len(response)})
+    tq.kv_batch_put(keys=keys, partition_id="train", fields=list_of_dict_to_tensordict(fields), tags=tags)
+    return KVBatchMeta(partition_id="train", keys=keys, tags=tags)
+
+
+@pytest.fixture(scope="module")
+def step_rollout(queue, tokenizer):
+    """One PPO step's rollouts: 4 prompts x 3 responses, one right answer each, padded by verl to 16 rows."""
+    from verl.trainer.ppo.padding_utils import upsample_batch_to_divisible_size
+
+    groups = {}
+    for g, (a, b) in enumerate([(3, 4), (12, 30), (7, 8), (40, 2)]):
+        prompt = tokenizer(f"What is {a} + {b}?").input_ids
+        groups[f"q{g}"] = [(prompt, tokenizer(f" The answer is {answer}.").input_ids, float(answer == a + b))
+                           for answer in (a + b + 1, a + b, a * b)]
+    batch = upsample_batch_to_divisible_size(put_trajectories(queue, groups), 8, tokenizer.eos_token_id)
+    assert len(batch) == 16 and sum(tag.get("is_padding", False) for tag in batch.tags) == 4
+    return groups, batch
+
+
+def test_read_rollout_gives_unpadded_sequences_and_either_reward(step_rollout):
+    from verl_vllm_rm.online.trainer_mode import read_rollout
+
+    from verl_vllm_rm.online.hook import OnlineRMConfig
+
+    groups, batch = step_rollout
+    default_key = OnlineRMConfig(model_path="rm", server_url="http://rm").reward_key  # not the RM's own score
+    uids, sequences, rewards = read_rollout(batch, default_key)
+    rows = [(uid, prompt + response, score) for uid, group in groups.items() for prompt, response, score in group]
+    assert (uids, sequences, rewards) == tuple(map(list, zip(*rows)))  # verl's padding rows are skipped
+    assert read_rollout(batch, "rm_scores")[2] == [10 * score for *_, score in rows]
+
+
+def test_a_reward_key_the_rollout_lacks_is_named_with_the_ones_it_has(step_rollout):
+    from verl_vllm_rm.online.trainer_mode import read_rollout
+
+    with pytest.raises(KeyError, match=r"reward_key='acc'.*\['verifiable_score'\].*rm_scores"):
+        read_rollout(step_rollout[1], "acc")
+
+
+def test_trainer_without_online_rm_options_names_them(compose_config):
+    from verl_vllm_rm.online.trainer_mode import build_online_rm
+
+    with pytest.raises(ValueError, match=r"online_rm section.*\+online_rm.model_path"):
+        build_online_rm(compose_config(["trainer.v1.trainer_mode=vllm_rm_online"]), 0)
+
+
+def test_rm_step_after_a_ppo_step_trains_on_the_queue_and_publishes(step_rollout, compose_config, ws_server,
+                                                                    tiny_rm, tokenizer, probe_ids):
+    from verl_vllm_rm.online.trainer_mode import OnlineRewardModelTrainer, build_online_rm
+
+    reset_server(ws_server.url, tiny_rm)
+    options = dict(model_path=tiny_rm, server_url=ws_server.url, training_mode="lora", lora_rank=4, lr=5e-3,
+                   use_gpu=False, timeout_s=60, parity_every=1, reward_key="verifiable_score")
+    config = compose_config(["trainer.v1.trainer_mode=vllm_rm_online", *[f"+online_rm.{k}={v}" for k, v in
+                                                                           options.items()]])
+    trainer = OnlineRewardModelTrainer(config)
+    trainer.online_rm = build_online_rm(config, tokenizer.pad_token_id)  # what init() adds after verl's setup
+    start = runtime_version(ws_server.url)
+    before = server_scores(ws_server.url, probe_ids)
+    for step in (1, 2):
+        metrics = trainer.train_reward_model(step_rollout[1])
+        assert metrics["rm/pairs"] == 4 and metrics["rm/bt_loss"] > 0  # one pair per prompt group, none of padding
+        assert metrics["rm/published_version"] == start + step
+        assert metrics["rm/parity_max_abs_diff"] <= PARITY_ATOL
+    served = server_scores(ws_server.url, probe_ids)
+    assert max_diff(served, trainer.online_rm.worker_group.reference_scores(probe_ids)[0]) <= PARITY_ATOL
+    assert max_diff(served, before) > 1e-3
+    assert torch.isfinite(torch.tensor(served)).all()
+
+
+def online_rm(tiny_rm: str, url: str, pad_id: int, mode: str = "lora"):
+    """An RM trainer worker group that publishes only when told to (resume), never per step."""
+    from verl_vllm_rm.online.hook import OnlineRewardModel, OnlineRMConfig
+
+    config = OnlineRMConfig(model_path=tiny_rm, server_url=url, training_mode=mode, lora_rank=4, lr=5e-3,
+                            use_gpu=False, timeout_s=60, parity_every=1, publish_every=10**6)
+    return OnlineRewardModel(config, pad_id)
+
+
+def test_resume_restores_the_rm_and_its_optimizer_and_republishes(step_rollout, ws_server, tiny_rm, tokenizer,
+                                                                  probe_ids, tmp_path):
+    from verl_vllm_rm.online.trainer_mode import RM_CHECKPOINT_DIR, read_rollout, resume_reward_model
+
+    rollout = read_rollout(step_rollout[1], "verifiable_score")
+    first = online_rm(tiny_rm, ws_server.url, tokenizer.pad_token_id)
+    for _ in range(2):
+        first.train_on_rollout(*rollout)
+    folder = tmp_path / "global_step_2"
+    first.save_checkpoint(str(folder / RM_CHECKPOINT_DIR))
+    trained = first.worker_group.reference_scores(probe_ids)[0]
+
+    reset_server(ws_server.url, tiny_rm)  # as after a restart: the server serves the initial RM
+    assert max_diff(server_scores(ws_server.url, probe_ids), trained) > 1e-3
+    resumed = online_rm(tiny_rm, ws_server.url, tokenizer.pad_token_id)
+    metrics = resume_reward_model(resumed, str(folder))
+    assert metrics["rm/parity_max_abs_diff"] <= PARITY_ATOL  # probed on the last step's chosen responses
+    assert max_diff(server_scores(ws_server.url, probe_ids), trained) <= PARITY_ATOL
+    assert max_diff(resumed.worker_group.reference_scores(probe_ids)[0], trained) == 0
+
+    # AdamW's moments came back too: one more step moves both models identically.
+    first.train_on_rollout(*rollout)
+    resumed.train_on_rollout(*rollout)
+    after = first.worker_group.reference_scores(probe_ids)[0]
+    assert max_diff(after, trained) > 1e-3
+    assert max_diff(resumed.worker_group.reference_scores(probe_ids)[0], after) <= 1e-6
+
+
+def test_resume_refuses_another_modes_state_and_falls_back_to_the_initial_rm(step_rollout, ws_server, tiny_rm,
+                                                                            tokenizer, probe_ids, hf_model,
+                                                                            tmp_path, caplog):
+    from verl_vllm_rm.parity.reference import sequence_scores
+    from verl_vllm_rm.online.trainer_mode import RM_CHECKPOINT_DIR, read_rollout, resume_reward_model
+
+    lora = online_rm(tiny_rm, ws_server.url, tokenizer.pad_token_id)
+    lora.train_on_rollout(*read_rollout(step_rollout[1], "verifiable_score"))
+    lora.save_checkpoint(str(tmp_path / "global_step_1" / RM_CHECKPOINT_DIR))
+    full = online_rm(tiny_rm, ws_server.url, tokenizer.pad_token_id, mode="full")
+    with pytest.raises(Exception, match="does not match this model's trainable parameters.*training_mode"):
+        resume_reward_model(full, str(tmp_path / "global_step_1"))
+
+    # A checkpoint without RM state: the initial RM continues, and the server is brought back to it.
+    lora.resume(None)  # the server now serves the trained LoRA model
+    with caplog.at_level("WARNING", logger="verl_vllm_rm.online.trainer_mode"):
+        resume_reward_model(full, str(tmp_path / "global_step_7"))
+    assert "no online RM state" in caplog.text
+    assert max_diff(server_scores(ws_server.url, probe_ids), sequence_scores(hf_model, probe_ids)) <= PARITY_ATOL
+
+
+def test_the_resumed_folder_is_the_one_verl_resumed(compose_config, tmp_path, monkeypatch):
+    from verl_vllm_rm.online.trainer_mode import resumed_folder
+
+    monkeypatch.chdir(tmp_path)  # verl resolves a relative default_local_dir against the working directory
+    auto = compose_config(["trainer.default_local_dir=ckpts/run", "trainer.resume_mode=auto"])
+    assert resumed_folder(auto, 3) == str(tmp_path / "ckpts" / "run" / "global_step_3")
+    path = compose_config(["trainer.resume_mode=resume_path", "trainer.resume_from_path=old/global_step_9"])
+    assert resumed_folder(path, 9) == str(tmp_path / "old" / "global_step_9")

@@ -1,0 +1,54 @@
+"""``verl-vllm-rm check`` against the real server, and the embedding-health rules."""
+
+import json
+import subprocess
+import sys
+
+import torch
+
+from verl_vllm_rm.parity.embeddings import check_matrix
+from verl_vllm_rm.parity.report import compare
+from verl_vllm_rm.dev.tiny_rm import TinyRMSpec, build_tiny_rm
+
+
+def run_check(url, model):
+    proc = subprocess.run([sys.executable, "-m", "verl_vllm_rm.cli", "check", "--url", url, "--model", str(model),
+                           "--probes", "40"], capture_output=True, text=True, timeout=600)
+    return proc.returncode, json.loads(proc.stdout)
+
+
+def test_check_passes_on_the_served_model(rm_server, tiny_rm):
+    code, report = run_check(rm_server.url, tiny_rm)
+    assert code == 0, report
+    parity = report["parity"]
+    assert parity["probes"] == 40 and parity["max_abs_diff"] < 1e-4 and parity["mult_error"] < 1.0001
+    assert parity["batch_invariance_max_diff"] < 1e-4 and parity["repeat_max_diff"] < 1e-4
+    assert report["max_model_len"] == {"max_model_len": 512, "overlong_refused": True, "truncated_scored": True,
+                                       "dropped": 1, "ok": True}
+    assert report["embeddings"][0]["ok"]
+
+
+def test_check_fails_against_another_model(rm_server, tmp_path):
+    other = build_tiny_rm(tmp_path / "other", TinyRMSpec(seed=3))
+    code, report = run_check(rm_server.url, other)
+    assert code == 1 and not report["parity"]["ok"] and report["parity"]["mult_error"] > 1.05
+
+
+def test_compare_reports_the_multiplicative_error():
+    assert compare([0.0, 1.0], [0.0, 1.0]) == (0.0, 0.0, 1.0)
+    max_d, mean_d, mult = compare([0.0, 0.0], [0.1, -0.3])
+    assert (round(max_d, 6), round(mean_d, 6)) == (0.3, 0.2)
+    assert abs(mult - (torch.exp(torch.tensor(0.1)) + torch.exp(torch.tensor(0.3))).item() / 2) < 1e-6
+
+
+def test_embedding_health_flags_zero_and_identical_rows():
+    torch.manual_seed(0)
+    w = torch.randn(10, 8)
+    assert check_matrix("e", w).ok
+    w[3] = 0.0
+    w[7] = w[5]
+    report = check_matrix("e", w)
+    assert report.near_zero_rows == [3] and report.identical_row_groups == [[5, 7]] and not report.ok
+    assert check_matrix("e", w, ignore_rows=(3, 7)).ok
+    w[8] = w[2] + 1e-4
+    assert [2, 8] in check_matrix("e", w, identical_tol=1e-3, ignore_rows=(3, 7)).identical_row_groups

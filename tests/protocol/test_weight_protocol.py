@@ -1,0 +1,101 @@
+"""What both sides of a weight update agree on: parameter names, the inventory's checks, the bucket layout (no server)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from sync_helpers import load_rm
+
+from verl_vllm_rm.protocol.inventory import Inventory, ParamSpec, WeightUpdateRefused
+from verl_vllm_rm.protocol.names import normalize_name, resolve_name
+from verl_vllm_rm.protocol.wire import ALIGN, BufferPool, pack, plan_buckets, unpack
+
+QWEN2_FUSED = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
+
+
+@pytest.mark.parametrize(
+    "raw, expected",
+    [
+        ("base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight",
+         "model.layers.0.self_attn.q_proj.weight"),
+        ("base_model.model.score.modules_to_save.default.weight", "score.weight"),
+        ("base_model.model.score.original_module.weight", None),
+        ("base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight", None),
+        ("base_model.model.model.embed_tokens.lora_embedding_B.default", None),
+        ("module._fsdp_wrapped_module.model.layers.1._checkpoint_wrapped_module.mlp.up_proj.weight",
+         "model.layers.1.mlp.up_proj.weight"),
+        ("_orig_mod.model.norm.weight", "model.norm.weight"),
+        ("score.weight", "score.weight"),
+    ],
+)
+def test_normalize_name(raw, expected):
+    assert normalize_name(raw) == expected
+
+
+def test_resolve_name_fixes_the_model_prefix():
+    known = {"model.norm.weight", "score.weight"}
+    assert resolve_name("model.model.norm.weight", known) == "model.norm.weight"
+    assert resolve_name("model.model.model.norm.weight", known) == "model.norm.weight"
+    assert resolve_name("norm.weight", known) == "model.norm.weight"
+    assert resolve_name("score.weight", known) == "score.weight"
+    assert resolve_name("model.nope.weight", known) == "model.nope.weight"
+
+
+@pytest.fixture(scope="module")
+def inventory(tiny_rm) -> Inventory:
+    """What the server reports for the tiny RM: its checkpoint tensors and Qwen2's fused modules."""
+    specs = [ParamSpec(n, "float32", tuple(t.shape)) for n, t in load_rm(tiny_rm).state_dict().items()]
+    return Inventory(specs, QWEN2_FUSED)
+
+
+def test_inventory_groups_fused_modules_with_their_biases(inventory):
+    assert inventory.group_of("model.layers.0.self_attn.k_proj.bias") == [
+        f"model.layers.0.self_attn.{p}_proj.{k}" for p in "kqv" for k in ("bias", "weight")
+    ]
+    assert inventory.group_of("model.layers.0.mlp.up_proj.weight") == [
+        "model.layers.0.mlp.gate_proj.weight", "model.layers.0.mlp.up_proj.weight"
+    ]
+    assert inventory.group_of("score.weight") == ["score.weight"]
+    assert inventory.complete_groups(["model.layers.1.mlp.gate_proj.weight"]) == [
+        "model.layers.1.mlp.gate_proj.weight", "model.layers.1.mlp.up_proj.weight"
+    ]
+
+
+def test_check_update_lists_every_problem(inventory):
+    specs = [
+        ParamSpec("model.layers.0.self_attn.q_proj.weight", "float32", (128, 128)),
+        ParamSpec("score.weight", "float16", (1, 128)),
+        ParamSpec("model.norm.weight", "float32", (64,)),
+    ]
+    with pytest.raises(WeightUpdateRefused) as err:
+        inventory.check_update(specs, "head_only")
+    message = str(err.value)
+    for fragment in ("partial module 'model.layers.0.self_attn.qkv_proj'", "is float16", "has shape [64]",
+                     "backbone tensor but training_mode is head_only"):
+        assert fragment in message
+    inventory.check_update([ParamSpec(n, p.dtype, p.shape) for n, p in inventory.params.items()], "full")
+
+
+def test_total_size_cap(inventory):
+    head = [ParamSpec("score.weight", "float32", (1, 128))]
+    inventory.check_update(head, "head_only", max_bytes=512)
+    with pytest.raises(WeightUpdateRefused, match="carries 512 bytes, more than this server's cap of 511"):
+        inventory.check_update(head, "head_only", max_bytes=511)
+
+
+def test_buckets_are_bounded_aligned_and_round_trip():
+    tensors = {f"t{i}": torch.randn(i + 3, 5) for i in range(10)} | {"big": torch.randn(100, 100)}
+    specs = [ParamSpec(n, "bfloat16", tuple(t.shape)) for n, t in tensors.items()]
+    buckets = plan_buckets(specs, bucket_bytes=256)
+    assert plan_buckets(specs, bucket_bytes=256) == buckets
+    assert [s.spec.name for b in buckets for s in b.slots] == list(tensors)
+    for b in buckets:
+        assert b.nbytes <= 256 or len(b.slots) == 1
+        assert all(s.offset % ALIGN == 0 for s in b.slots)
+    received, pool = {}, BufferPool(torch.device("cpu"))
+    for b in buckets:
+        buffer = pack(b, [tensors[s.spec.name] for s in b.slots], pool.get(0, b.nbytes))
+        received.update((n, t.clone()) for n, t in unpack(b, buffer))
+    for name, t in tensors.items():
+        assert received[name].dtype == torch.bfloat16
+        assert torch.equal(received[name], t.to(torch.bfloat16))

@@ -1,0 +1,160 @@
+"""The ``vllm_rm`` manager loaded through verl's own ``load_reward_manager`` (real server, real verl)."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from verl.trainer.ppo.reward import load_reward_manager
+from verl_vllm_rm.scoring.client import RewardServerError
+from verl_vllm_rm.scoring.options import ConfigError
+from verl_vllm_rm.dev.grpo_batch import build_batch, last_token_rewards, row_token_ids
+from verl_vllm_rm.parity.reference import sequence_scores
+from verl_vllm_rm.scoring.rm_inputs import OverlongInputError, chat_template_ids
+
+
+def expected_scores(hf_model, groups):
+    return sequence_scores(hf_model, [row_token_ids(g, r) for g in groups for r in g.response_ids])
+
+
+def rows_in_order(groups):
+    return [(g, r) for g in groups for r in g.response_ids]
+
+
+def test_rewards_equal_transformers_at_last_valid_token(rm_server, verl_config, tokenizer, hf_model, grpo_groups):
+    mgr = load_reward_manager(verl_config(rm_server.url), tokenizer)
+    data = build_batch(grpo_groups, tokenizer.pad_token_id)
+    out = mgr(data, return_dict=True)
+    tensor = out["reward_tensor"]
+    assert tensor.shape == data.batch["responses"].shape
+    picked = last_token_rewards(tensor, data)
+    expected = torch.tensor(expected_scores(hf_model, grpo_groups))
+    assert torch.allclose(picked, expected, atol=1e-4)
+    assert torch.count_nonzero(tensor) == len(data)  # nothing but the last valid token is set
+    assert out["reward_extra_info"]["rm_valid"] == [1.0] * len(data)
+
+
+def test_run_single_matches_and_groups_into_one_request(fault_proxy, verl_config, tokenizer, hf_model, grpo_groups):
+    mgr = load_reward_manager(verl_config(fault_proxy.url), tokenizer)
+    data = build_batch(grpo_groups, tokenizer.pad_token_id)
+    perm = np.random.default_rng(0).permutation(len(data))  # members of a group arrive interleaved
+    shuffled = data[perm]
+
+    async def score_all():
+        import asyncio
+
+        return await asyncio.gather(*(mgr.run_single(shuffled[i : i + 1]) for i in range(len(shuffled))))
+
+    outs = mgr.loop.run_until_complete(score_all())
+    expected = np.array(expected_scores(hf_model, grpo_groups))[perm]
+    assert np.allclose([o["reward_score"] for o in outs], expected, atol=1e-4)
+    score_requests = [r for r in fault_proxy.requests if r["path"] == "/score"]
+    assert len(score_requests) == 1 and mgr.batcher.requests_sent == 1
+    sent = json.loads(score_requests[0]["body"])["input"]
+    uids = [shuffled.non_tensor_batch["uid"][i] for i in range(len(shuffled))]
+    sent_group_of = {tuple(row_token_ids(g, r)): id(g) for g, r in rows_in_order(grpo_groups)}
+    order = [sent_group_of[tuple(ids)] for ids in sent]
+    assert order == sorted(order, key=order.index), "members of a group must be sent adjacently"
+    assert len(set(uids)) == len(grpo_groups)
+
+
+@pytest.mark.parametrize("mode", ["add", "multiply", "weighted"])
+def test_combination_with_verifiable_reward(rm_server, verl_config, tokenizer, hf_model, grpo_groups, mode):
+    mgr = load_reward_manager(verl_config(rm_server.url, combine=mode, alpha=0.25), tokenizer)
+    out = mgr(build_batch(grpo_groups, tokenizer.pad_token_id), return_dict=True)
+    info = out["reward_extra_info"]
+    rm = np.array(expected_scores(hf_model, grpo_groups))
+    correct = np.array([float(r_idx in (0, 3)) for g in grpo_groups for r_idx in range(len(g.response_ids))])
+    assert np.array_equal(info["verifiable_score"], correct)  # verl's own gsm8k scorer
+    want = {"add": rm + correct, "multiply": rm * correct, "weighted": 0.25 * rm + 0.75 * correct}[mode]
+    assert np.allclose(info["score"], want, atol=1e-4)
+    assert np.allclose(info["rm_score"], rm, atol=1e-4)
+
+
+def test_failed_score_raises_naming_the_server(dead_url, verl_config, tokenizer, grpo_groups):
+    mgr = load_reward_manager(verl_config(dead_url, max_retries=1, backoff_base_s=0.01, max_length=512), tokenizer)
+    with pytest.raises(RewardServerError, match=dead_url.replace(".", r"\.")):
+        mgr(build_batch(grpo_groups, tokenizer.pad_token_id))
+
+
+def test_mask_policy_flags_and_counts_failures(dead_url, verl_config, tokenizer, grpo_groups):
+    cfg = verl_config(dead_url, max_retries=0, failure_policy="mask", max_length=512)
+    mgr = load_reward_manager(cfg, tokenizer)
+    data = build_batch(grpo_groups, tokenizer.pad_token_id)
+    out = mgr(data, return_dict=True)
+    assert out["reward_extra_info"]["rm_valid"] == [0.0] * len(data)
+    assert mgr.failed == len(data)
+
+
+def test_overlong_inputs_drop_prompt_tokens_from_the_left(rm_server, verl_config, tokenizer, hf_model, grpo_groups):
+    mgr = load_reward_manager(verl_config(rm_server.url, max_length=42), tokenizer)
+    out = mgr(build_batch(grpo_groups, tokenizer.pad_token_id), return_dict=True)
+    rows = [row_token_ids(g, r)[-42:] for g, r in rows_in_order(grpo_groups)]
+    dropped = [max(0, len(row_token_ids(g, r)) - 42) for g, r in rows_in_order(grpo_groups)]
+    assert 0 < sum(dropped) and min(dropped) == 0  # some rows fit, some are cut
+    assert out["reward_extra_info"]["rm_prompt_tokens_dropped"] == [float(d) for d in dropped]
+    picked = out["reward_tensor"].sum(dim=1)
+    assert torch.allclose(picked, torch.tensor(sequence_scores(hf_model, rows)), atol=1e-4)
+
+
+def test_overlong_error_policy(rm_server, verl_config, tokenizer, grpo_groups):
+    mgr = load_reward_manager(verl_config(rm_server.url, max_length=32, overlong_policy="error"), tokenizer)
+    with pytest.raises(OverlongInputError, match="exceed the reward model's max length 32"):
+        mgr(build_batch(grpo_groups, tokenizer.pad_token_id))
+
+
+def test_chat_template_input(rm_server, verl_config, tokenizer, hf_model, grpo_groups, tiny_rm):
+    mgr = load_reward_manager(verl_config(rm_server.url, input_format="chat_template", rm_tokenizer_path=tiny_rm),
+                              tokenizer)
+    out = mgr(build_batch(grpo_groups, tokenizer.pad_token_id), return_dict=True)
+    rows = []
+    for g, r in rows_in_order(grpo_groups):
+        prompt, response = chat_template_ids(tokenizer, g.raw_prompt, tokenizer.decode(r, skip_special_tokens=True))
+        rows.append(prompt + response)
+    assert "<|im_start|>assistant" in tokenizer.decode(rows[0])
+    assert torch.allclose(out["reward_tensor"].sum(1), torch.tensor(sequence_scores(hf_model, rows)), atol=1e-4)
+
+
+def test_num_examine_prints_components(rm_server, verl_config, tokenizer, grpo_groups, capsys):
+    mgr = load_reward_manager(verl_config(rm_server.url, num_examine=2, combine="add"), tokenizer)
+    mgr(build_batch(grpo_groups, tokenizer.pad_token_id))
+    printed = capsys.readouterr().out
+    assert printed.count("[vllm_rm] data_source=openai/gsm8k") == 2
+    for key in ("[prompt] What is", "[response]", "[rm_score]", "[verifiable_score]", "[score]"):
+        assert key in printed
+
+
+@pytest.mark.parametrize(
+    "kwargs,needle",
+    [
+        ({"server_urls": "http://x"}, "unknown reward_kwargs option(s) ['server_urls']; valid options are: server_url"),
+        ({"max_retries": "many"}, "max_retries must be an integer"),
+        ({"failure_policy": "ignore"}, "failure_policy='ignore' is not one of ['raise', 'mask']"),
+        ({"combine": "avg"}, "is not one of ['replace', 'add', 'multiply', 'weighted']"),
+        ({"alpha": 2}, "alpha must be in [0, 1]"),
+        ({"input_format": "chat_template"}, "needs reward_kwargs.rm_tokenizer_path"),
+        ({"max_batch_seqs": 0}, "max_batch_seqs must be > 0"),
+    ],
+)
+def test_bad_options_fail_at_load(verl_config, tokenizer, kwargs, needle):
+    with pytest.raises(ConfigError) as err:
+        load_reward_manager(verl_config("http://127.0.0.1:1", **kwargs), tokenizer)
+    assert needle in str(err.value)
+
+
+def test_misrouting_configs_are_reported(verl_config, tokenizer):
+    cfg = verl_config("http://127.0.0.1:1", "reward_model.reward_manager=vllm_rm", "reward.reward_model.enable=True")
+    with pytest.warns(UserWarning) as record:
+        load_reward_manager(cfg, tokenizer)
+    messages = " ".join(str(w.message) for w in record)
+    assert "legacy key" in messages and "reward.reward_manager.name=vllm_rm" in messages
+    assert "never call vllm_rm" in messages
+
+
+def test_legacy_override_on_the_command_line_is_reported():
+    from verl_vllm_rm.scoring.legacy import warn_legacy_argv
+
+    with pytest.warns(UserWarning, match="main_ppo ignores"):
+        assert warn_legacy_argv(["main_ppo.py", "reward_model.reward_manager=vllm_rm"])
+    assert not warn_legacy_argv(["main_ppo.py", "reward.reward_manager.name=vllm_rm"])

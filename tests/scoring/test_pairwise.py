@@ -1,0 +1,104 @@
+"""Pairwise validation against reference answers, through verl's loader on the real server."""
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from verl.trainer.ppo.reward import load_reward_manager
+from verl_vllm_rm.scoring.client import VLLMRewardClient
+from verl_vllm_rm.dev.grpo_batch import Group, build_batch
+from verl_vllm_rm.scoring.pairwise import MissingReferenceError
+
+
+@pytest.fixture(scope="module")
+def ref_groups(tokenizer):
+    """Unequal groups; in the first, one response is exactly the reference answer."""
+    groups = []
+    for (a, b), n in zip([(3, 4), (12, 30), (7, 8)], [4, 2, 3]):
+        reference = f" <think>add {a} and {b}</think> The answer is {a + b}."
+        responses = [tokenizer(f" The answer is {a + b + k}. so so").input_ids for k in range(n)]
+        if a == 3:
+            responses[1] = tokenizer(reference, add_special_tokens=False).input_ids
+        groups.append(Group(tokenizer(f"What is {a} + {b}?").input_ids, responses, ground_truth=reference,
+                            extra_info={"answer": reference, "y": [{"role": "assistant", "content": reference}]}))
+    return groups
+
+
+def validation_batch(groups, pad_id):
+    data = build_batch(groups, pad_id)
+    data.meta_info["validate"] = True
+    return data
+
+
+def direct_scores(url, groups, tokenizer):
+    """Server scores of each response and of each reference, straight from the client."""
+    client = VLLMRewardClient(url)
+
+    async def go():
+        try:
+            rows = [g.prompt_ids + r for g in groups for r in g.response_ids]
+            refs = [g.prompt_ids + tokenizer(g.ground_truth, add_special_tokens=False).input_ids for g in groups]
+            return await client.score_batch(rows), await client.score_batch(refs)
+        finally:
+            await client.close()
+
+    return asyncio.run(go())
+
+
+@pytest.mark.parametrize("source", ["ground_truth", "extra_info:answer", "rm_gallery"])
+def test_win_rates_match_direct_computation(fault_proxy, verl_config, tokenizer, ref_groups, source):
+    mgr = load_reward_manager(verl_config(fault_proxy.url, reference_source=source), tokenizer)
+    out = mgr(validation_batch(ref_groups, tokenizer.pad_token_id), return_dict=True)
+    info = out["reward_extra_info"]
+    scores, refs = direct_scores(fault_proxy.url, ref_groups, tokenizer)
+    ref_per_row = np.repeat(refs, [len(g.response_ids) for g in ref_groups])
+    assert np.allclose(info["rm_score"], scores, atol=1e-5)
+    assert info["win"] == [float(s > r) for s, r in zip(scores, ref_per_row)]
+    assert info["win_and"] == [float(s >= r) for s, r in zip(scores, ref_per_row)]
+    assert np.allclose(info["ref_margin"], np.array(scores) - ref_per_row, atol=1e-5)
+    assert len(out["reward_tensor"]) == sum(len(g.response_ids) for g in ref_groups)  # references are not samples
+    assert mgr.references.scored == len(ref_groups)  # one reference per prompt
+
+
+def test_response_identical_to_reference_ties(rm_server, verl_config, tokenizer, ref_groups):
+    mgr = load_reward_manager(verl_config(rm_server.url), tokenizer)
+    info = mgr(validation_batch(ref_groups, tokenizer.pad_token_id), return_dict=True)["reward_extra_info"]
+    assert info["win_and"][1] == 1.0 and info["win"][1] == 0.0
+    assert info["ref_margin"][1] == 0.0
+
+
+def test_no_win_metrics_outside_validation(rm_server, verl_config, tokenizer, ref_groups):
+    mgr = load_reward_manager(verl_config(rm_server.url), tokenizer)
+    info = mgr(build_batch(ref_groups, tokenizer.pad_token_id), return_dict=True)["reward_extra_info"]
+    assert "win" not in info and mgr.references.scored == 0
+    forced = load_reward_manager(verl_config(rm_server.url, pairwise="always"), tokenizer)
+    assert "win" in forced(build_batch(ref_groups, tokenizer.pad_token_id), return_dict=True)["reward_extra_info"]
+
+
+def test_missing_reference_is_a_clear_error(rm_server, verl_config, tokenizer, ref_groups):
+    mgr = load_reward_manager(verl_config(rm_server.url, reference_source="extra_info:gold"), tokenizer)
+    with pytest.raises(MissingReferenceError, match=r"no reference answer in reference_source='extra_info:gold'"):
+        mgr(validation_batch(ref_groups, tokenizer.pad_token_id))
+
+
+def test_missing_reference_can_be_skipped_and_counted(rm_server, verl_config, tokenizer, ref_groups):
+    groups = [ref_groups[0], Group(ref_groups[1].prompt_ids, ref_groups[1].response_ids, ground_truth="")]
+    mgr = load_reward_manager(verl_config(rm_server.url, missing_reference="skip"), tokenizer)
+    info = mgr(validation_batch(groups, tokenizer.pad_token_id), return_dict=True)["reward_extra_info"]
+    assert info["win"][4:] == [None, None] and None not in info["win"][:4]
+    assert mgr.references_missing == 2
+
+
+def test_bad_reference_source_is_a_config_error(verl_config, tokenizer):
+    from verl_vllm_rm.scoring.options import ConfigError
+
+    with pytest.raises(ConfigError, match="reference_source='answer' is not one of"):
+        load_reward_manager(verl_config("http://127.0.0.1:1", reference_source="answer"), tokenizer)
+
+
+def test_mask_policy_covers_the_reference_score_too(dead_url, verl_config, tokenizer, ref_groups):
+    cfg = verl_config(dead_url, max_retries=0, failure_policy="mask", max_length=512)
+    mgr = load_reward_manager(cfg, tokenizer)
+    info = mgr(validation_batch(ref_groups, tokenizer.pad_token_id), return_dict=True)["reward_extra_info"]
+    assert info["rm_valid"] == [0.0] * 9 and info["win"] == [None] * 9

@@ -1,0 +1,60 @@
+"""Helpers shared by the weight-sync tests (plain functions; fixtures live in conftest.py)."""
+
+from __future__ import annotations
+
+import copy
+
+import requests
+import torch
+
+from verl_vllm_rm.parity.reference import sequence_scores
+from verl_vllm_rm.weight_sync import RewardModelPublisher
+
+PARITY_ATOL = 1e-4
+
+
+def load_rm(path: str):
+    """A fresh, trainable copy of the reward model (fp32)."""
+    from transformers import AutoModelForSequenceClassification
+
+    return AutoModelForSequenceClassification.from_pretrained(path, dtype=torch.float32).eval()
+
+
+def perturbed(model, seed: int):
+    """A copy of ``model`` with seeded noise (std 0.05) on every parameter: a distinct weight version."""
+    out = copy.deepcopy(model)
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for p in out.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    return out
+
+
+def server_scores(url: str, token_ids: list[list[int]]) -> list[float]:
+    resp = requests.post(f"{url}/score", json={"input": token_ids}, timeout=60)
+    assert resp.status_code == 200, resp.text
+    return [d["score"] for d in resp.json()["data"]]
+
+
+def runtime_version(url: str) -> int:
+    return requests.get(f"{url}/runtime_version", timeout=10).json()["version"]
+
+
+def max_diff(a: list[float], b: list[float]) -> float:
+    return max(abs(x - y) for x, y in zip(a, b, strict=True))
+
+
+def assert_parity(url: str, model, probe: list[list[int]]) -> list[float]:
+    """The server scores the probe exactly like ``model`` in transformers; returns the scores."""
+    served = server_scores(url, probe)
+    reference = sequence_scores(model, probe)
+    assert max_diff(served, reference) <= PARITY_ATOL, (served, reference)
+    return served
+
+
+def reset_server(url: str, path: str) -> int:
+    """Serve the on-disk model again (full publish); returns the new version."""
+    with RewardModelPublisher(url, timeout_s=60) as pub:
+        version = pub.version + 1
+        pub.publish(load_rm(path), version, "full")
+    return version

@@ -1,0 +1,131 @@
+"""Failures during updates: a trainer that dies mid-transfer, and scoring concurrent with updates."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import requests
+import torch
+from sync_helpers import PARITY_ATOL, assert_parity, load_rm, max_diff, perturbed, reset_server, runtime_version
+
+from verl_vllm_rm.parity.reference import sequence_scores
+from verl_vllm_rm.weight_sync import RewardModelPublisher
+
+KILLED_TRAINER = Path(__file__).parents[1] / "killed_trainer.py"
+TRANSFER_TIMEOUT_S = 20
+LIVENESS_DEADLINE_S = 300  # a hang guard for the polling loop, not a speed requirement
+
+
+def _wait_for_failed_update(url: str, version: int) -> dict:
+    deadline = time.monotonic() + LIVENESS_DEADLINE_S
+    while time.monotonic() < deadline:
+        resp = requests.get(f"{url}/health", timeout=10)
+        assert resp.status_code == 200, resp.text
+        failed = resp.json().get("last_failed_update", {})
+        if failed.get("version") == version:
+            return resp.json()
+        time.sleep(0.5)
+    raise AssertionError(f"/health never reported the failed update to version {version}")
+
+
+def test_trainer_killed_mid_transfer_leaves_old_weights_serving(ws_server, tiny_rm, probe_ids):
+    old_version = reset_server(ws_server.url, tiny_rm)
+    old_model = load_rm(tiny_rm)
+    proc = subprocess.run(
+        [sys.executable, str(KILLED_TRAINER), ws_server.url, tiny_rm, str(old_version + 1), "3",
+         str(TRANSFER_TIMEOUT_S)],
+        capture_output=True, text=True, timeout=LIVENESS_DEADLINE_S,
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stdout + proc.stderr
+
+    health = _wait_for_failed_update(ws_server.url, old_version + 1)
+    assert health["status"] == "ok"
+    assert health["last_failed_update"]["status"] == "failed"
+    assert health["last_failed_update"]["serving_version"] == old_version
+    assert health["last_failed_update"]["error"]
+    assert runtime_version(ws_server.url) == old_version
+    assert_parity(ws_server.url, old_model, probe_ids)  # the old weights, untouched by the partial transfer
+
+    # The server recovers: a new trainer connects and publishes.
+    new_model = load_rm(tiny_rm)
+    with torch.no_grad():
+        new_model.score.weight.mul_(-1.0)
+    with RewardModelPublisher(ws_server.url, timeout_s=60) as pub:
+        pub.publish(new_model, old_version + 1, "head_only")
+    assert runtime_version(ws_server.url) == old_version + 1
+    assert_parity(ws_server.url, new_model, probe_ids)
+
+
+def test_concurrent_scoring_sees_old_or_new_weights_never_a_mix(ws_server, tiny_rm, probe_ids):
+    reset_server(ws_server.url, tiny_rm)
+    base = load_rm(tiny_rm)
+    states = [base] + [perturbed(base, seed) for seed in range(1, 5)]
+    expected = [sequence_scores(m, probe_ids) for m in states]
+    responses: list[list[float]] = []
+    errors: list[str] = []
+    counts = [0] * 4
+    stop = threading.Event()
+
+    def score_forever(i: int) -> None:
+        while not stop.is_set():
+            resp = requests.post(f"{ws_server.url}/score", json={"input": probe_ids}, timeout=120)
+            if resp.status_code != 200:
+                errors.append(resp.text)
+            else:
+                responses.append([d["score"] for d in resp.json()["data"]])
+            counts[i] += 1
+
+    def wait_for_one_more_round() -> None:
+        seen = list(counts)
+        while any(c <= s for c, s in zip(counts, seen)):
+            time.sleep(0.01)
+
+    threads = [threading.Thread(target=score_forever, args=(i,), daemon=True) for i in range(len(counts))]
+    for t in threads:
+        t.start()
+    wait_for_one_more_round()
+    with RewardModelPublisher(ws_server.url, timeout_s=60, bucket_bytes=128 << 10) as pub:
+        for model in states[1:]:
+            pub.publish(model, pub.version + 1, "full")
+    wait_for_one_more_round()
+    stop.set()
+    for t in threads:
+        t.join(timeout=LIVENESS_DEADLINE_S)
+
+    assert not errors, errors[:3]
+    matched = []
+    for scores in responses:
+        candidates = [k for k, ref in enumerate(expected) if max_diff(scores, ref) <= PARITY_ATOL]
+        assert candidates, f"scores match no single weight version (a mixed update?): {scores}"
+        matched.append(candidates[0])
+    assert matched[0] == 0 and matched[-1] == len(states) - 1
+    assert_parity(ws_server.url, states[-1], probe_ids)
+
+
+def test_a_stalled_trainer_does_not_stall_scoring(ws_server, tiny_rm, probe_ids):
+    """The buckets arrive in the background: scoring goes on with the old weights until the
+    transfer is complete, and a trainer that never sends only fails its own update."""
+    old_version = reset_server(ws_server.url, tiny_rm)
+    old_model = load_rm(tiny_rm)
+    pub = RewardModelPublisher(ws_server.url, timeout_s=5)
+    pub.connect()  # both sides join the group; then the trainer announces an update and stalls
+    body = {"metadata": [{"name": "score.weight", "dtype": "float32", "shape": [1, 128]}],
+            "training_mode": "head_only", "version": old_version + 1, "bucket_bytes": 1 << 20}
+    with requests.post(f"{ws_server.url}/update_param_batch", json=body, stream=True, timeout=60) as update:
+        lines = (line for line in update.iter_lines() if line)
+        assert b'"accepted"' in next(lines)
+        assert_parity(ws_server.url, old_model, probe_ids)
+        health = requests.get(f"{ws_server.url}/health", timeout=10).json()
+        assert health["pending_update"] == old_version + 1  # scored while the update still waits for tensors
+        assert runtime_version(ws_server.url) == old_version
+        final = next(lines)  # the group's timeout ends the stalled receive
+    assert b'"failed"' in final and b"receiving the weights failed" in final, final
+    pub._transfer = None  # the server closed the session; the next publish joins a new one
+    health = _wait_for_failed_update(ws_server.url, old_version + 1)
+    assert health["last_failed_update"]["serving_version"] == old_version
+    assert reset_server(ws_server.url, tiny_rm) == old_version + 1  # a fresh publish works again

@@ -1,0 +1,118 @@
+"""Refused updates: a clear error before any tensor moves, and the old weights keep serving."""
+
+from __future__ import annotations
+
+import pytest
+import requests
+import torch
+from sync_helpers import assert_parity, load_rm, reset_server, runtime_version
+
+from verl_vllm_rm.weight_sync import RewardModelPublisher, WeightUpdateRefused
+from verl_vllm_rm.protocol.wire import DEFAULT_BUCKET_BYTES
+
+Q = "model.layers.0.self_attn.q_proj"
+
+
+@pytest.fixture()
+def served(ws_server, tiny_rm, probe_ids):
+    """The on-disk model, serving; yields (publisher, model) and checks nothing changed afterwards."""
+    reset_server(ws_server.url, tiny_rm)
+    model = load_rm(tiny_rm)
+    version = runtime_version(ws_server.url)
+    with RewardModelPublisher(ws_server.url, timeout_s=60) as pub:
+        yield pub, model
+    assert runtime_version(ws_server.url) == version
+    assert_parity(ws_server.url, model, probe_ids)
+
+
+def _changed(model, *names: str) -> dict[str, torch.Tensor]:
+    sd = model.state_dict()
+    return {n: sd[n] + 1.0 for n in names}
+
+
+@pytest.mark.parametrize(
+    "state_dict_of, training_mode, expected",
+    [
+        (lambda m: {"model.layers.0.mlp.gate_projection.weight": torch.zeros(256, 128)}, "full", "unknown parameter"),
+        (lambda m: {"score.weight": torch.zeros(1, 64)}, "head_only", "has shape [1, 64]"),
+        (lambda m: _changed(m, f"{Q}.weight", f"{Q}.bias"), "full",
+         "partial module 'model.layers.0.self_attn.qkv_proj'"),
+        (lambda m: _changed(m, "model.layers.0.mlp.up_proj.weight"), "full", "without ['model.layers.0.mlp.gate_proj"),
+        (lambda m: {"classifier.weight": torch.zeros(1, 128)}, "head_only", "did you mean 'score.weight'"),
+        (lambda m: {"model.norm.weight": torch.ones(128)}, "head_only", "update is empty"),
+        (lambda m: m.state_dict(), "adapter_only", "unknown training_mode"),
+    ],
+    ids=["unknown-name", "wrong-shape", "q-without-kv", "up-without-gate", "wrong-head-name", "no-head", "bad-mode"],
+)
+def test_publisher_refuses_before_sending(served, state_dict_of, training_mode, expected):
+    pub, model = served
+    with pytest.raises((WeightUpdateRefused, ValueError), match=expected.replace("[", r"\[").replace("(", r"\(")):
+        pub.publish(state_dict_of(model), pub.version + 1, training_mode)
+
+
+def test_publisher_refuses_an_old_version(served):
+    pub, model = served
+    with pytest.raises(WeightUpdateRefused, match="not newer than the serving version"):
+        pub.publish(model, pub.version, "full")
+
+
+def _post_update(url: str, metadata: list[dict], mode: str, version: int) -> requests.Response:
+    body = {"metadata": metadata, "training_mode": mode, "version": version, "bucket_bytes": DEFAULT_BUCKET_BYTES}
+    return requests.post(f"{url}/update_param_batch", json=body, timeout=30)
+
+
+def _meta(name: str, shape: list[int], dtype: str = "float32") -> dict:
+    return {"name": name, "dtype": dtype, "shape": shape}
+
+
+@pytest.mark.parametrize(
+    "metadata, mode, expected",
+    [
+        ([_meta("model.layers.0.mlp.down_proj.weight", [128, 256]), _meta("score.weight", [1, 128])],
+         "head_only", "is a backbone tensor but training_mode is head_only"),
+        ([_meta("model.layers.9.mlp.down_proj.weight", [128, 256])], "full", "unknown parameter"),
+        ([_meta("score.weight", [2, 128])], "full", "has shape [2, 128]"),
+        ([_meta(f"{Q}.weight", [128, 128]), _meta(f"{Q}.bias", [128])], "full", "partial module"),
+        ([_meta("score.weight", [1, 128], "bfloat16")], "head_only", "is bfloat16 but the server's is float32"),
+        ([_meta("score.weight", [1, 128])], "everything", "unknown training_mode"),
+        ([_meta("score.weight", [1, 128], "complex64")], "head_only", "dtype 'complex64' is not one of"),
+        ([_meta("score.weight", [1, 128], "Tensor")], "head_only", "dtype 'Tensor' is not one of"),
+        ([_meta("score.weight", [1.0, 128])], "head_only", "non-negative integers"),
+        ([_meta("score.weight", ["1", 128])], "head_only", "non-negative integers"),
+        ([_meta("score.weight", [True, 128])], "head_only", "non-negative integers"),
+        ([_meta("score.weight", 128)], "head_only", "non-negative integers"),
+        ([{**_meta("score.weight", [1, 128]), "pickle": "gASV"}], "head_only", "exactly {name, dtype, shape}"),
+        (["score.weight"], "head_only", "exactly {name, dtype, shape}"),
+    ],
+    ids=["backbone-in-head-only", "unknown-name", "wrong-shape", "q-without-kv", "wrong-dtype", "bad-mode",
+         "dtype-not-allowed", "dtype-not-a-dtype", "float-dim", "string-dim", "bool-dim", "shape-not-a-list",
+         "extra-key", "entry-not-an-object"],
+)
+def test_server_refuses_bad_metadata(served, ws_server, metadata, mode, expected):
+    """The server checks again (a client other than our publisher may call it)."""
+    pub, _ = served
+    pub.connect()  # a live communicator: the refusal must come from the checks, not from its absence
+    resp = _post_update(ws_server.url, metadata, mode, pub.version + 1)
+    assert resp.status_code == 400, resp.text
+    assert expected in resp.json()["error"]["message"]
+
+
+def test_server_refuses_a_stale_version_and_a_missing_communicator(served, ws_server):
+    pub, _ = served
+    pub.close()
+    resp = _post_update(ws_server.url, [_meta("score.weight", [1, 128])], "head_only", pub.version + 1)
+    assert resp.status_code == 409 and "/init_communicator" in resp.json()["error"]["message"]
+    pub.connect()
+    resp = _post_update(ws_server.url, [_meta("score.weight", [1, 128])], "head_only", pub.version)
+    assert resp.status_code == 409 and "greater than the serving version" in resp.json()["error"]["message"]
+
+
+def test_weight_routes_404_without_the_flag(rm_server):
+    for path in ("/init_communicator", "/update_param_batch", "/close_communicator"):
+        assert requests.post(f"{rm_server.url}{path}", json={}, timeout=10).status_code == 404
+    assert requests.get(f"{rm_server.url}/weight_inventory", timeout=10).status_code == 404
+
+
+def test_init_communicator_rejects_bad_fields(ws_server):
+    resp = requests.post(f"{ws_server.url}/init_communicator", json={"master_address": "127.0.0.1"}, timeout=10)
+    assert resp.status_code == 400 and "master_port" in resp.json()["error"]["message"]

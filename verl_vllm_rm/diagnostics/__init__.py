@@ -1,1 +1,0 @@
-"""Refit diagnostics: does the server score exactly like the trainer's model?"""

@@ -1,0 +1,161 @@
+"""Online RM training inside a verl PPO/GRPO run (opt-in): trainer mode ``vllm_rm_online``.
+
+After each PPO step this trainer reads the step's rollouts (``uid``, prompt and
+response ids, reward) from verl's TransferQueue, builds best-vs-worst preference
+pairs per prompt group, and runs one Bradley-Terry step on a separate Ray worker
+group (:class:`~verl_vllm_rm.online.hook.OnlineRewardModel`), whose hook publishes
+the new RM weights into the running reward server.
+
+Enable it (see ``recipes/grpo_math_online_rm.sh``)::
+
+    VERL_USE_EXTERNAL_MODULES=verl_vllm_rm.online.trainer_mode \\
+    python -m verl.trainer.main_ppo trainer.v1.trainer_mode=vllm_rm_online \\
+        +online_rm.model_path=... +online_rm.server_url=... [+online_rm.training_mode=lora ...]
+
+verl imports this module in every process through ``VERL_USE_EXTERNAL_MODULES``,
+so the trainer mode is registered where verl's task runner looks it up. Needs
+verl's v1 trainer dependencies (``transfer_queue``, installed by ``make setup``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import TYPE_CHECKING, Any, Hashable
+
+import torch
+import transfer_queue as tq
+from omegaconf import DictConfig, OmegaConf
+from transfer_queue import KVBatchMeta
+from verl.trainer.ppo.v1 import get_trainer_cls, register_trainer
+from verl.utils.debug import marked_timer
+
+# ``verl_vllm_rm.online.hook`` is imported where it is used: a Ray worker whose first import is the hook
+# (an RM trainer worker unpickling its class) imports verl from it, verl then imports this module
+# (VERL_USE_EXTERNAL_MODULES), and a module-level import of the half-initialised hook here would fail.
+
+if TYPE_CHECKING:
+    from verl_vllm_rm.online.hook import OnlineRewardModel
+
+logger = logging.getLogger(__name__)
+
+TRAINER_MODE = "vllm_rm_online"
+RM_CHECKPOINT_DIR = "online_rm"  # beside verl's actor/ and data.pt in each global_step_N folder
+#: The reward verl writes for every trajectory (token-level, summed per sample); any other
+#: ``reward_key`` is read from the trajectory's ``extra_fields["reward_extra_info"]``.
+TOKEN_REWARD_FIELD = "rm_scores"
+
+Rollout = tuple[list[Hashable], list[list[int]], list[float]]
+
+
+def build_online_rm(config: DictConfig, pad_token_id: int) -> "OnlineRewardModel":
+    """The RM trainer worker group described by the run's ``online_rm`` section."""
+    from verl_vllm_rm.online.hook import OnlineRewardModel, OnlineRMConfig
+
+    if "online_rm" not in config:
+        raise ValueError(f"trainer mode {TRAINER_MODE!r} needs an online_rm section: add "
+                         "+online_rm.model_path=... +online_rm.server_url=... (see recipes/grpo_math_online_rm.sh)")
+    options = OmegaConf.to_container(config.online_rm, resolve=True)
+    return OnlineRewardModel(OnlineRMConfig.from_dict(options), pad_token_id)
+
+
+def step_folder(config: DictConfig, global_steps: int) -> str:
+    """The folder verl saves step ``global_steps``'s checkpoint in."""
+    return os.path.join(os.path.abspath(config.trainer.default_local_dir), f"global_step_{global_steps}")
+
+
+def resumed_folder(config: DictConfig, global_steps: int) -> str:
+    """The checkpoint folder verl resumed ``global_steps`` from (``trainer.resume_mode`` auto or resume_path)."""
+    if config.trainer.resume_mode == "resume_path":
+        return os.path.abspath(config.trainer.resume_from_path)
+    return step_folder(config, global_steps)
+
+
+def resume_reward_model(online_rm: "OnlineRewardModel", folder: str) -> dict[str, float]:
+    """Continue the RM from the checkpoint in ``folder`` and publish it, so the server scores like it again.
+
+    A checkpoint without RM state (saved by a run without online RM training) resumes
+    from the initial RM, with a warning; that, too, is published.
+    """
+    from verl_vllm_rm.online.hook import RM_STATE_FILE
+
+    rm_folder = os.path.join(folder, RM_CHECKPOINT_DIR)
+    if not os.path.exists(os.path.join(rm_folder, RM_STATE_FILE)):
+        logger.warning("checkpoint %s has no online RM state (%s): the RM restarts from online_rm.model_path",
+                       folder, RM_CHECKPOINT_DIR)
+        rm_folder = None
+    return online_rm.resume(rm_folder)
+
+
+def reward_extra_info(row: Any) -> dict[str, Any]:
+    """The reward manager's ``reward_extra_info`` of one trajectory, from its TransferQueue ``extra_fields``
+    row (one-element lists unwrapped)."""
+    fields = getattr(row, "data", row)
+    info = fields.get("reward_extra_info", {}) if isinstance(fields, dict) else {}
+    return {k: (v[0] if isinstance(v, (list, tuple)) and len(v) == 1 else v) for k, v in info.items()}
+
+
+def _extra_reward(row: Any, key: str) -> float:
+    info = reward_extra_info(row)
+    if key not in info:
+        raise KeyError(f"online_rm.reward_key={key!r} is not in this rollout's reward_extra_info (it has "
+                       f"{sorted(info)}); set +online_rm.reward_key to one of these or to {TOKEN_REWARD_FIELD!r}")
+    value = info[key]
+    return float(value[0] if isinstance(value, (list, tuple)) else value)
+
+
+def read_rollout(batch: KVBatchMeta, reward_key: str) -> Rollout:
+    """``uid``s, unpadded prompt+response ids and one reward per trajectory of a PPO step.
+
+    Rows verl added only to balance data-parallel ranks (tag ``is_padding``) are skipped:
+    they repeat real trajectories and would weigh their groups twice.
+    """
+    keys = [key for key, tag in zip(batch.keys, batch.tags) if not tag.get("is_padding", False)]
+    reward_field = TOKEN_REWARD_FIELD if reward_key == TOKEN_REWARD_FIELD else "extra_fields"
+    data = tq.kv_batch_get(keys=keys, partition_id=batch.partition_id,
+                           select_fields=["uid", "prompts", "responses", reward_field])
+    # prompts/responses are jagged: unbind gives each row without padding.
+    sequences = [torch.cat([p, r]).tolist() for p, r in zip(data["prompts"].unbind(), data["responses"].unbind())]
+    if reward_field == TOKEN_REWARD_FIELD:
+        rewards = [float(row.sum()) for row in data[TOKEN_REWARD_FIELD].unbind()]
+    else:
+        rewards = [_extra_reward(row, reward_key) for row in data["extra_fields"]]
+    return list(data["uid"]), sequences, rewards
+
+
+@register_trainer(TRAINER_MODE)
+class OnlineRewardModelTrainer(get_trainer_cls("sync")):
+    """verl's synchronous v1 trainer plus one RM step (and publish) per PPO step."""
+
+    # verl picks the replay buffer, prompt refill, checkpoint contents and the
+    # ``trainer.v1.<mode>`` options by ``self.trainer_mode``; this trainer is the sync one.
+    @property
+    def trainer_mode(self) -> str:
+        return "sync"
+
+    @trainer_mode.setter
+    def trainer_mode(self, _configured: str) -> None:
+        """verl assigns ``config.trainer.v1.trainer_mode`` (our registry name); behaviour stays sync."""
+
+    def init(self):
+        super().init()  # verl's setup, which resumes from a checkpoint (and sets global_steps) when configured
+        self.online_rm = build_online_rm(self.config, self.tokenizer.pad_token_id)
+        if self.global_steps > 0:
+            resume_reward_model(self.online_rm, resumed_folder(self.config, self.global_steps))
+
+    def _save_checkpoint(self):
+        # Before verl's save: it writes the latest-checkpoint tracker last, so a crash in between never
+        # leaves a tracked step without its RM state.
+        folder = step_folder(self.config, self.global_steps)
+        self.online_rm.save_checkpoint(os.path.join(folder, RM_CHECKPOINT_DIR))
+        super()._save_checkpoint()
+
+    def step(self, metrics: dict, timing_raw: dict) -> KVBatchMeta:
+        batch = super().step(metrics, timing_raw)
+        with marked_timer("online_rm", timing_raw, color="purple"):
+            metrics.update(self.train_reward_model(batch))
+        return batch
+
+    def train_reward_model(self, batch: KVBatchMeta) -> dict[str, float]:
+        """One RM step on this PPO step's rollouts (publishing per ``online_rm.publish_every``)."""
+        return self.online_rm.train_on_rollout(*read_rollout(batch, self.online_rm.config.reward_key))

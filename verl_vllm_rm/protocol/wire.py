@@ -1,0 +1,163 @@
+"""The tensor plane: a private process group and the bucket layout both sides derive.
+
+The trainer and the server open a two-sided (or 1 + N workers) process group on
+a ``TCPStore`` the trainer hosts; ``ProcessGroupGloo``/``ProcessGroupNCCL`` are
+built directly on that store, so neither side touches the global
+``torch.distributed`` state (a trainer may already run its own default group).
+
+Tensors travel in size-bounded buckets: one flat byte buffer per bucket, one
+broadcast per buffer. Both sides compute the same layout from the same metadata
+(:func:`plan_buckets`), so only names, dtypes and shapes go over HTTP. Depends on
+torch only: the trainer, the server and the benchmark's raw receiver share it.
+"""
+
+from __future__ import annotations
+
+import datetime
+from dataclasses import dataclass
+from typing import Iterable, Iterator, Sequence
+
+import torch
+import torch.distributed as dist
+
+from verl_vllm_rm.protocol.inventory import ParamSpec
+
+ALIGN = 64
+DEFAULT_BUCKET_BYTES = 64 << 20
+BACKENDS = ("gloo", "nccl")
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def to_dtype(name: str) -> torch.dtype:
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"unknown dtype name {name!r}")
+    return dtype
+
+
+@dataclass(frozen=True)
+class Slot:
+    spec: ParamSpec
+    offset: int
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class Bucket:
+    slots: tuple[Slot, ...]
+    nbytes: int
+
+
+def plan_buckets(specs: Sequence[ParamSpec], bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> list[Bucket]:
+    """Split ``specs`` (in the given order) into buckets of at most ``bucket_bytes``.
+
+    A tensor larger than ``bucket_bytes`` travels alone. Offsets are aligned so
+    every slot can be viewed in its own dtype without a copy.
+    """
+    if bucket_bytes <= 0:
+        raise ValueError(f"bucket_bytes must be positive, got {bucket_bytes}")
+    buckets: list[Bucket] = []
+    slots: list[Slot] = []
+    used = 0
+    for spec in specs:
+        size = spec.nbytes
+        offset = -(-used // ALIGN) * ALIGN
+        if slots and offset + size > bucket_bytes:
+            buckets.append(Bucket(tuple(slots), used))
+            slots, offset = [], 0
+        slots.append(Slot(spec, offset, size))
+        used = offset + size
+    if slots:
+        buckets.append(Bucket(tuple(slots), used))
+    return buckets
+
+
+def slot_view(buffer: torch.Tensor, slot: Slot) -> torch.Tensor:
+    """The slot's bytes in ``buffer`` seen as its own dtype and shape (no copy)."""
+    raw = buffer[slot.offset : slot.offset + slot.nbytes]
+    return raw.view(to_dtype(slot.spec.dtype)).view(slot.spec.shape)
+
+
+class BufferPool:
+    """Byte buffers kept between buckets and between updates.
+
+    A fresh 64 MiB buffer costs its page faults again on every use, which on a
+    CPU costs as much as the copy itself; reusing a few buffers pays them once.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.buffers: list[torch.Tensor] = []
+
+    def get(self, index: int, nbytes: int) -> torch.Tensor:
+        """Buffer ``index`` with at least ``nbytes`` (grown when too small), cut to ``nbytes``."""
+        while len(self.buffers) <= index:
+            self.buffers.append(torch.empty(0, dtype=torch.uint8, device=self.device))
+        if self.buffers[index].numel() < nbytes:
+            self.buffers[index] = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+        return self.buffers[index][:nbytes]
+
+
+def pack(bucket: Bucket, tensors: Iterable[torch.Tensor], out: torch.Tensor) -> torch.Tensor:
+    """Copy ``tensors`` into the byte buffer ``out``; the copy also casts dtype and moves device."""
+    for slot, tensor in zip(bucket.slots, tensors, strict=True):
+        slot_view(out, slot).copy_(tensor.detach())
+    return out
+
+
+def unpack(bucket: Bucket, buffer: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
+    for slot in bucket.slots:
+        yield slot.spec.name, slot_view(buffer, slot)
+
+
+@dataclass
+class TransferGroup:
+    """A process group private to one trainer<->server session (rank 0 = trainer)."""
+
+    store: dist.Store
+    group: dist.ProcessGroup
+    rank: int
+    world_size: int
+    device: torch.device
+
+    def broadcast(self, tensor: torch.Tensor, root: int = 0):
+        """Start a broadcast; returns the work handle to ``wait()`` on."""
+        opts = dist.BroadcastOptions()
+        opts.rootRank = root
+        return self.group.broadcast([tensor], opts)
+
+
+def open_group(
+    backend: str,
+    host: str,
+    port: int,
+    rank: int,
+    world_size: int,
+    timeout_s: float,
+    session: str,
+) -> TransferGroup:
+    """Join (rank 0: host) the session's store and build the process group on it.
+
+    Blocks until all ``world_size`` ranks have joined. Every collective on the
+    group fails after ``timeout_s`` instead of hanging, which is what lets a
+    server survive a trainer that dies mid-transfer.
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown transport backend {backend!r}; use one of {list(BACKENDS)}")
+    timeout = datetime.timedelta(seconds=timeout_s)
+    store = dist.TCPStore(
+        host, port, world_size, is_master=rank == 0, timeout=timeout, wait_for_workers=False
+    )
+    prefixed = dist.PrefixStore(f"verl_vllm_rm/{session}", store)
+    if backend == "gloo":
+        group = dist.ProcessGroupGloo(prefixed, rank, world_size, timeout)
+        device = torch.device("cpu")
+    else:
+        options = dist.ProcessGroupNCCL.Options()
+        options._timeout = timeout
+        group = dist.ProcessGroupNCCL(prefixed, rank, world_size, options)
+        device = torch.device("cuda", torch.cuda.current_device())
+    return TransferGroup(store, group, rank, world_size, device)

@@ -1,1 +1,0 @@
-"""Reward-model training steps (Bradley-Terry pairwise); no verl, no vllm."""
