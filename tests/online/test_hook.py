@@ -43,7 +43,8 @@ def test_pairs_are_best_vs_worst_of_each_group(rollout):
 
 def test_rm_step_worker_method_publishes_every_n_steps(ray_cluster, ws_server, tiny_rm, tokenizer, rollout,
                                                        probe_ids):
-    from verl_vllm_rm.online.hook import OnlineRewardModel, OnlineRMConfig
+    from verl_vllm_rm.online.config import OnlineRMConfig
+    from verl_vllm_rm.online.driver import OnlineRewardModel
 
     reset_server(ws_server.url, tiny_rm)
     config = OnlineRMConfig(model_path=tiny_rm, server_url=ws_server.url, training_mode="lora", publish_every=2,
@@ -74,7 +75,7 @@ def test_online_rm_recipe_options_are_valid():
 
     from omegaconf import OmegaConf
 
-    from verl_vllm_rm.online.hook import OnlineRMConfig
+    from verl_vllm_rm.online.config import OnlineRMConfig
 
     recipe = Path(__file__).resolve().parents[2] / "recipes" / "grpo_math_online_rm.sh"
     env = dict(os.environ, VERL_VLLM_RM_DRY_RUN="1", RM_PATH="/models/rm")
@@ -93,7 +94,8 @@ def test_two_rm_workers_average_gradients_and_publish_once_per_step(ray_cluster,
                                                                     rollout, probe_ids):
     """``num_workers=2``: verl splits the pairs, the replicas average gradients and stay identical, and
     rank 0 publishes one version per step (rank 1 takes part in the collective publish)."""
-    from verl_vllm_rm.online.hook import OnlineRewardModel, OnlineRMConfig
+    from verl_vllm_rm.online.config import OnlineRMConfig
+    from verl_vllm_rm.online.driver import OnlineRewardModel
 
     reset_server(ws_server.url, tiny_rm)
     config = OnlineRMConfig(model_path=tiny_rm, server_url=ws_server.url, training_mode="lora", lr=5e-3,

@@ -106,7 +106,7 @@ def step_rollout(queue, tokenizer):
 def test_read_rollout_gives_unpadded_sequences_and_either_reward(step_rollout):
     from verl_vllm_rm.online.trainer_mode import read_rollout
 
-    from verl_vllm_rm.online.hook import OnlineRMConfig
+    from verl_vllm_rm.online.config import OnlineRMConfig
 
     groups, batch = step_rollout
     default_key = OnlineRMConfig(model_path="rm", server_url="http://rm").reward_key  # not the RM's own score
@@ -156,7 +156,8 @@ def test_rm_step_after_a_ppo_step_trains_on_the_queue_and_publishes(step_rollout
 
 def online_rm(tiny_rm: str, url: str, pad_id: int, mode: str = "lora"):
     """An RM trainer worker group that publishes only when told to (resume), never per step."""
-    from verl_vllm_rm.online.hook import OnlineRewardModel, OnlineRMConfig
+    from verl_vllm_rm.online.config import OnlineRMConfig
+    from verl_vllm_rm.online.driver import OnlineRewardModel
 
     config = OnlineRMConfig(model_path=tiny_rm, server_url=url, training_mode=mode, lora_rank=4, lr=5e-3,
                             use_gpu=False, timeout_s=60, parity_every=1, publish_every=10**6)

@@ -22,9 +22,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Sequence
 
+from verl_vllm_rm.protocol.defaults import PARENT_PID_ENV
+
 SERVER_PYTHON_ENV = "VERL_VLLM_RM_SERVER_PYTHON"
-PARENT_PID_ENV = "VERL_VLLM_RM_PARENT_PID"
-REPO_ROOT = Path(__file__).resolve().parents[1]
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 class ServerStartError(RuntimeError):

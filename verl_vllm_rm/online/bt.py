@@ -4,7 +4,7 @@ The loss is ``-log sigmoid(r(chosen) - r(rejected))``: the model learns to score
 the preferred response higher. ``prepare_reward_model`` decides what trains
 (the head; LoRA adapters plus the head; everything), which is also what a
 publish must send (``RewardModelTrainingMode``). Plain torch/transformers/peft:
-the verl worker in :mod:`verl_vllm_rm.online.hook` wraps it.
+the verl worker in :mod:`verl_vllm_rm.online.worker` wraps it.
 """
 
 from __future__ import annotations

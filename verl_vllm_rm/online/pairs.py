@@ -4,7 +4,7 @@ A group is the responses sampled for one prompt (same ``uid``). Ranking them by
 the verifiable (rule) reward gives free preference labels for the reward model:
 the best response is "chosen", the worst "rejected". Groups whose best and worst
 rewards differ by no more than ``min_gap`` (e.g. all correct) carry no signal
-and are skipped. Tensor-only; the verl wrapper lives in ``sync/hook.py``.
+and are skipped. Tensor-only; the verl wrapper lives in ``online/driver.py``.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 After each PPO step this trainer reads the step's rollouts (``uid``, prompt and
 response ids, reward) from verl's TransferQueue, builds best-vs-worst preference
 pairs per prompt group, and runs one Bradley-Terry step on a separate Ray worker
-group (:class:`~verl_vllm_rm.online.hook.OnlineRewardModel`), whose hook publishes
+group (:class:`~verl_vllm_rm.online.driver.OnlineRewardModel`), whose hook publishes
 the new RM weights into the running reward server.
 
 Enable it (see ``recipes/grpo_math_online_rm.sh``)::
@@ -30,12 +30,12 @@ from transfer_queue import KVBatchMeta
 from verl.trainer.ppo.v1 import get_trainer_cls, register_trainer
 from verl.utils.debug import marked_timer
 
-# ``verl_vllm_rm.online.hook`` is imported where it is used: a Ray worker whose first import is the hook
+# ``verl_vllm_rm.online.driver`` is imported where it is used: a Ray worker whose first import is the hook
 # (an RM trainer worker unpickling its class) imports verl from it, verl then imports this module
 # (VERL_USE_EXTERNAL_MODULES), and a module-level import of the half-initialised hook here would fail.
 
 if TYPE_CHECKING:
-    from verl_vllm_rm.online.hook import OnlineRewardModel
+    from verl_vllm_rm.online.driver import OnlineRewardModel
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +50,8 @@ Rollout = tuple[list[Hashable], list[list[int]], list[float]]
 
 def build_online_rm(config: DictConfig, pad_token_id: int) -> "OnlineRewardModel":
     """The RM trainer worker group described by the run's ``online_rm`` section."""
-    from verl_vllm_rm.online.hook import OnlineRewardModel, OnlineRMConfig
+    from verl_vllm_rm.online.config import OnlineRMConfig
+    from verl_vllm_rm.online.driver import OnlineRewardModel
 
     if "online_rm" not in config:
         raise ValueError(f"trainer mode {TRAINER_MODE!r} needs an online_rm section: add "
@@ -77,7 +78,7 @@ def resume_reward_model(online_rm: "OnlineRewardModel", folder: str) -> dict[str
     A checkpoint without RM state (saved by a run without online RM training) resumes
     from the initial RM, with a warning; that, too, is published.
     """
-    from verl_vllm_rm.online.hook import RM_STATE_FILE
+    from verl_vllm_rm.online.worker import RM_STATE_FILE
 
     rm_folder = os.path.join(folder, RM_CHECKPOINT_DIR)
     if not os.path.exists(os.path.join(rm_folder, RM_STATE_FILE)):

@@ -11,21 +11,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from verl_vllm_rm.protocol.errors import RequestError
+
 SCORE_FIELDS = ("model", "input", "normalize")
-
-
-class RequestError(Exception):
-    """A client error, turned into ``{"error": {"message", "type", "code"}}``."""
-
-    def __init__(self, message: str, status: int = 400):
-        super().__init__(message)
-        self.message = message
-        self.status = status
-
-
-def error_body(message: str, status: int) -> dict[str, Any]:
-    kind = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError", 413: "RequestTooLarge"}
-    return {"error": {"message": message, "type": kind.get(status, "ServerError"), "code": status}}
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from verl_vllm_rm.protocol.score import error_body
+from verl_vllm_rm.protocol.errors import error_body
 
 OPEN_PATHS = frozenset({"/health", "/ping"})
 _TOKEN_HASHES: list[bytes] = []

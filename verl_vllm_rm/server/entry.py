@@ -21,12 +21,13 @@ from vllm.platforms import current_platform
 from verl_vllm_rm.server import auth
 from verl_vllm_rm.server.score.router import RewardServerState, install_reward_routes
 from verl_vllm_rm.server.runtime_dir import private_tmpdir
+from verl_vllm_rm.protocol.defaults import DEFAULT_PORT, PARENT_PID_ENV
 from verl_vllm_rm.protocol.names import DEFAULT_HEAD_PATTERNS
 
-DEFAULT_PORT = 8001
+
 WORKER_EXTENSION = "verl_vllm_rm.server.worker_extension.WeightSyncWorkerExtension"
 CPU_KV_CACHE_BYTES = 2 << 30
-PARENT_PID_ENV = "VERL_VLLM_RM_PARENT_PID"
+
 
 
 def build_parser():

@@ -11,7 +11,8 @@ from fastapi.responses import JSONResponse
 
 from verl_vllm_rm.server.score.serving import score_token_ids
 from verl_vllm_rm.server.gate import UpdateGate
-from verl_vllm_rm.protocol.score import RequestError, check_token_ids, error_body, parse_score_request
+from verl_vllm_rm.protocol.errors import RequestError, error_body
+from verl_vllm_rm.protocol.score import check_token_ids, parse_score_request
 
 ROUTES = ("/health", "/score", "/runtime_version", "/get_world_size")
 

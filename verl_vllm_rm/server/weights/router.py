@@ -24,7 +24,8 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from vllm.distributed.weight_transfer.base import WeightTransferInitRequest, WeightTransferUpdateRequest
 
-from verl_vllm_rm.protocol.score import RequestError, error_body, parse_json
+from verl_vllm_rm.protocol.errors import RequestError, error_body
+from verl_vllm_rm.protocol.score import parse_json
 from verl_vllm_rm.server.score.router import RewardServerState, read_body
 from verl_vllm_rm.protocol.inventory import Inventory, ParamSpec, WeightUpdateRefused
 from verl_vllm_rm.protocol.names import RewardModelTrainingMode

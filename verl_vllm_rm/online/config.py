@@ -1,0 +1,55 @@
+"""Options of online RM training: ``+online_rm.*`` in a verl run (see docs/weight_sync.md)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from verl_vllm_rm.parity.probe import ParityProbe
+from verl_vllm_rm.protocol.names import RewardModelTrainingMode
+from verl_vllm_rm.protocol.wire import DEFAULT_BUCKET_BYTES
+
+
+@dataclass
+class OnlineRMConfig:
+    """Options of online RM training (``+online_rm.*`` in a verl run; see docs/weight_sync.md)."""
+
+    model_path: str
+    server_url: str
+    training_mode: str = "head_only"
+    publish_every: int = 1
+    lr: float = 1e-5
+    max_grad_norm: float = 1.0
+    lora_rank: int = 8
+    lora_alpha: int = 16
+    lora_target_modules: Any = "all-linear"
+    min_reward_gap: float = 0.0
+    # What ranks a group's responses: vllm_rm's verifiable score by default. "rm_scores" (the policy's
+    # reward) includes the RM's own score, so the RM would learn from its own judgement.
+    reward_key: str = "verifiable_score"
+    num_workers: int = 1
+    use_gpu: bool = True
+    api_key: str | None = None
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES
+    timeout_s: float = 300.0
+    parity_every: int = 0  # run the parity probe after every N publishes (0: never)
+    parity_threshold: float = 1.05
+
+    def __post_init__(self) -> None:
+        RewardModelTrainingMode.parse(self.training_mode)
+        if self.publish_every < 1:
+            raise ValueError(f"online_rm.publish_every must be >= 1, got {self.publish_every}")
+        if self.parity_every < 0:
+            raise ValueError(f"online_rm.parity_every must be >= 0 (0 turns the probe off), got {self.parity_every}")
+
+    def parity_probe(self) -> ParityProbe | None:
+        return ParityProbe(every=self.parity_every, threshold=self.parity_threshold) if self.parity_every else None
+
+    @classmethod
+    def from_dict(cls, options: Mapping[str, Any]) -> "OnlineRMConfig":
+        valid = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(options) - set(valid))
+        if unknown:
+            raise ValueError(f"unknown online_rm option(s) {unknown}; valid options: {valid}")
+        return cls(**options)
