@@ -49,21 +49,10 @@ def make_groups(tokenizer, rng, n_prompts: int, n_responses: int, prompt_len: in
     return groups
 
 
-def verl_config(url: str, model: str, *extra: str):
-    import verl
-    from hydra import compose, initialize_config_dir
-
-    config_dir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
-    with initialize_config_dir(config_dir=config_dir, version_base=None):
-        return compose("ppo_trainer", overrides=[f"actor_rollout_ref.model.path={model}", *extra])
-
-
 def run_ours(url, model, tokenizer, data) -> float:
-    from verl.trainer.ppo.reward import load_reward_manager
+    from verl_vllm_rm.scoring.loader import load_manager
 
-    cfg = verl_config(url, model, "reward.reward_manager.name=vllm_rm", f"+reward.reward_kwargs.server_url={url}",
-                      "+reward.reward_kwargs.num_examine=0")
-    mgr = load_reward_manager(cfg, tokenizer)
+    mgr = load_manager(tokenizer, url, model, {"num_examine": 0})
     mgr.loop.run_until_complete(mgr.client.health())  # connection + max_model_len, outside the timing
     t0 = time.perf_counter()
     mgr(data)
@@ -73,8 +62,10 @@ def run_ours(url, model, tokenizer, data) -> float:
 def run_verl_builtin(url, model, data) -> float:
     from verl.experimental.reward_loop.reward_loop import RewardLoopWorker
 
-    cfg = verl_config(url, model, "reward.reward_model.enable=True", f"reward.reward_model.model_path={model}",
-                      "reward.reward_model.rollout.name=vllm")
+    from verl_vllm_rm.scoring.loader import compose_verl_config
+
+    cfg = compose_verl_config([f"actor_rollout_ref.model.path={model}", "reward.reward_model.enable=True",
+                               f"reward.reward_model.model_path={model}", "reward.reward_model.rollout.name=vllm"])
     worker = RewardLoopWorker(cfg, reward_router_address=url.removeprefix("http://"))
     t0 = time.perf_counter()
     worker.loop.run_until_complete(worker.compute_score_batch(data))

@@ -6,17 +6,14 @@ set, as verl's validation does, and prints win / win_and per response and overal
     .venv/bin/python examples/pairwise_validation.py
 """
 
-import os
 import tempfile
 
-import verl
-from hydra import compose, initialize_config_dir
 from transformers import AutoTokenizer
-from verl.trainer.ppo.reward import load_reward_manager
 
 from verl_vllm_rm.dev.grpo_batch import Group, build_batch
 from verl_vllm_rm.dev.server_launcher import running_server
 from verl_vllm_rm.dev.tiny_rm import build_tiny_rm
+from verl_vllm_rm.scoring.loader import load_manager
 
 REFERENCE = " <think>add 3 and 4</think> The answer is 7."
 RESPONSES = [REFERENCE, " The answer is 7.", " The answer is 8.", " so so so so"]
@@ -27,13 +24,7 @@ def validate(server_url: str, model_path: str) -> dict[str, list]:
     tok = AutoTokenizer.from_pretrained(model_path)
     group = Group(tok("What is 3 + 4?").input_ids, [tok(r, add_special_tokens=False).input_ids for r in RESPONSES],
                   ground_truth=REFERENCE)
-    config_dir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
-    with initialize_config_dir(config_dir=config_dir, version_base=None):
-        cfg = compose("ppo_trainer", overrides=["reward.reward_manager.name=vllm_rm",
-                                                f"actor_rollout_ref.model.path={model_path}",
-                                                f"+reward.reward_kwargs.server_url={server_url}",
-                                                "+reward.reward_kwargs.num_examine=0"])
-    manager = load_reward_manager(cfg, tok)
+    manager = load_manager(tok, server_url, model_path, {"num_examine": 0})
     data = build_batch([group], tok.pad_token_id)
     data.meta_info["validate"] = True
     info = manager(data, return_dict=True)["reward_extra_info"]

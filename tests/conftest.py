@@ -17,10 +17,21 @@ import requests
 from verl_vllm_rm.dev.server_launcher import running_server
 from verl_vllm_rm.dev.tiny_rm import STEP, build_tiny_rm, synthetic_corpus
 from verl_vllm_rm.online.bt import collate_pairs
+from verl_vllm_rm.scoring.loader import compose_verl_config, vllm_rm_config
 
 ROOT = Path(__file__).resolve().parents[1]
+# Fixtures that start the real server or Ray. A test that uses one, even through another fixture,
+# is marked ``server``; tests that start a server or a run themselves carry the mark explicitly.
+# ``pytest -m "not server"`` then runs the pure tests alone (under a minute).
+HEAVY_FIXTURES = {"rm_server", "ws_server", "online_rm_server", "ray_cluster"}
 # fp32 + eager: exact parity with transformers and a fast start on CPU.
 SERVER_TEST_ARGS = ["--dtype", "float32", "--max-model-len", "512", "--enforce-eager"]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if HEAVY_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.server)
 
 
 @pytest.fixture(scope="session")
@@ -109,21 +120,9 @@ def fault_proxy(rm_server):
 @pytest.fixture(scope="session")
 def dead_url() -> str:
     """A loopback URL with nothing listening (connection refused)."""
-    from verl_vllm_rm.dev.server_launcher import free_port
+    from verl_vllm_rm.http import free_port
 
     return f"http://127.0.0.1:{free_port()}"
-
-
-def compose_verl_config(overrides: list[str]):
-    """verl's own ``ppo_trainer`` config composed with Hydra, plus overrides."""
-    import os
-
-    import verl
-    from hydra import compose, initialize_config_dir
-
-    config_dir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
-    with initialize_config_dir(config_dir=config_dir, version_base=None):
-        return compose("ppo_trainer", overrides=overrides)
 
 
 @pytest.fixture(scope="session")
@@ -137,14 +136,7 @@ def verl_config(tiny_rm):
     """``verl_config(url, key=value, ...)``: a composed config selecting ``vllm_rm``."""
 
     def make(url: str, *extra: str, **reward_kwargs):
-        overrides = [
-            "reward.reward_manager.name=vllm_rm",
-            f"actor_rollout_ref.model.path={tiny_rm}",
-            f"+reward.reward_kwargs.server_url={url}",
-            *[f"+reward.reward_kwargs.{k}={v}" for k, v in reward_kwargs.items()],
-            *extra,
-        ]
-        return compose_verl_config(overrides)
+        return vllm_rm_config(url, tiny_rm, reward_kwargs, extra)
 
     return make
 

@@ -57,18 +57,13 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--samples", type=int, default=10_000)
     args = ap.parse_args(argv)
 
-    from conftest import compose_verl_config  # tests/ is this script's directory
     from transformers import AutoTokenizer
 
-    from verl.trainer.ppo.reward import load_reward_manager
     from verl_vllm_rm.dev.grpo_batch import Group, build_batch
+    from verl_vllm_rm.scoring.loader import load_manager
 
     tokenizer = AutoTokenizer.from_pretrained(args.model)
-    config = compose_verl_config([
-        "reward.reward_manager.name=vllm_rm", f"actor_rollout_ref.model.path={args.model}",
-        f"+reward.reward_kwargs.server_url={args.url}", "+reward.reward_kwargs.num_examine=0",
-    ])
-    mgr = load_reward_manager(config, tokenizer)
+    mgr = load_manager(tokenizer, args.url, args.model, {"num_examine": 0})
     n_steps = -(-args.samples // (GROUP_SIZE * GROUPS_PER_STEP))
     scores = np.full(n_steps * GROUP_SIZE * GROUPS_PER_STEP, np.nan)
     rss: list[float] = []

@@ -7,7 +7,8 @@ import json
 import os
 import sys
 import tempfile
-import urllib.request
+
+from verl_vllm_rm.protocol.defaults import API_KEY_ENV, DEFAULT_SERVER_URL
 
 
 def _serve(args: argparse.Namespace, rest: list[str]) -> int:
@@ -19,17 +20,14 @@ def _serve(args: argparse.Namespace, rest: list[str]) -> int:
 
 
 def _score(args: argparse.Namespace, rest: list[str]) -> int:
+    from verl_vllm_rm.http import HttpError, JsonHttp
+
     texts = args.text or [line.rstrip("\n") for line in sys.stdin if line.strip()]
-    payload = json.dumps({"input": texts, "normalize": args.normalize}).encode()
-    headers = {"Content-Type": "application/json"}
-    if args.api_key:
-        headers["Authorization"] = f"Bearer {args.api_key}"
-    req = urllib.request.Request(f"{args.url.rstrip('/')}/score", data=payload, headers=headers)
+    payload = {"input": texts, "normalize": args.normalize}
     try:
-        with urllib.request.urlopen(req, timeout=args.timeout) as resp:
-            body = json.loads(resp.read())
-    except urllib.error.HTTPError as e:
-        print(f"error {e.code}: {e.read().decode(errors='replace')}", file=sys.stderr)
+        body = JsonHttp(args.url, args.api_key, args.timeout).post("/score", payload)
+    except HttpError as e:
+        print(f"score: {e}", file=sys.stderr)
         return 1
     for item, text in zip(body["data"], texts):
         print(f"{item['score']:+.6f}\t{text}")
@@ -110,19 +108,19 @@ def build_parser() -> argparse.ArgumentParser:
     serve.set_defaults(func=_serve, passthrough=True)
     score = sub.add_parser("score", help="score texts (arguments or stdin lines) on a running server")
     score.add_argument("text", nargs="*")
-    score.add_argument("--url", default="http://127.0.0.1:8001")
+    score.add_argument("--url", default=DEFAULT_SERVER_URL)
     score.add_argument("--normalize", action="store_true", help="sigmoid instead of the raw logit")
-    score.add_argument("--api-key", default=os.environ.get("VERL_VLLM_RM_API_KEY"))
+    score.add_argument("--api-key", default=os.environ.get(API_KEY_ENV))
     score.add_argument("--timeout", type=float, default=60.0)
     score.set_defaults(func=_score, passthrough=False)
     check = sub.add_parser("check", help="refit parity, embedding health and max_model_len (exit 1 on failure)")
-    check.add_argument("--url", default="http://127.0.0.1:8001")
+    check.add_argument("--url", default=DEFAULT_SERVER_URL)
     check.add_argument("--model", required=True, help="the trainer-side checkpoint the server should match")
     check.add_argument("--probes", type=int, default=64)
     check.add_argument("--threshold", type=float, default=1.05, help="max mean(exp|diff|)")
     check.add_argument("--zero-norm", type=float, default=1e-6, help="embedding rows at or below this norm")
     check.add_argument("--identical-tol", type=float, default=0.0, help="rows equal within this are identical")
-    check.add_argument("--api-key", default=os.environ.get("VERL_VLLM_RM_API_KEY"))
+    check.add_argument("--api-key", default=os.environ.get(API_KEY_ENV))
     check.set_defaults(func=_check, passthrough=False)
     demo = sub.add_parser("demo", help="the whole loop on CPU: train a tiny RM, serve it, run verl's main_ppo "
                           "GRPO with vllm_rm while the RM trains online")

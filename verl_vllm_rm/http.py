@@ -1,57 +1,154 @@
-"""A small synchronous JSON client for the weight-update metadata plane.
+"""The trainer side's one HTTP layer: auth header, error reading, JSON calls.
 
-Synchronous on purpose: a publish runs inside a training step (no event loop),
-and its HTTP calls are few and small. Every call has a finite timeout; a server
-error becomes :class:`ServerError` carrying the server's own message.
+Two shapes of call, one error type (:class:`HttpError`) and one reading of
+error bodies (:func:`verl_vllm_rm.protocol.errors.error_message`):
+
+* synchronous (urllib) for the control plane: a publish runs inside a training
+  step (no event loop), the launcher polls ``/health``, the CLI scores once;
+  :class:`JsonHttp` (``get``/``post``/``post_lines``) and :func:`get_json`.
+* one asynchronous attempt (aiohttp) for the scoring client, whose retry loop,
+  routing and fail-over sit above it: :func:`open_session` and :func:`request_json`.
+
+Every call has a finite timeout. :func:`free_port` finds a port to listen on (a launched server, a
+weight-transfer rendezvous).
 """
 
 from __future__ import annotations
 
+import asyncio
+import http.client
 import json
+import socket
 import urllib.error
 import urllib.request
+from contextlib import contextmanager
 from typing import Any, Iterator
 
+import aiohttp
 
-class ServerError(RuntimeError):
-    def __init__(self, status: int, message: str, url: str):
-        super().__init__(f"{url} answered {status}: {message}")
-        self.status = status
+from verl_vllm_rm.protocol.errors import error_message
+
+
+class HttpError(RuntimeError):
+    """A call that got no usable answer.
+
+    ``status`` is the HTTP status of an error answer, whose ``message`` is the
+    server's own; None when no usable answer came (``message`` names the cause,
+    and ``unreachable`` says the server could not be reached or dropped the
+    connection).
+    """
+
+    def __init__(self, url: str, message: str, status: int | None = None, *, unreachable: bool = False):
+        self.url = url
         self.message = message
+        self.status = status
+        self.unreachable = unreachable
+        super().__init__(f"{url}: {self.cause}")
+
+    @property
+    def cause(self) -> str:
+        return self.message if self.status is None else f"HTTP {self.status}: {self.message}"
+
+    @property
+    def transient(self) -> bool:
+        """Worth another attempt: no answer, 429 (busy) or a 5xx; any other 4xx is a refusal."""
+        return self.status is None or self.status == 429 or self.status >= 500
+
+
+def auth_headers(api_key: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+def _decode(text: str | bytes, url: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        raise HttpError(url, f"response is not JSON: {text[:200]!r}") from None
+
+
+# -- synchronous -------------------------------------------------------------------------------
+
+
+@contextmanager
+def _answer(url: str, body: Any, api_key: str | None, timeout_s: float) -> Iterator[http.client.HTTPResponse]:
+    """The open response; any failure while sending or reading it becomes :class:`HttpError`."""
+    data = None if body is None else json.dumps(body).encode()
+    headers = {"Content-Type": "application/json", **auth_headers(api_key)}
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, data=data, headers=headers), timeout=timeout_s) as resp:
+            yield resp
+    except urllib.error.HTTPError as e:
+        raise HttpError(url, error_message(e.read()), e.code) from None
+    except (OSError, http.client.HTTPException) as e:  # refused, reset, timed out, cut short
+        reason = e.reason if isinstance(e, urllib.error.URLError) else e
+        raise HttpError(url, f"{type(reason).__name__}: {reason}",
+                        unreachable=isinstance(e, (urllib.error.URLError, ConnectionError))) from None
+
+
+def get_json(url: str, timeout_s: float = 5.0, api_key: str | None = None) -> Any:
+    """``GET url`` once: the decoded answer, or :class:`HttpError`."""
+    with _answer(url, None, api_key, timeout_s) as resp:
+        return _decode(resp.read(), url)
 
 
 class JsonHttp:
+    """JSON calls to one server: paths are relative to ``base_url``."""
+
     def __init__(self, base_url: str, api_key: str | None = None, timeout_s: float = 60.0):
         self.base_url = base_url.rstrip("/")
+        self.api_key = api_key
         self.timeout_s = timeout_s
-        self.headers = {"Content-Type": "application/json"}
-        if api_key:
-            self.headers["Authorization"] = f"Bearer {api_key}"
 
-    def _open(self, path: str, body: dict[str, Any] | None, timeout_s: float | None):
-        data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(self.base_url + path, data=data, headers=self.headers)
-        try:
-            return urllib.request.urlopen(req, timeout=timeout_s or self.timeout_s)
-        except urllib.error.HTTPError as e:
-            raw = e.read()
-            try:
-                message = json.loads(raw)["error"]["message"]
-            except (ValueError, KeyError, TypeError):
-                message = raw.decode(errors="replace")
-            raise ServerError(e.code, message, self.base_url + path) from None
+    def get(self, path: str) -> Any:
+        return get_json(self.base_url + path, self.timeout_s, self.api_key)
 
-    def get(self, path: str) -> dict[str, Any]:
-        with self._open(path, None, None) as resp:
-            return json.loads(resp.read())
+    def post(self, path: str, body: Any, timeout_s: float | None = None) -> Any:
+        url = self.base_url + path
+        with _answer(url, body, self.api_key, timeout_s or self.timeout_s) as resp:
+            return _decode(resp.read(), url)
 
-    def post(self, path: str, body: dict[str, Any], timeout_s: float | None = None) -> dict[str, Any]:
-        with self._open(path, body, timeout_s) as resp:
-            return json.loads(resp.read())
-
-    def post_lines(self, path: str, body: dict[str, Any], timeout_s: float | None = None) -> Iterator[dict[str, Any]]:
+    def post_lines(self, path: str, body: Any, timeout_s: float | None = None) -> Iterator[Any]:
         """POST and yield each NDJSON line of the answer as it arrives."""
-        with self._open(path, body, timeout_s) as resp:
+        url = self.base_url + path
+        with _answer(url, body, self.api_key, timeout_s or self.timeout_s) as resp:
             for line in resp:
                 if line.strip():
-                    yield json.loads(line)
+                    yield _decode(line, url)
+
+
+# -- asynchronous ------------------------------------------------------------------------------
+
+
+def open_session(api_key: str | None, max_connections: int) -> aiohttp.ClientSession:
+    """A pooled session that sends the API key with every request (one per event loop)."""
+    connector = aiohttp.TCPConnector(limit=max_connections, keepalive_timeout=30)
+    return aiohttp.ClientSession(connector=connector, headers=auth_headers(api_key))
+
+
+async def request_json(
+    session: aiohttp.ClientSession, method: str, url: str, payload: Any = None, *,
+    total_s: float, connect_s: float, read_s: float,
+) -> Any:
+    """One attempt, no retry: the decoded answer, or :class:`HttpError`."""
+    timeout = aiohttp.ClientTimeout(total=total_s, sock_connect=connect_s, sock_read=read_s)
+    try:
+        async with session.request(method, url, json=payload, timeout=timeout) as resp:
+            text = await resp.text()
+            status = resp.status
+    except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError) as e:
+        raise HttpError(url, f"connection failed: {type(e).__name__}: {e}", unreachable=True) from None
+    except asyncio.TimeoutError:
+        raise HttpError(url, f"timed out (limits: total {total_s:.3g}s, connect {connect_s:.3g}s, "
+                             f"read {read_s:.3g}s)") from None
+    except aiohttp.ClientError as e:
+        raise HttpError(url, f"{type(e).__name__}: {e}") from None
+    if status >= 400:
+        raise HttpError(url, error_message(text), status)
+    return _decode(text, url)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port the OS says is free on ``host`` ("" = every interface)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]

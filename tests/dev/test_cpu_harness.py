@@ -13,6 +13,8 @@ import torch
 from verl_vllm_rm.dev.cpu_harness.rollout import sample
 from verl_vllm_rm.dev.tiny_policy import PLAIN_CHAT_TEMPLATE, build_tiny_policy, policy_tokenizer
 
+pytestmark = pytest.mark.server  # imports verl in subprocesses and runs the tiny policy
+
 
 def _python(code: str, **env: str) -> str:
     import os

@@ -12,6 +12,8 @@ import pytest
 
 from verl_vllm_rm.dev.server_launcher import ServerStartError, start_server
 
+pytestmark = pytest.mark.server  # starts its own servers
+
 LAUNCHER = """
 import json, sys
 from verl_vllm_rm.dev.server_launcher import start_server

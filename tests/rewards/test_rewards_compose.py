@@ -18,6 +18,8 @@ from verl_vllm_rm.rewards import (
     compute_rule_rewards,
     think_tag_ids,
 )
+from verl_vllm_rm.options import ConfigError
+from verl_vllm_rm.scoring.rules import RuleScorer
 
 
 def test_default_is_the_rm_gallery_recipe():
@@ -58,29 +60,38 @@ def test_from_dict_accepts_omegaconf_and_the_result_pickles():
          r"unknown reward component 'formt'; valid: rubric, verifiable, format, length, thought_length, ngram, "
          r"gallery:<name>"),
         ({"components": ["gallery:"]}, "unknown reward component 'gallery:'"),
-        ({"components": ["rubric", 3]}, "unknown reward component 3"),
+        ({"components": ["rubric", 3]}, r"rewards\.components\[1\] must be a string, got 3"),
         ({"ngram": {"ngram_size": -2}}, r"rewards\.ngram: ngram_size must be a positive integer .*got -2"),
         ({"ngram": {"ngram_size": 0}}, r"rewards\.ngram: ngram_size must be a positive integer .*got 0"),
         ({"weights": {"thought_length": 0.5}},
-         r"gives weights for \['thought_length'\], which are not enabled .*add them to rewards\.components"),
+         r"rewards: weights gives weights for \['thought_length'\], which are not enabled .*add them to components"),
         ({"components": ["rubric"], "weights": {"rubric": 1, "ngram": -1}}, r"weights for \['ngram'\]"),
-        ({"weight": {"rubric": 1}}, r"rewards: unknown key\(s\) \['weight'\]; valid: components, weights, format"),
-        ({"ngram": {"n": 3}}, r"rewards\.ngram: unknown parameter\(s\) \['n'\]; valid: ngram_size, max_penalty"),
+        ({"weight": {"rubric": 1}},
+         r"unknown rewards option\(s\) \['weight'\]; valid options are: components, weights, gate, format.*"
+         r"did you mean 'weights' for 'weight'\?"),
+        ({"ngram": {"n": 3}}, r"unknown rewards\.ngram option\(s\) \['n'\]; valid options are: ngram_size, max_penalty"),
         ({"ngram": [3]}, r"rewards\.ngram must be a mapping"),
         ({"components": "rubric"}, "rewards.components must be a list"),
         ({"components": []}, "non-empty list"),
         ({"components": ["format", "format"]}, r"lists \['format'\] more than once"),
         ({"weights": {"rubric": float("nan")}}, "weight of 'rubric' must be a finite number"),
-        ({"weights": {"rubric": True}}, "weight of 'rubric' must be a finite number"),
-        ({"weights": [1.0]}, "rewards.weights must map component names"),
+        ({"weights": {"rubric": True}}, r"rewards\.weights\.rubric must be a number, got True"),
+        ({"weights": [1.0]}, r"rewards\.weights must be a mapping of strings to numbers, got \[1\.0\]"),
         ({"length": {"overlong_buffer": 64}}, r"rewards\.length: overlong_buffer=64 needs max_response_tokens"),
         ({"thought_length": {"close_tag": ""}}, r"rewards\.thought_length: open_tag and close_tag"),
         ({"format": {"pattern": "(unclosed"}}, r"rewards\.format: format pattern .* not a valid regular expression"),
-        ({"gallery": {"length_penalty": 3}}, "rewards.gallery must map rm-gallery names"),
+        ({"gallery": {"length_penalty": 3}}, r"rewards\.gallery\.length_penalty must be a mapping of strings to values, got 3"),
+        ({"gate": ["verifiable", "verifiable"]}, r"rewards: gate lists \['verifiable'\] more than once"),
+        ({"gate": ["correct"]}, "rewards: unknown reward component 'correct'; valid: rubric, verifiable"),
+        ({"gate": "verifiable"}, r"rewards\.gate must be a list of strings, got 'verifiable'"),
+        ({"components": ["rubric", "verifiable"], "gate": ["verifiable"]},
+         r"\['verifiable'\] are in both components and gate.*keep it in one of them"),
+        ({"components": ["rubric"], "gate": ["verifiable"], "weights": {"verifiable": 1.0}},
+         r"weights gives weights for \['verifiable'\].*\(gate components are not weighted\)"),
     ],
 )
 def test_config_errors_name_the_problem(raw, message):
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(ConfigError, match=message):
         RewardConfig.from_dict(raw)
 
 
@@ -101,6 +112,61 @@ def test_compose_keeps_nan_and_reports_missing_or_mismatched_values():
         compose({"rubric": [1.0, 2.0], "format": [1.0]}, {"rubric": 1.0, "format": 1.0})
     with pytest.raises(ValueError, match="at least one weighted component"):
         compose({"rubric": [1.0]}, {})
+
+
+def test_gate_multiplies_the_weighted_sum():
+    values = {"rubric": [2.0, -1.0, 0.5], "format": [1.0, 1.0, 0.0], "verifiable": [1.0, 0.0, 0.5]}
+    total = compose(values, {"rubric": 0.5, "format": 0.25}, gate=["verifiable", "format"])
+    # (0.5 * rubric + 0.25 * format) * verifiable * format, by hand
+    np.testing.assert_allclose(total, [(1.0 + 0.25) * 1.0 * 1.0, (-0.5 + 0.25) * 0.0 * 1.0, 0.25 * 0.5 * 0.0])
+    with pytest.raises(ValueError, match=r"no values for gate component\(s\) \['verifiable'\].*manager supplies"):
+        compose({"rubric": [1.0]}, {"rubric": 1.0}, gate=["verifiable"])
+
+
+def test_gate_components_are_computed_but_not_weighted(padded):
+    config = RewardConfig.from_dict({"components": ["rubric"], "gate": ["format"]})
+    assert (config.components, config.gate, dict(config.weights)) == (("rubric",), ("format",), {"rubric": 0.95})
+    texts = ["<think>a</think><answer>b</answer>", "no tags"]
+    ids, lengths = padded([[1, 2], [3]])
+    values = compute_rule_rewards(config, ids, lengths, texts)
+    np.testing.assert_array_equal(values["format"], [1.0, 0.0])
+    values["rubric"] = np.array([0.4, 0.8])
+    np.testing.assert_allclose(compose(values, config.weights, config.gate), [0.95 * 0.4, 0.0])
+
+
+RUBRIC = np.array([1.5, -0.5, 2.0, 0.0])
+VERIFIABLE = np.array([1.0, 0.0, 0.5, 1.0])
+
+
+@pytest.mark.parametrize(
+    "mode, expected, needs_verifiable",
+    [
+        ("replace", [1.5, -0.5, 2.0, 0.0], False),
+        ("add", [2.5, -0.5, 2.5, 1.0], True),
+        ("multiply", [1.5, 0.0, 1.0, 0.0], True),
+        ("weighted", [0.25 * 1.5 + 0.75, 0.25 * -0.5, 0.25 * 2.0 + 0.75 * 0.5, 0.75], True),  # alpha = 0.25
+    ],
+)
+def test_combine_shorthand_is_a_composition(word_tokenizer, mode, expected, needs_verifiable):
+    config = RewardConfig.from_combine(mode, alpha=0.25)
+    total = compose({"rubric": RUBRIC, "verifiable": VERIFIABLE}, config.weights, config.gate)
+    np.testing.assert_allclose(total, expected)
+    rules = RuleScorer(config, word_tokenizer)
+    # the manager calls compute_score only when needed and adds no rule keys to reward_extra_info
+    assert (rules.needs_verifiable, rules.has_rules) == (needs_verifiable, False)
+    for rm, ver, want in zip(RUBRIC, VERIFIABLE, expected):
+        assert rules.total({"rubric": rm, "verifiable": ver if needs_verifiable else None}) == pytest.approx(want)
+
+
+def test_combine_shorthand_rejects_an_unknown_mode():
+    with pytest.raises(ValueError, match=r"combine='avg' is not one of \['replace', 'add', 'multiply', 'weighted'\]"):
+        RewardConfig.from_combine("avg", alpha=0.5)
+
+
+def test_rule_scorer_needs_verifiable_for_a_verifiable_gate(word_tokenizer):
+    rules = RuleScorer(RewardConfig.from_dict({"components": ["rubric", "ngram"], "gate": ["verifiable"]}),
+                       word_tokenizer)
+    assert (rules.needs_verifiable, rules.has_rules) == (True, True)
 
 
 def test_component_stats():

@@ -41,6 +41,15 @@ def test_budget_splits_requests_and_keeps_order(fault_proxy, tokenizer, hf_model
     assert max(abs(a - b) for a, b in zip(got, sequence_scores(hf_model, ids))) < 1e-4
 
 
+def test_score_request_is_one_request_whatever_the_budget(fault_proxy, tokenizer, hf_model, texts):
+    """The group batcher applies the budget itself: the chunk it hands over goes out as it is."""
+    client = VLLMRewardClient(fault_proxy.url, max_batch_seqs=3, max_batch_tokens=10)
+    ids = [tokenizer(t).input_ids for t in texts[:10]]
+    got = run(client, client.score_request(ids))
+    assert [r["path"] for r in fault_proxy.requests] == ["/score"]
+    assert max(abs(a - b) for a, b in zip(got, sequence_scores(hf_model, ids))) < 1e-4
+
+
 def test_token_budget_splits_requests(fault_proxy, tokenizer, texts):
     ids = [tokenizer(t).input_ids for t in texts[:6]]
     client = VLLMRewardClient(fault_proxy.url, max_batch_tokens=max(map(len, ids)))

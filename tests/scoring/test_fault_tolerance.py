@@ -29,9 +29,12 @@ from verl.trainer.ppo.reward import load_reward_manager
 from verl_vllm_rm.scoring.client import RewardServerError, VLLMRewardClient
 from verl_vllm_rm.dev.grpo_batch import Group, build_batch, last_token_rewards, row_token_ids
 from verl_vllm_rm.parity.reference import sequence_scores
-from verl_vllm_rm.dev.server_launcher import RewardServer, free_port, start_server
+from verl_vllm_rm.dev.server_launcher import RewardServer, start_server
+from verl_vllm_rm.http import free_port
 
 from sustained_run import all_rows, step_groups
+
+pytestmark = pytest.mark.server  # kills and restarts its own server
 
 FAST = dict(backoff_base_s=0.01, backoff_max_s=0.05)
 # Measured growth over the second half of the run is < 1 MiB; keeping each row's DataProto

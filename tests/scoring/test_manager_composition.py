@@ -37,6 +37,15 @@ def test_total_is_the_weighted_sum_of_components(rm_server, verl_config, tokeniz
     assert stats["reward/last_step_std"] == pytest.approx(info["score"].std(), abs=1e-5)
 
 
+@pytest.mark.parametrize("mode", ["replace", "add", "multiply", "weighted"])
+def test_combine_shorthand_adds_only_the_verifiable_keys(rm_server, verl_config, tokenizer, grpo_groups, mode):
+    """``combine`` is a composition of rubric and verifiable: no rule keys, verifiable ones unless replace."""
+    mgr = load_reward_manager(verl_config(rm_server.url, combine=mode), tokenizer)
+    info = mgr(build_batch(grpo_groups, tokenizer.pad_token_id), return_dict=True)["reward_extra_info"]
+    keys = {"score", "rm_score", "rm_valid", "rm_prompt_tokens_dropped"}
+    assert set(info) == (keys if mode == "replace" else keys | {"verifiable_score"})
+
+
 @pytest.mark.parametrize(
     "rewards,extra,needle",
     [

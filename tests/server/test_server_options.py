@@ -8,6 +8,8 @@ from verl_vllm_rm.weight_sync import RewardModelPublisher, WeightUpdateRefused
 from verl_vllm_rm.parity.reference import sequence_scores, step_scores
 from verl_vllm_rm.dev.server_launcher import running_server
 
+pytestmark = pytest.mark.server  # starts its own server (with --api-key and step tags)
+
 KEY = "test-secret"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 LIMITS = ["--max-score-batch", "16", "--max-request-bytes", "4096"]
@@ -78,7 +80,25 @@ def test_request_limits_give_413(step_server):
     assert "--max-score-batch 16" in too_many.json()["error"]["message"]
     too_big = requests.post(f"{server.url}/score", json={"input": ["x" * 5000]}, headers=AUTH, timeout=30)
     assert too_big.status_code == 413
-    assert "--max-request-bytes 4096" in too_big.json()["error"]["message"]
+    assert "request body of 5015 bytes exceeds --max-request-bytes 4096" in too_big.json()["error"]["message"]
+
+
+def test_chunked_body_over_the_limit_is_cut_off(step_server):
+    """No Content-Length to check up front: the server counts the stream and stops at the limit."""
+    server, _ = step_server
+
+    def chunks(n: int):
+        yield b'{"input": ["'
+        yield from (b"ab " * 100 for _ in range(n))
+        yield b'"]}'
+
+    resp = requests.post(f"{server.url}/score", data=chunks(20), headers=AUTH, timeout=30)
+    assert resp.status_code == 413
+    assert resp.json()["error"]["message"] == (
+        "request body of more than 4096 bytes exceeds --max-request-bytes 4096"
+    )
+    small = requests.post(f"{server.url}/score", data=chunks(1), headers=AUTH, timeout=30)
+    assert small.status_code == 200 and len(small.json()["data"]) == 1
 
 
 @pytest.mark.parametrize(

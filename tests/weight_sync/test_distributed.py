@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -11,19 +10,15 @@ from pathlib import Path
 import torch
 from sync_helpers import assert_parity, load_rm, reset_server, runtime_version
 
+from verl_vllm_rm.http import free_port
+
 SHARDED_TRAINER = Path(__file__).parents[1] / "sharded_trainer.py"
 WORLD = 2
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_sharded_trainer_publishes_the_gathered_model(ws_server, tiny_rm, probe_ids):
     version = reset_server(ws_server.url, tiny_rm) + 1
-    port = _free_port()
+    port = free_port()
     procs = [
         subprocess.Popen(
             [sys.executable, str(SHARDED_TRAINER), str(rank), str(WORLD), str(port), ws_server.url, tiny_rm,

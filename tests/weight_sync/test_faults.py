@@ -125,7 +125,7 @@ def test_a_stalled_trainer_does_not_stall_scoring(ws_server, tiny_rm, probe_ids)
         assert runtime_version(ws_server.url) == old_version
         final = next(lines)  # the group's timeout ends the stalled receive
     assert b'"failed"' in final and b"receiving the weights failed" in final, final
-    pub._transfer = None  # the server closed the session; the next publish joins a new one
+    pub.session.drop()  # the server closed the session; the next publish joins a new one
     health = _wait_for_failed_update(ws_server.url, old_version + 1)
     assert health["last_failed_update"]["serving_version"] == old_version
     assert reset_server(ws_server.url, tiny_rm) == old_version + 1  # a fresh publish works again

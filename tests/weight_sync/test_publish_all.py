@@ -1,31 +1,32 @@
-"""``VLLMRewardClient.sync_weights``: the client-level publish, then the client sees the new version."""
-
-import asyncio
+"""``MultiServerPublisher``: one publisher per server, kept between publishes, one result per server."""
 
 import pytest
-from sync_helpers import assert_parity, load_rm, reset_server
+from sync_helpers import assert_parity, load_rm, reset_server, runtime_version
 
-from verl_vllm_rm.scoring.client import VLLMRewardClient
-from verl_vllm_rm.weight_sync import WeightUpdateRefused
+from verl_vllm_rm.http import HttpError
 from verl_vllm_rm.online.bt import BradleyTerryTrainer, prepare_reward_model
+from verl_vllm_rm.weight_sync import MultiServerPublisher, WeightUpdateRefused
 
 
-def test_sync_weights_publishes_and_bumps_the_version(ws_server, tiny_rm, probe_ids, preference_batch):
-    reset_server(ws_server.url, tiny_rm)
+def test_each_publish_bumps_the_version_and_scores_like_the_model(ws_server, tiny_rm, probe_ids, preference_batch):
+    version = reset_server(ws_server.url, tiny_rm)
     model = prepare_reward_model(load_rm(tiny_rm), "head_only")
-    BradleyTerryTrainer(model, lr=5e-2).step(preference_batch)
-    client = VLLMRewardClient(ws_server.url)
+    trainer = BradleyTerryTrainer(model, lr=5e-2)
+    with MultiServerPublisher([ws_server.url, ws_server.url], timeout_s=60) as fleet:
+        assert len(fleet.publishers) == 1  # a URL listed twice is one server
+        for step in (1, 2):
+            trainer.step(preference_batch)
+            results = fleet.publish(model, version + step, "head_only")
+            assert [(r.version, r.num_params) for r in results] == [(version + step, 1)]
+            assert runtime_version(ws_server.url) == version + step
+            assert_parity(ws_server.url, model, probe_ids)
+        assert fleet.publishers[0].connected  # the session is kept between publishes
+        with pytest.raises(WeightUpdateRefused, match="not newer"):
+            fleet.publish(model, version + 2, "head_only")
+    assert not fleet.publishers[0].connected
 
-    async def go():
-        try:
-            before = await client.get_model_version()
-            results = await client.sync_weights(model, before + 1, "head_only")
-            with pytest.raises(WeightUpdateRefused, match="not newer"):
-                await client.sync_weights(model, before + 1, "head_only")
-            return before, results, await client.get_model_version()
-        finally:
-            await client.close()
 
-    before, results, after = asyncio.run(go())
-    assert after == before + 1 and [r.version for r in results] == [after] and results[0].num_params == 1
-    assert_parity(ws_server.url, model, probe_ids)
+def test_an_unreachable_server_fails_before_any_publish(ws_server, dead_url):
+    with pytest.raises(HttpError, match=dead_url) as err:
+        MultiServerPublisher([ws_server.url, dead_url], timeout_s=10)
+    assert err.value.unreachable

@@ -8,20 +8,17 @@ neither a failing test nor a crashed demo leaves an engine behind.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import socket
 import subprocess
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Sequence
 
+from verl_vllm_rm.http import HttpError, free_port, get_json
 from verl_vllm_rm.protocol.defaults import PARENT_PID_ENV
 
 SERVER_PYTHON_ENV = "VERL_VLLM_RM_SERVER_PYTHON"
@@ -45,19 +42,6 @@ def find_server_python() -> str:
         f"no server environment found: set {SERVER_PYTHON_ENV} to a python that has vllm and "
         f"verl-vllm-rm installed, or run `make setup` to create {candidate.parent.parent}"
     )
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port the OS says is free on ``host`` ("" = every interface)."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-def get_json(url: str, timeout: float = 5.0, headers: dict[str, str] | None = None) -> dict:
-    req = urllib.request.Request(url, headers=headers or {})
-    with urllib.request.urlopen(req, timeout=timeout) as resp:
-        return json.loads(resp.read())
 
 
 @dataclass
@@ -115,9 +99,9 @@ def start_server(
             if time.monotonic() - t0 > startup_timeout_s:
                 raise ServerStartError(f"server not healthy after {startup_timeout_s:.0f}s; log tail:\n{server.log_tail()}")
             try:
-                if get_json(server.url + "/health", timeout=2.0).get("status") == "ok":
+                if get_json(server.url + "/health", timeout_s=2.0).get("status") == "ok":
                     break
-            except (urllib.error.URLError, OSError, ValueError):
+            except HttpError:  # not up yet
                 pass
             time.sleep(0.5)
     except BaseException:

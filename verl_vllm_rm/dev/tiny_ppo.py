@@ -202,11 +202,11 @@ def main_ppo_env(cfg: TinyPPOConfig) -> dict[str, str]:
 
 
 def _runtime_version(url: str) -> int | None:
-    from verl_vllm_rm.dev.server_launcher import get_json
+    from verl_vllm_rm.http import HttpError, get_json
 
     try:
-        return int(get_json(f"{url}/runtime_version", timeout=5.0)["version"])
-    except (OSError, ValueError, KeyError):
+        return int(get_json(f"{url}/runtime_version", timeout_s=5.0)["version"])
+    except (HttpError, ValueError, KeyError):
         return None
 
 

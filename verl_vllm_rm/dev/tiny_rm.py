@@ -9,23 +9,17 @@ hence 4 heads over a hidden size of 128.
 from __future__ import annotations
 
 import json
-import random
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-PAD, EOS, IM_START, IM_END, STEP = "<|pad|>", "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<step>"
+from verl_vllm_rm.parity.corpus import STEP, synthetic_corpus
+
+PAD, EOS, IM_START, IM_END = "<|pad|>", "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 SPECIAL_TOKENS = [PAD, EOS, IM_START, IM_END, STEP]
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
-_WORDS = (
-    "the answer is think step first then so we add subtract multiply result total number "
-    "question please compute what sum of and plus minus times equals check final because "
-    "therefore good bad correct wrong helpful honest harmless reason explain"
-).split()
-
-
 @dataclass(frozen=True)
 class TinyRMSpec:
     """Shape of the tiny reward model; the defaults start on vLLM-CPU."""
@@ -39,18 +33,6 @@ class TinyRMSpec:
     max_position_embeddings: int = 2048
     head_std: float = 0.1
     seed: int = 0
-
-
-def synthetic_corpus(n_lines: int = 3000, seed: int = 0) -> list[str]:
-    """Arithmetic questions, answers and filler prose; deterministic for a seed."""
-    rng = random.Random(seed)
-    lines = []
-    for _ in range(n_lines):
-        a, b = rng.randint(0, 999), rng.randint(0, 999)
-        op, val = rng.choice([("+", a + b), ("-", a - b), ("*", a * b)])
-        words = " ".join(rng.choice(_WORDS) for _ in range(rng.randint(3, 12)))
-        lines.append(f"What is {a} {op} {b}? <think>{words}</think> The answer is {val}. {STEP}")
-    return lines
 
 
 def build_tokenizer(spec: TinyRMSpec):

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from verl_vllm_rm.options import build
 from verl_vllm_rm.parity.probe import ParityProbe
 from verl_vllm_rm.protocol.names import RewardModelTrainingMode
 from verl_vllm_rm.protocol.wire import DEFAULT_BUCKET_BYTES
@@ -39,17 +39,14 @@ class OnlineRMConfig:
     def __post_init__(self) -> None:
         RewardModelTrainingMode.parse(self.training_mode)
         if self.publish_every < 1:
-            raise ValueError(f"online_rm.publish_every must be >= 1, got {self.publish_every}")
+            raise ValueError(f"publish_every must be >= 1, got {self.publish_every}")
         if self.parity_every < 0:
-            raise ValueError(f"online_rm.parity_every must be >= 0 (0 turns the probe off), got {self.parity_every}")
+            raise ValueError(f"parity_every must be >= 0 (0 turns the probe off), got {self.parity_every}")
 
     def parity_probe(self) -> ParityProbe | None:
         return ParityProbe(every=self.parity_every, threshold=self.parity_threshold) if self.parity_every else None
 
     @classmethod
     def from_dict(cls, options: Mapping[str, Any]) -> "OnlineRMConfig":
-        valid = [f.name for f in dataclasses.fields(cls)]
-        unknown = sorted(set(options) - set(valid))
-        if unknown:
-            raise ValueError(f"unknown online_rm option(s) {unknown}; valid options: {valid}")
-        return cls(**options)
+        """Validate the ``online_rm`` section (a mapping or DictConfig)."""
+        return build(cls, options, "online_rm")

@@ -12,7 +12,7 @@ from verl_vllm_rm.scoring.rm_inputs import fit_to_length
 
 
 def probe_token_ids(tokenizer, n: int, seed: int = 0) -> list[list[int]]:
-    from verl_vllm_rm.dev.tiny_rm import synthetic_corpus
+    from verl_vllm_rm.parity.corpus import synthetic_corpus
 
     return [tokenizer(line).input_ids for line in synthetic_corpus(n_lines=n, seed=seed)]
 

@@ -1,19 +1,29 @@
-"""Request parsing and validation for the reward routes.
+"""The ``POST /score`` schema, both ways: the server parses requests and builds answers
+with it, the client checks answers with it.
 
 Pure Python (no vllm import) so the rules are easy to read and to test. Every
 rejection names the problem and how to fix it; nothing here touches the engine.
+A request the server refuses raises :class:`RequestError` (a 4xx); an answer the
+client refuses raises :class:`ScoreResponseError` (retried like a 5xx).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import reprlib
+import sys
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 from verl_vllm_rm.protocol.errors import RequestError
 
 SCORE_FIELDS = ("model", "input", "normalize")
+INPUT_SHAPE = "a non-empty list of strings or of token-id lists"
+
+
+class ScoreResponseError(ValueError):
+    """A ``/score`` answer that breaks the schema: an error, never a number."""
 
 
 @dataclass(frozen=True)
@@ -29,36 +39,129 @@ class ScoreRequest:
         return len(self.texts if self.texts is not None else self.token_ids)
 
 
-def _is_int(x: Any) -> bool:
+def _short_repr() -> reprlib.Repr:
+    r = reprlib.Repr()
+    r.maxlevel, r.maxlist, r.maxdict, r.maxstring, r.maxlong, r.maxother = 2, 6, 4, 60, 40, 60
+    return r
+
+
+_SHORT = _short_repr()
+
+
+def preview(value: Any) -> str:
+    """``repr`` cut short: an error message echoes what was sent, never megabytes or 1000 levels of it."""
+    return _SHORT.repr(value)
+
+
+def is_int(x: Any) -> bool:
+    """A JSON integer (``true`` is a bool in JSON, an int in Python)."""
     return isinstance(x, int) and not isinstance(x, bool)
 
 
+def _is_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+# -- JSON, strictly: RFC 8259 as written, nothing Python's json would let through ------------
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise RequestError(f"key {preview(key)} appears twice in one JSON object; send each key once")
+            seen.add(key)
+    return obj
+
+
+def _no_constant(name: str) -> Any:
+    raise RequestError(f"{name} is not a JSON value (JSON numbers are finite); send a finite number")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise RequestError(f"number {preview(text)} is too large for a 64-bit float; send a finite number")
+    return value
+
+
 def parse_json(body: bytes) -> Any:
+    """Decode a request body; anything that is not plain, unambiguous JSON is a :class:`RequestError`.
+
+    Python's ``json`` alone would accept ``NaN``/``Infinity``, read ``1e999`` as
+    infinity and keep the last of two equal keys, and it raises ``RecursionError``
+    on deep nesting and ``ValueError`` on integers past ``sys.get_int_max_str_digits()``.
+    """
     try:
-        return json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        return json.loads(body, object_pairs_hook=_unique_keys, parse_constant=_no_constant, parse_float=_finite_float)
+    except UnicodeDecodeError as e:
+        raise RequestError(f"request body is not UTF-8 ({e}); send UTF-8 encoded JSON") from None
+    except json.JSONDecodeError as e:
         raise RequestError(f"request body is not valid JSON ({e}); send a JSON object") from None
+    except RecursionError:
+        raise RequestError(
+            "request body nests JSON arrays/objects too deeply to parse; send a flat JSON object"
+        ) from None
+    except ValueError:  # only int() raises a plain ValueError inside json.loads
+        raise RequestError(
+            f"request body has an integer of more than {sys.get_int_max_str_digits()} digits; "
+            "no field of this API takes one"
+        ) from None
+
+
+# -- request ----------------------------------------------------------------------------
+def _json_type(x: Any) -> str:
+    names = {dict: "object", list: "array", str: "string", bool: "boolean", int: "number", float: "number"}
+    return "null" if x is None else names[type(x)]
+
+
+def _texts(inputs: list[str]) -> list[str]:
+    for i, text in enumerate(inputs):
+        try:
+            text.encode()
+        except UnicodeEncodeError as e:
+            raise RequestError(
+                f"input[{i}] has a lone UTF-16 surrogate {preview(e.object[e.start:e.end])} at character {e.start}, "
+                "which is not text; send valid Unicode (pair each \\ud800-\\udbff escape with a \\udc00-\\udfff)"
+            ) from None
+    return list(inputs)
+
+
+def _token_ids(inputs: list[list[Any]]) -> list[list[int]]:
+    for i, ids in enumerate(inputs):
+        if not ids:
+            raise RequestError(f"input[{i}] is an empty token-id list")
+        bad = next((j for j, t in enumerate(ids) if not is_int(t)), None)
+        if bad is not None:
+            raise RequestError(
+                f"input[{i}] must contain only integer token ids; input[{i}][{bad}] is {preview(ids[bad])}"
+            )
+    return [list(x) for x in inputs]
 
 
 def parse_score_request(body: bytes, served_models: list[str], max_batch_size: int) -> ScoreRequest:
     """Validate a ``/score`` body: shapes and types only (lengths need the tokenizer)."""
     payload = parse_json(body)
     if not isinstance(payload, dict):
-        raise RequestError(f"request body must be a JSON object with fields {list(SCORE_FIELDS)}")
+        raise RequestError(
+            f"request body must be a JSON object with fields {list(SCORE_FIELDS)}, got a JSON {_json_type(payload)}"
+        )
     unknown = sorted(set(payload) - set(SCORE_FIELDS))
     if unknown:
-        raise RequestError(f"unknown field(s) {unknown}; valid fields are {list(SCORE_FIELDS)}")
+        raise RequestError(f"unknown field(s) {preview(unknown)}; valid fields are {list(SCORE_FIELDS)}")
     model = payload.get("model")
+    if model is not None and not isinstance(model, str):
+        raise RequestError(f"'model' must be a string, one of {served_models}; got {preview(model)}")
     if model is not None and model not in served_models:
-        raise RequestError(f"model {model!r} is not served here; served models: {served_models}", 404)
+        raise RequestError(f"model {preview(model)} is not served here; served models: {served_models}", 404)
     normalize = payload.get("normalize", False)
     if not isinstance(normalize, bool):
-        raise RequestError(f"'normalize' must be true or false, got {normalize!r}")
+        raise RequestError(f"'normalize' must be true or false, got {preview(normalize)}")
     if "input" not in payload:
-        raise RequestError("missing field 'input': a non-empty list of strings or of token-id lists")
+        raise RequestError(f"missing field 'input': {INPUT_SHAPE}")
     inputs = payload["input"]
     if not isinstance(inputs, list) or not inputs:
-        raise RequestError("'input' must be a non-empty list of strings or of token-id lists")
+        raise RequestError(f"'input' must be {INPUT_SHAPE}, got {preview(inputs)}")
     if len(inputs) > max_batch_size:
         raise RequestError(
             f"'input' has {len(inputs)} items, more than this server's --max-score-batch {max_batch_size}; "
@@ -66,15 +169,10 @@ def parse_score_request(body: bytes, served_models: list[str], max_batch_size: i
             413,
         )
     if all(isinstance(x, str) for x in inputs):
-        return ScoreRequest(model, list(inputs), None, normalize)
+        return ScoreRequest(model, _texts(inputs), None, normalize)
     if all(isinstance(x, list) for x in inputs):
-        for i, ids in enumerate(inputs):
-            if not ids:
-                raise RequestError(f"input[{i}] is an empty token-id list")
-            if not all(_is_int(t) for t in ids):
-                raise RequestError(f"input[{i}] must contain only integer token ids")
-        return ScoreRequest(model, None, [list(x) for x in inputs], normalize)
-    kinds = sorted({type(x).__name__ for x in inputs})
+        return ScoreRequest(model, None, _token_ids(inputs), normalize)
+    kinds = sorted({_json_type(x) for x in inputs})
     raise RequestError(
         f"'input' mixes or uses unsupported item types {kinds}; send all strings or all token-id lists"
     )
@@ -93,10 +191,50 @@ def check_token_ids(token_ids: list[list[int]], vocab_size: int, max_model_len: 
             )
         bad = next((t for t in ids if t < 0 or t >= vocab_size), None)
         if bad is not None:
-            raise RequestError(f"input[{i}] has token id {bad} outside the vocabulary [0, {vocab_size})")
+            raise RequestError(f"input[{i}] has token id {preview(bad)} outside the vocabulary [0, {vocab_size})")
 
 
+# -- response ---------------------------------------------------------------------------
 def finite_or_raise(values: list[float], index: int) -> list[float]:
     if not all(math.isfinite(v) for v in values):
         raise RuntimeError(f"the model produced a non-finite score for input[{index}]: {values}")
     return values
+
+
+def score_response(
+    model: str, scores: Sequence[float], prompt_tokens: int, step_scores: Sequence[list[float]] | None = None
+) -> dict[str, Any]:
+    """``{"model", "data": [{"index", "score"[, "step_scores"]}], "usage": {"prompt_tokens"}}``, in input order."""
+    data: list[dict[str, Any]] = [{"index": i, "score": s} for i, s in enumerate(scores)]
+    for item, steps in zip(data, step_scores or ()):
+        item["step_scores"] = steps
+    return {"model": model, "data": data, "usage": {"prompt_tokens": prompt_tokens}}
+
+
+def parse_score_response(body: Any, n: int) -> list[float]:
+    """The ``n`` scores of a ``/score`` answer in input order, or :class:`ScoreResponseError`.
+
+    Checks what a client reads: one object per input, each index once, finite
+    numbers (``step_scores`` too, when present).
+    """
+    if not isinstance(body, dict) or not isinstance(body.get("data"), list):
+        raise ScoreResponseError(f"malformed /score response (no 'data' list): {preview(body)}")
+    data = body["data"]
+    if len(data) != n:
+        raise ScoreResponseError(f"/score returned {len(data)} scores for {n} inputs")
+    scores: list[float | None] = [None] * n
+    for item in data:
+        if not isinstance(item, dict):
+            raise ScoreResponseError(f"/score returned a non-object item {preview(item)}")
+        idx, score = item.get("index"), item.get("score")
+        if not is_int(idx) or not 0 <= idx < n or scores[idx] is not None:
+            raise ScoreResponseError(f"/score returned a bad or repeated index {preview(idx)}")
+        if not _is_number(score):
+            raise ScoreResponseError(
+                f"/score returned a non-finite or non-numeric score {preview(score)} for input {idx}"
+            )
+        steps = item.get("step_scores", [])
+        if not isinstance(steps, list) or not all(_is_number(v) for v in steps):
+            raise ScoreResponseError(f"/score returned bad step_scores {preview(steps)} for input {idx}")
+        scores[idx] = float(score)
+    return scores  # type: ignore[return-value]

@@ -1,4 +1,4 @@
-"""Rule rewards (format, length, n-gram, rm-gallery adapter) and their weighted composition.
+"""Rule rewards (format, length, n-gram, rm-gallery adapter) and their weighted, gated composition.
 
 Pure functions over numpy arrays of token ids and decoded texts; importing this
 package needs only numpy (rm-gallery is imported when a ``gallery:`` component
@@ -9,7 +9,7 @@ is built). Typical use in a reward manager::
     gallery = build_gallery_rewards(config)                    # once
     values = compute_rule_rewards(config, ids, lengths, texts, tags, gallery, prompts)
     values["rubric"] = rm_scores                               # supplied by the manager
-    total = compose(values, config.weights)
+    total = compose(values, config.weights, config.gate)
     metrics = component_stats(values)
 """
 

@@ -1,4 +1,4 @@
-"""Compute the enabled rule components for a batch, weight them into one reward, summarise them.
+"""Compute the enabled rule components for a batch, weight (and gate) them into one reward, summarise them.
 
 The manager supplies the external components (``rubric``: the reward model's
 score, ``verifiable``: verl's ``compute_score``) and calls
@@ -54,7 +54,7 @@ def compute_rule_rewards(
     ids, lens = as_token_batch(token_ids, lengths)
     if len(texts) != ids.shape[0]:
         raise ValueError(f"{len(texts)} texts for {ids.shape[0]} token rows")
-    enabled = set(config.components)
+    enabled = set(config.enabled)
     out: dict[str, np.ndarray] = {}
     if "format" in enabled:
         out["format"] = format_reward(texts, blocks=config.format.blocks, pattern=config.format.pattern)
@@ -83,21 +83,24 @@ def compute_rule_rewards(
     return out
 
 
-def compose(values: Mapping[str, Any], weights: Mapping[str, float]) -> np.ndarray:
-    """``sum(weight_i * values[i])`` over the weighted components; extra keys in ``values`` are ignored."""
+def compose(values: Mapping[str, Any], weights: Mapping[str, float], gate: Sequence[str] = ()) -> np.ndarray:
+    """``sum(weight_i * values[i]) * prod(values[g] for g in gate)``; extra keys in ``values`` are ignored."""
     if not weights:
         raise ValueError("compose needs at least one weighted component")
-    missing = [name for name in weights if name not in values]
-    if missing:
-        raise ValueError(f"no values for weighted component(s) {missing} (have {sorted(values)}); 'rubric' is the "
-                         "reward model's score and 'verifiable' verl's compute_score: the manager supplies them")
-    arrays = {name: np.asarray(values[name], dtype=np.float64) for name in weights}
+    for kind, names in (("weighted", list(weights)), ("gate", list(gate))):
+        missing = [name for name in names if name not in values]
+        if missing:
+            raise ValueError(f"no values for {kind} component(s) {missing} (have {sorted(values)}); 'rubric' is "
+                             "the reward model's score and 'verifiable' verl's compute_score: the manager supplies them")
+    arrays = {name: np.asarray(values[name], dtype=np.float64) for name in (*weights, *gate)}
     shapes = {name: a.shape for name, a in arrays.items()}
     if len(set(shapes.values())) > 1 or any(len(s) != 1 for s in shapes.values()):
         raise ValueError(f"component values must be 1-D arrays of one length, got shapes {shapes}")
     total = np.zeros(next(iter(shapes.values())))
     for name, weight in weights.items():
         total += weight * arrays[name]
+    for name in gate:
+        total *= arrays[name]
     return total
 
 

@@ -14,6 +14,10 @@ Components:
 * ``gallery:<name>``: any point-wise rm-gallery reward by registry name, with
   constructor parameters under ``gallery: {<name>: {...}}``.
 
+``total = sum(weights[c] * c for c in components) * prod(g for g in gate)``: a
+``gate`` component is computed but not weighted; it multiplies the weighted sum
+(e.g. a 0/1 correctness gate on the reward model's score).
+
 The default mirrors RM-Gallery's post-training recipe (docs/tutorial/
 rm_application/post_training.md: ``0.95 * rubric + 0.05 * format +
 total_length + ngram``, n-gram penalty with ``ngram_size=5, max_penalty=-1.0,
@@ -27,16 +31,19 @@ Example::
     {"components": ["verifiable", "format", "ngram"],
      "weights": {"verifiable": 1.0, "format": 0.1},
      "ngram": {"ngram_size": 4}}
+
+The manager's ``combine``/``alpha`` options are a shorthand for compositions of
+``rubric`` and ``verifiable`` (``from_combine``).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Mapping, Sequence
+from typing import Any, Literal, Mapping, get_args
 
+from verl_vllm_rm.options import build
 from verl_vllm_rm.rewards.format import format_checker
 from verl_vllm_rm.rewards.gallery import PREFIX as GALLERY_PREFIX
 from verl_vllm_rm.rewards.length import check_band, check_overlong
@@ -46,6 +53,7 @@ EXTERNAL_COMPONENTS = ("rubric", "verifiable")
 RULE_COMPONENTS = ("format", "length", "thought_length", "ngram")
 DEFAULT_COMPONENTS = ("rubric", "format", "length", "ngram")
 RECIPE_WEIGHTS = MappingProxyType({"rubric": 0.95, "format": 0.05})
+CombineMode = Literal["replace", "add", "multiply", "weighted"]
 
 
 @dataclass(frozen=True)
@@ -111,8 +119,6 @@ class NgramParams:
         check_ngram_params(self.ngram_size, self.max_penalty, self.min_scaling)
 
 
-_SECTIONS = {"format": FormatParams, "length": LengthParams, "thought_length": ThoughtLengthParams,
-             "ngram": NgramParams}
 _VALID_COMPONENTS = (*EXTERNAL_COMPONENTS, *RULE_COMPONENTS, f"{GALLERY_PREFIX}<name>")
 
 
@@ -131,17 +137,12 @@ def _check_weight(name: str, weight: Any) -> float:
     return float(weight)
 
 
-def _section(key: str, cls: type, raw: Any) -> Any:
-    if not isinstance(raw, Mapping):
-        raise ValueError(f"rewards.{key} must be a mapping of parameters, got {type(raw).__name__}")
-    valid = [f.name for f in dataclasses.fields(cls)]
-    unknown = sorted(set(raw) - set(valid))
-    if unknown:
-        raise ValueError(f"rewards.{key}: unknown parameter(s) {unknown}; valid: {', '.join(valid)}")
-    try:
-        return cls(**raw)
-    except ValueError as exc:
-        raise ValueError(f"rewards.{key}: {exc}") from exc
+def _check_names(key: str, names: tuple[str, ...]) -> None:
+    for name in names:
+        _check_component(name)
+    duplicates = sorted({c for c in names if names.count(c) > 1})
+    if duplicates:
+        raise ValueError(f"{key} lists {duplicates} more than once")
 
 
 @dataclass(frozen=True)
@@ -149,11 +150,13 @@ class RewardConfig:
     """Validated composition config. Build it with ``from_dict``; the defaults are the RM-Gallery recipe.
 
     Plain dataclasses, dicts and tuples only, so it pickles into Ray workers. ``weights``
-    holds one resolved weight per enabled component.
+    holds one resolved weight per component of ``components``; ``gate`` components multiply
+    the weighted sum.
     """
 
     components: tuple[str, ...] = DEFAULT_COMPONENTS
     weights: Mapping[str, float] = field(default_factory=dict)
+    gate: tuple[str, ...] = ()
     format: FormatParams = field(default_factory=FormatParams)
     length: LengthParams = field(default_factory=LengthParams)
     thought_length: ThoughtLengthParams = field(default_factory=ThoughtLengthParams)
@@ -161,48 +164,56 @@ class RewardConfig:
     gallery: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        components = tuple(self.components)
+        components, gate = tuple(self.components), tuple(self.gate)
         if not components or isinstance(self.components, str):
-            raise ValueError(f"rewards.components must be a non-empty list of names, got {self.components!r}")
-        for name in components:
-            _check_component(name)
-        duplicates = sorted({c for c in components if components.count(c) > 1})
-        if duplicates:
-            raise ValueError(f"rewards.components lists {duplicates} more than once")
+            raise ValueError(f"components must be a non-empty list of names, got {self.components!r}")
+        if isinstance(self.gate, str):
+            raise ValueError(f"gate must be a list of names, got {self.gate!r}")
+        _check_names("components", components)
+        _check_names("gate", gate)
+        both = [c for c in gate if c in components]
+        if both:
+            raise ValueError(f"{both} are in both components and gate: a component is either weighted "
+                             "(components) or multiplies the weighted sum (gate); keep it in one of them")
         not_enabled = [name for name in self.weights if name not in components]
         if not_enabled:
-            raise ValueError(f"rewards.weights gives weights for {not_enabled}, which are not enabled "
-                             f"(components: {list(components)}); add them to rewards.components or drop the weights")
+            raise ValueError(f"weights gives weights for {not_enabled}, which are not enabled "
+                             f"(components: {list(components)}); add them to components or drop the weights"
+                             + (" (gate components are not weighted)" if set(not_enabled) & set(gate) else ""))
         weights = {c: _check_weight(c, self.weights.get(c, RECIPE_WEIGHTS.get(c, 1.0))) for c in components}
         object.__setattr__(self, "components", components)
+        object.__setattr__(self, "gate", gate)
         object.__setattr__(self, "weights", weights)
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any] | None) -> RewardConfig:
         """Validate a plain dict (or OmegaConf DictConfig); ``None`` or ``{}`` gives the recipe default."""
-        raw = dict(raw or {})
-        valid = [f.name for f in dataclasses.fields(cls)]
-        unknown = sorted(set(raw) - set(valid))
-        if unknown:
-            raise ValueError(f"rewards: unknown key(s) {unknown}; valid: {', '.join(valid)}")
-        components = raw.get("components", DEFAULT_COMPONENTS)
-        if isinstance(components, str) or not isinstance(components, Sequence):
-            raise ValueError(f"rewards.components must be a list of component names, got {components!r}")
-        weights = raw.get("weights") or {}
-        if not isinstance(weights, Mapping):
-            raise ValueError(f"rewards.weights must map component names to weights, got {weights!r}")
-        gallery = raw.get("gallery") or {}
-        if not isinstance(gallery, Mapping) or not all(isinstance(p, Mapping) for p in gallery.values()):
-            raise ValueError("rewards.gallery must map rm-gallery names (without 'gallery:') to parameter mappings")
-        sections = {key: _section(key, sec_cls, raw[key]) for key, sec_cls in _SECTIONS.items() if key in raw}
-        return cls(
-            components=tuple(components),
-            weights=dict(weights),
-            gallery={str(k): dict(v) for k, v in gallery.items()},
-            **sections,
-        )
+        return build(cls, raw, "rewards")
+
+    @classmethod
+    def from_combine(cls, mode: CombineMode, alpha: float) -> RewardConfig:
+        """The composition the manager's ``combine``/``alpha`` shorthand stands for.
+
+        ``replace``: the RM score alone (``compute_score`` is not called); ``add``: rm +
+        verifiable; ``weighted``: alpha * rm + (1 - alpha) * verifiable; ``multiply``: rm
+        gated by verifiable (rm * verifiable).
+        """
+        if mode == "replace":
+            return cls(components=("rubric",), weights={"rubric": 1.0})
+        if mode == "add":
+            return cls(components=("rubric", "verifiable"), weights={"rubric": 1.0, "verifiable": 1.0})
+        if mode == "weighted":
+            return cls(components=("rubric", "verifiable"), weights={"rubric": alpha, "verifiable": 1.0 - alpha})
+        if mode == "multiply":
+            return cls(components=("rubric",), weights={"rubric": 1.0}, gate=("verifiable",))
+        raise ValueError(f"combine={mode!r} is not one of {list(get_args(CombineMode))}")
+
+    @property
+    def enabled(self) -> tuple[str, ...]:
+        """Every component to compute: the weighted ones, then the gate."""
+        return self.components + self.gate
 
     @property
     def gallery_names(self) -> tuple[str, ...]:
         """Registry names of the enabled ``gallery:`` components, in order."""
-        return tuple(c[len(GALLERY_PREFIX):] for c in self.components if c.startswith(GALLERY_PREFIX))
+        return tuple(c[len(GALLERY_PREFIX):] for c in self.enabled if c.startswith(GALLERY_PREFIX))

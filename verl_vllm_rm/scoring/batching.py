@@ -4,7 +4,9 @@ verl's reward loop calls ``run_single`` once per trajectory, concurrently. The
 batcher collects the calls that arrive within ``coalesce_s``, orders them so the
 members of one prompt group (same ``uid``) are adjacent, and sends them in as few
 requests as the batch budget allows: the server then computes each shared prompt
-once (prefix cache) and amortises HTTP overhead over the whole group.
+once (prefix cache) and amortises HTTP overhead over the whole group. The budget
+is applied here, once: each chunk goes to ``score_fn`` as one request
+(``VLLMRewardClient.score_request``, which does not split again).
 """
 
 from __future__ import annotations
@@ -51,9 +53,9 @@ class _Pending:
 class GroupBatcher:
     """Micro-batches ``submit`` calls made on one event loop.
 
-    ``score_fn`` receives a list of items (token-id lists or texts) that fits the
-    budget and returns one score per item, in order. A failing request fails only
-    the samples it carried.
+    ``score_fn`` sends a list of items (token-id lists or texts) that fits the
+    budget as one request and returns one score per item, in order. A failing
+    request fails only the samples it carried.
     """
 
     def __init__(self, score_fn: ScoreFn, *, coalesce_s: float, max_seqs: int, max_tokens: int):

@@ -1,9 +1,13 @@
 """``VLLMRewardClient``: the trainer side of ``POST /score`` (imports neither verl nor vllm).
 
-One pooled aiohttp session per event loop, bounded concurrency, batches split by
-a sequence and token budget, finite timeouts, retries with exponential backoff
-and jitter on connection errors, timeouts, 429 and 5xx (never on other 4xx), and
-least-outstanding-requests routing over several servers with fail-over.
+One pooled session per event loop, bounded concurrency, finite timeouts, retries
+with exponential backoff and jitter on connection errors, timeouts, 429 and 5xx
+(never on other 4xx), and least-outstanding-requests routing over several servers
+with fail-over. Each attempt goes through :mod:`verl_vllm_rm.http`.
+
+``score_request`` sends its items as one ``/score`` request; ``score_batch`` first
+splits them by the sequence and token budget (the group batcher splits on its own
+and calls ``score_request``).
 
 A response that is not JSON, carries the wrong number of scores, or a NaN/inf
 score is an error (retried like a 5xx), never a number.
@@ -12,18 +16,19 @@ score is an error (retried like a 5xx), never a number.
 from __future__ import annotations
 
 import asyncio
-import json
-import math
 import random
 import time
 import weakref
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-import aiohttp
-
+from verl_vllm_rm import http
+from verl_vllm_rm.protocol.score import ScoreResponseError, parse_score_response
 from verl_vllm_rm.scoring.batching import split_by_budget
 from verl_vllm_rm.scoring.options import ClientOptions, parse_options
+
+if TYPE_CHECKING:
+    import aiohttp
 
 ScoreInput = str | list[int]
 
@@ -56,22 +61,10 @@ class _LoopState:
 
 
 def _validate_scores(body: Any, n: int) -> list[float]:
-    if not isinstance(body, dict) or not isinstance(body.get("data"), list):
-        raise _Retryable(f"malformed /score response (no 'data' list): {str(body)[:200]}")
-    data = body["data"]
-    if len(data) != n:
-        raise _Retryable(f"/score returned {len(data)} scores for {n} inputs")
-    scores: list[float | None] = [None] * n
-    for item in data:
-        if not isinstance(item, dict):
-            raise _Retryable(f"/score returned a non-object item {item!r}")
-        idx, score = item.get("index"), item.get("score")
-        if not isinstance(idx, int) or not 0 <= idx < n or scores[idx] is not None:
-            raise _Retryable(f"/score returned a bad or repeated index {idx!r}")
-        if isinstance(score, bool) or not isinstance(score, (int, float)) or not math.isfinite(score):
-            raise _Retryable(f"/score returned a non-finite or non-numeric score {score!r} for input {idx}")
-        scores[idx] = float(score)
-    return scores  # type: ignore[return-value]
+    try:
+        return parse_score_response(body, n)
+    except ScoreResponseError as e:
+        raise _Retryable(str(e)) from None
 
 
 class VLLMRewardClient:
@@ -93,7 +86,6 @@ class VLLMRewardClient:
         self.options: ClientOptions = options
         self._endpoints = [_Endpoint(u.rstrip("/")) for u in self.options.server_url]
         self._loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopState] = weakref.WeakKeyDictionary()
-        self._publishers: dict[str, Any] = {}
 
     @property
     def urls(self) -> list[str]:
@@ -104,15 +96,27 @@ class VLLMRewardClient:
         return (await self.score_batch([item], normalize=normalize))[0]
 
     async def score_batch(self, items: Sequence[ScoreInput], *, normalize: bool = False) -> list[float]:
-        """Scores in input order: raw logits, or sigmoid probabilities with ``normalize``."""
+        """Scores in input order: raw logits, or sigmoid probabilities with ``normalize``.
+
+        Sent as concurrent requests of at most ``max_batch_seqs`` items and ``max_batch_tokens`` summed length.
+        """
         items = list(items)
-        if not items:
-            return []
-        if not (all(isinstance(x, str) for x in items) or all(isinstance(x, list) for x in items)):
-            raise TypeError("score_batch takes all strings or all token-id lists")
         ranges = split_by_budget([len(x) for x in items], self.options.max_batch_seqs, self.options.max_batch_tokens)
-        chunks = await asyncio.gather(*(self._score_chunk(items[r.start : r.stop], normalize) for r in ranges))
+        chunks = await asyncio.gather(*(self.score_request(items[r.start : r.stop], normalize=normalize)
+                                        for r in ranges))
         return [s for chunk in chunks for s in chunk]
+
+    async def score_request(self, chunk: Sequence[ScoreInput], *, normalize: bool = False) -> list[float]:
+        """Score ``chunk`` in ONE ``/score`` request (retried as a whole): the caller keeps it within budget."""
+        chunk = list(chunk)
+        if not chunk:
+            return []
+        if not (all(isinstance(x, str) for x in chunk) or all(isinstance(x, list) for x in chunk)):
+            raise TypeError("a /score request takes all strings or all token-id lists")
+        payload: dict[str, Any] = {"input": chunk, "normalize": normalize}
+        if self.options.model:
+            payload["model"] = self.options.model
+        return await self._call("POST", "/score", payload, validate=lambda body: _validate_scores(body, len(chunk)))
 
     async def get_model_version(self) -> int:
         body = await self._call("GET", "/runtime_version")
@@ -124,35 +128,8 @@ class VLLMRewardClient:
     async def health(self) -> dict:
         return await self._call("GET", "/health")
 
-    async def sync_weights(
-        self, state_dict: Any, version: int, training_mode: str = "full", **publish_kwargs: Any
-    ) -> list[Any]:
-        """Publish new reward-model weights into every server of this client, in order.
-
-        A thin async wrapper over :class:`verl_vllm_rm.weight_sync.RewardModelPublisher` (one per
-        server, kept between calls; blocking work runs in a thread). Returns one
-        ``PublishResult`` per server; raises ``WeightUpdateRefused`` or ``WeightSyncError``.
-        """
-        from verl_vllm_rm.weight_sync import RewardModelPublisher  # torch: only for users who sync
-
-        loop = asyncio.get_running_loop()
-        results = []
-        for url in self.urls:
-            if url not in self._publishers:
-                self._publishers[url] = await loop.run_in_executor(
-                    None, lambda: RewardModelPublisher(url, api_key=self.options.api_key)
-                )
-            publisher = self._publishers[url]
-            results.append(await loop.run_in_executor(
-                None, lambda: publisher.publish(state_dict, version, training_mode, **publish_kwargs)
-            ))
-        return results
-
     async def close(self) -> None:
-        """Close this event loop's HTTP session and any weight-sync connections."""
-        for publisher in self._publishers.values():
-            publisher.close()
-        self._publishers.clear()
+        """Close this event loop's HTTP session."""
         state = self._loops.pop(asyncio.get_running_loop(), None)
         if state is not None:
             await state.session.close()
@@ -164,20 +141,12 @@ class VLLMRewardClient:
         await self.close()
 
     # -- internals ----------------------------------------------------------------
-    async def _score_chunk(self, chunk: list[ScoreInput], normalize: bool) -> list[float]:
-        payload: dict[str, Any] = {"input": chunk, "normalize": normalize}
-        if self.options.model:
-            payload["model"] = self.options.model
-        return await self._call("POST", "/score", payload, validate=lambda body: _validate_scores(body, len(chunk)))
-
     def _state(self) -> _LoopState:
         loop = asyncio.get_running_loop()
         state = self._loops.get(loop)
         if state is None or state.session.closed:
-            connector = aiohttp.TCPConnector(limit=self.options.max_concurrent_requests * 2, keepalive_timeout=30)
-            headers = {"Authorization": f"Bearer {self.options.api_key}"} if self.options.api_key else {}
             state = _LoopState(
-                aiohttp.ClientSession(connector=connector, headers=headers),
+                http.open_session(self.options.api_key, max_connections=self.options.max_concurrent_requests * 2),
                 asyncio.Semaphore(self.options.max_concurrent_requests),
             )
             self._loops[loop] = state
@@ -221,31 +190,18 @@ class VLLMRewardClient:
         )
 
     async def _once(self, session, endpoint: _Endpoint, method: str, path: str, payload: Any, deadline: float) -> Any:
+        """One attempt; a failure is either worth a retry or a refusal (:class:`RewardRequestError`)."""
         opts = self.options
-        remaining = deadline - time.monotonic()
-        timeout = aiohttp.ClientTimeout(
-            total=max(0.001, min(opts.request_timeout_s, remaining)),
-            sock_connect=opts.connect_timeout_s,
-            sock_read=opts.read_timeout_s,
-        )
         endpoint.outstanding += 1
         try:
-            async with session.request(method, endpoint.url + path, json=payload, timeout=timeout) as resp:
-                text = await resp.text()
-                status = resp.status
-        except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError) as e:
-            raise _Retryable(f"connection failed: {type(e).__name__}: {e}", endpoint_down=True) from None
-        except asyncio.TimeoutError:
-            raise _Retryable(f"timed out (request {opts.request_timeout_s}s / read {opts.read_timeout_s}s)") from None
-        except aiohttp.ClientError as e:
-            raise _Retryable(f"{type(e).__name__}: {e}") from None
+            return await http.request_json(
+                session, method, endpoint.url + path, payload,
+                total_s=max(0.001, min(opts.request_timeout_s, deadline - time.monotonic())),
+                connect_s=opts.connect_timeout_s, read_s=opts.read_timeout_s,
+            )
+        except http.HttpError as e:
+            if not e.transient:
+                raise RewardRequestError(f"{method} {e.url} was refused with {e.cause}") from None
+            raise _Retryable(e.cause, endpoint_down=e.unreachable) from None
         finally:
             endpoint.outstanding -= 1
-        if status == 429 or status >= 500:
-            raise _Retryable(f"HTTP {status}: {text[:300]}")
-        if status >= 400:
-            raise RewardRequestError(f"{method} {endpoint.url}{path} was refused with HTTP {status}: {text[:500]}")
-        try:
-            return json.loads(text)
-        except json.JSONDecodeError:
-            raise _Retryable(f"response is not JSON: {text[:200]!r}") from None

@@ -2,7 +2,7 @@
 
 Thin orchestration: build each trajectory's RM input (``rm_inputs``), hand it to
 the group batcher (``batching``) that sends grouped requests through the client
-(``client``), optionally call verl's ``compute_score`` and combine (``combine``).
+(``client``), optionally call verl's ``compute_score`` and compose the reward (``rules``).
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import logging
 from collections import Counter
 from typing import Any
 
-import torch
 from omegaconf import DictConfig, OmegaConf
 
 from verl import DataProto
@@ -22,11 +21,10 @@ from verl.experimental.reward_loop.reward_manager.base import RewardManagerBase
 from verl.utils.reward_score import default_compute_score
 from verl_vllm_rm.scoring.batching import GroupBatcher
 from verl_vllm_rm.scoring.client import VLLMRewardClient
-from verl_vllm_rm.scoring.combine import combine, split_verifiable
 from verl_vllm_rm.scoring.options import ConfigError, ManagerOptions, parse_options
 from verl_vllm_rm.scoring.legacy import warn_misrouted_config
 from verl_vllm_rm.scoring.pairwise import NO_WIN_METRICS, MissingReferenceError, ReferenceCache, reference_text, win_metrics
-from verl_vllm_rm.scoring.rules import RuleScorer, batch_stats
+from verl_vllm_rm.scoring.rules import RuleScorer, batch_stats, split_verifiable
 from verl_vllm_rm.scoring.rm_inputs import (
     RMInput,
     Sample,
@@ -64,7 +62,7 @@ class VLLMRewardManager(RewardManagerBase):
         self.compute_score = compute_score or default_compute_score
         self.client = VLLMRewardClient(options=self.options.client_options())
         self.batcher = GroupBatcher(
-            lambda ids: self.client.score_batch(ids, normalize=self.options.normalize),
+            lambda ids: self.client.score_request(ids, normalize=self.options.normalize),
             coalesce_s=self.options.coalesce_ms / 1000.0,
             max_seqs=self.options.max_batch_seqs,
             max_tokens=self.options.max_batch_tokens,
@@ -75,7 +73,7 @@ class VLLMRewardManager(RewardManagerBase):
 
             self.rm_tokenizer = AutoTokenizer.from_pretrained(self.options.rm_tokenizer_path)
         try:
-            self.rules = RuleScorer(self.options.rewards, tokenizer) if self.options.rewards is not None else None
+            self.rules = RuleScorer(self.options.reward_config(), tokenizer)
         except ValueError as e:
             raise ConfigError(f"reward_kwargs.rewards: {e}") from e
         self.last_batch_stats: dict[str, float] = {}
@@ -123,10 +121,10 @@ class VLLMRewardManager(RewardManagerBase):
         rm_task = asyncio.ensure_future(self.batcher.submit(rm_input.group_key, rm_input.token_ids))
         pairwise = self.options.pairwise == "always" or (self.options.pairwise == "auto" and sample.validate)
         ref_task = asyncio.ensure_future(self._reference_score(sample, rm_input)) if pairwise else None
-        needs_verifiable = self.options.combine != "replace" or (self.rules is not None and self.rules.needs_verifiable)
-        needs_text = needs_verifiable or self.rules is not None
+        needs_verifiable = self.rules.needs_verifiable
+        needs_text = needs_verifiable or self.rules.has_rules
         text = self.tokenizer.decode(sample.response_ids, skip_special_tokens=True) if needs_text else ""
-        rules_task = asyncio.ensure_future(self._rule_components(sample, text)) if self.rules is not None else None
+        rules_task = asyncio.ensure_future(self._rule_components(sample, text)) if self.rules.has_rules else None
         verifiable, extras = await self._verifiable(sample, text) if needs_verifiable else (None, {})
         rules = await rules_task if rules_task is not None else {}
         try:
@@ -209,8 +207,6 @@ class VLLMRewardManager(RewardManagerBase):
         return await self.references.score((rm_input.group_key, text), lambda: self.batcher.submit(rm_input.group_key, ids))
 
     def _total(self, rm_score: float, verifiable: float | None, rules: dict[str, float]) -> float:
-        if self.rules is None:
-            return combine(self.options.combine, rm_score, verifiable, self.options.alpha)
         return self.rules.total({**rules, "rubric": rm_score, "verifiable": verifiable})
 
     async def _rule_components(self, sample: Sample, text: str) -> dict[str, float]:

@@ -1,7 +1,9 @@
-"""Glue between the manager and the pure rule rewards in :mod:`verl_vllm_rm.rewards`.
+"""Glue between the manager and the reward composition in :mod:`verl_vllm_rm.rewards`.
 
 Built once per manager (think-tag ids and rm-gallery adapters are set up here,
-in each Ray worker, since judges do not pickle); called once per sample.
+in each Ray worker, since judges do not pickle); called once per sample. The
+manager always has one ``RuleScorer``: from ``reward_kwargs.rewards`` or from the
+``combine``/``alpha`` shorthand (``RewardConfig.from_combine``).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from verl_vllm_rm.rewards import (
+    EXTERNAL_COMPONENTS,
     RewardConfig,
     build_gallery_rewards,
     component_stats,
@@ -21,14 +24,21 @@ from verl_vllm_rm.rewards import (
 
 
 class RuleScorer:
-    def __init__(self, raw: Mapping[str, Any], tokenizer: Any):
-        self.config = RewardConfig.from_dict(raw)
-        self.tags = think_tag_ids(tokenizer, self.config.thought_length.open_tag, self.config.thought_length.close_tag)
-        self.gallery = build_gallery_rewards(self.config)
+    def __init__(self, config: RewardConfig, tokenizer: Any):
+        self.config = config
+        p = config.thought_length
+        self.tags = think_tag_ids(tokenizer, p.open_tag, p.close_tag) if "thought_length" in config.enabled else None
+        self.gallery = build_gallery_rewards(config)
 
     @property
     def needs_verifiable(self) -> bool:
-        return "verifiable" in self.config.components
+        """verl's ``compute_score`` is called only when the composition uses it."""
+        return "verifiable" in self.config.enabled
+
+    @property
+    def has_rules(self) -> bool:
+        """Whether any component is computed here (rather than supplied by the manager)."""
+        return any(name not in EXTERNAL_COMPONENTS for name in self.config.enabled)
 
     def components(
         self, response_ids: list[int], text: str, prompt_text: str, reference: str | None
@@ -41,10 +51,20 @@ class RuleScorer:
         )
         return {name: float(v[0]) for name, v in values.items()}
 
-    def total(self, values: Mapping[str, float]) -> float:
-        """``sum(weight_i * component_i)`` over the enabled components."""
-        arrays = {name: np.asarray([values[name]]) for name in self.config.weights}
-        return float(compose(arrays, self.config.weights)[0])
+    def total(self, values: Mapping[str, float | None]) -> float:
+        """``sum(weight_i * component_i) * prod(gate_j)`` over the composition's components."""
+        arrays = {name: np.asarray([values[name]]) for name in self.config.enabled}
+        return float(compose(arrays, self.config.weights, self.config.gate)[0])
+
+
+def split_verifiable(result: Any) -> tuple[float, dict[str, float]]:
+    """``compute_score`` returns a number or a dict with ``score`` and extra fields (``verifiable_<key>``)."""
+    if isinstance(result, dict):
+        if "score" not in result:
+            raise ValueError(f"compute_score returned a dict without 'score': {sorted(result)}")
+        extras = {f"verifiable_{k}": v for k, v in result.items() if k != "score"}
+        return float(result["score"]), extras
+    return float(result), {}
 
 
 def batch_stats(infos: list[dict[str, Any]]) -> dict[str, float]:

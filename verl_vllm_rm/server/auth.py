@@ -10,10 +10,9 @@ import hashlib
 import secrets
 
 from starlette.datastructures import Headers
-from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from verl_vllm_rm.protocol.errors import error_body
+from verl_vllm_rm.server.state import error_response
 
 OPEN_PATHS = frozenset({"/health", "/ping"})
 _TOKEN_HASHES: list[bytes] = []
@@ -45,5 +44,5 @@ class RequireApiKey:
         path = scope["path"].removeprefix(scope.get("root_path", ""))
         if path not in OPEN_PATHS and not self._authorized(Headers(scope=scope)):
             message = "missing or wrong API key: send 'Authorization: Bearer <key>' (the server's --api-key)"
-            return await JSONResponse(error_body(message, 401), status_code=401)(scope, receive, send)
+            return await error_response(message, 401)(scope, receive, send)
         return await self.app(scope, receive, send)

@@ -19,8 +19,9 @@ from vllm import envs
 from vllm.platforms import current_platform
 
 from verl_vllm_rm.server import auth
-from verl_vllm_rm.server.score.router import RewardServerState, install_reward_routes
 from verl_vllm_rm.server.runtime_dir import private_tmpdir
+from verl_vllm_rm.server.score.router import install_reward_routes
+from verl_vllm_rm.server.state import RewardServerState
 from verl_vllm_rm.protocol.defaults import DEFAULT_PORT, PARENT_PID_ENV
 from verl_vllm_rm.protocol.names import DEFAULT_HEAD_PATTERNS
 

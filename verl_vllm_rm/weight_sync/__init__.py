@@ -1,16 +1,18 @@
-"""Reward-model weight sync: trainer-side publisher, names, checks and transport.
+"""Reward-model weight sync, the trainer side of an update: publisher, selection, LoRA merge, transfer.
 
-Importable without vllm (trainer side) and without verl (the server reuses the
-pure parts: :mod:`names`, :mod:`inventory`, :mod:`wire`). Only :mod:`hook`
-imports verl.
+Needs torch, not vllm. The parts both sides share (names, inventory, wire format)
+live in :mod:`verl_vllm_rm.protocol`.
 """
 
 from verl_vllm_rm.protocol.inventory import WeightUpdateRefused
 from verl_vllm_rm.protocol.names import RewardModelTrainingMode
 from verl_vllm_rm.parity.probe import ParityError, ParityProbe
-from verl_vllm_rm.weight_sync.publisher import PublishResult, RewardModelPublisher, WeightSyncError
+from verl_vllm_rm.weight_sync.multi_server import MultiServerPublisher
+from verl_vllm_rm.weight_sync.publisher import PublishResult, RewardModelPublisher
+from verl_vllm_rm.weight_sync.transfer import WeightSyncError
 
 __all__ = [
+    "MultiServerPublisher",
     "ParityError",
     "ParityProbe",
     "PublishResult",

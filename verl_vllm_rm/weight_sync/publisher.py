@@ -1,11 +1,10 @@
 """``RewardModelPublisher``: push a trained reward model's weights into the running server.
 
-One publish: normalise the state dict's names to the server's, keep what the
-training mode changed (head / merged LoRA modules + head / everything), check
-names, shapes and whole fused modules against the server's inventory, then send
-the metadata over HTTP and the tensors over the session's process group, in
-size-bounded buckets and a deterministic (sorted) order. Nothing moves before
-every check has passed, on both sides.
+One publish: choose what the training mode changed and check it against the
+server's inventory (:mod:`.selection`), then send the metadata over HTTP and the
+tensors over the session's process group, in size-bounded buckets and a
+deterministic (sorted) order (:mod:`.transfer`). Nothing moves before every check
+has passed, on both sides.
 
 Distributed trainers call ``publish`` on every rank with the same arguments:
 rank 0 talks to the server; every rank takes part in gathering sharded
@@ -15,39 +14,22 @@ rank 0 talks to the server; every rank takes part in gathering sharded
 from __future__ import annotations
 
 import logging
-import socket
-import threading
 import time
-import urllib.parse
-import uuid
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 import torch.distributed as dist
 
-from verl_vllm_rm.dev.server_launcher import free_port
-from verl_vllm_rm.http import JsonHttp, ServerError
-from verl_vllm_rm.protocol.inventory import Inventory, ParamSpec, WeightUpdateRefused
-from verl_vllm_rm.weight_sync.lora import find_lora_modules, full_tensor, lora_scalings
-from verl_vllm_rm.protocol.names import RewardModelTrainingMode, is_head, normalize_name, resolve_name
+from verl_vllm_rm.http import JsonHttp
 from verl_vllm_rm.parity.probe import ParityProbe
-from verl_vllm_rm.protocol.wire import (
-    DEFAULT_BUCKET_BYTES,
-    BufferPool,
-    TransferGroup,
-    dtype_name,
-    open_group,
-    pack,
-    plan_buckets,
-)
+from verl_vllm_rm.protocol.inventory import Inventory, WeightUpdateRefused
+from verl_vllm_rm.protocol.names import RewardModelTrainingMode
+from verl_vllm_rm.protocol.wire import DEFAULT_BUCKET_BYTES, plan_buckets
+from verl_vllm_rm.weight_sync.selection import Outgoing, StateDictLike, select_update
+from verl_vllm_rm.weight_sync.transfer import TransferSession, WeightSyncError, local_address_towards
 
 logger = logging.getLogger(__name__)
-StateDictLike = Mapping[str, torch.Tensor] | torch.nn.Module
-
-
-class WeightSyncError(RuntimeError):
-    """A transfer that was accepted but did not complete; the server keeps its old weights."""
 
 
 @dataclass(frozen=True)
@@ -59,22 +41,6 @@ class PublishResult:
     seconds: float
     server: dict[str, Any] = field(default_factory=dict)
     parity: dict[str, Any] | None = None  # the probe's figures when it ran after this publish
-
-
-@dataclass(frozen=True)
-class _Item:
-    spec: ParamSpec
-    produce: Callable[[], torch.Tensor]
-
-
-def _local_address_towards(url: str) -> str:
-    """The address the server can reach this trainer at (the interface that routes to it)."""
-    host = urllib.parse.urlparse(url).hostname or "127.0.0.1"
-    if host in ("localhost", "127.0.0.1", "::1"):
-        return "127.0.0.1"
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.connect((host, 9))
-        return s.getsockname()[0]
 
 
 class RewardModelPublisher:
@@ -102,8 +68,6 @@ class RewardModelPublisher:
         self.parity_probe = parity_probe
         self.publishes = 0
         self.bucket_bytes = bucket_bytes
-        self.timeout_s = timeout_s
-        self.master_address = master_address or _local_address_towards(server_url)
         self.group = group
         distributed = dist.is_available() and dist.is_initialized()
         self.rank = dist.get_rank(group) if distributed else 0
@@ -111,48 +75,27 @@ class RewardModelPublisher:
         info = self.http.get("/weight_inventory")
         self.inventory = Inventory.from_json(info)
         self.transport: str = info["transport"]
-        self.server_world_size: int = info["world_size"]
         self.head_patterns = tuple(head_patterns or info["head_patterns"])
         self.max_update_bytes: int | None = info.get("max_update_bytes")
         self.version: int = info["version"]
-        self._transfer: TransferGroup | None = None
-        self._buffers: BufferPool | None = None
+        self.session = TransferSession(
+            self.http, self.transport, info["world_size"], timeout_s=timeout_s, bucket_bytes=bucket_bytes,
+            master_address=master_address or local_address_towards(server_url),
+        )
 
     # -- session ---------------------------------------------------------------------------
 
     @property
     def connected(self) -> bool:
-        return self._transfer is not None
+        return self.session.connected
 
     def connect(self) -> None:
         """Open the tensor plane (rank 0 only): host a store, ask the server to join, build the group."""
-        if self.rank != 0 or self._transfer is not None:
-            return
-        port, session = free_port(""), uuid.uuid4().hex
-        result: dict[str, Any] = {}
-
-        def join() -> None:
-            try:
-                result["group"] = open_group(
-                    self.transport, self.master_address, port, 0, 1 + self.server_world_size, self.timeout_s, session
-                )
-            except Exception as e:  # surfaced below, after the server's answer
-                result["error"] = e
-
-        thread = threading.Thread(target=join, daemon=True, name="rm-weight-sync-connect")
-        thread.start()
-        body = {"master_address": self.master_address, "master_port": port, "session": session,
-                "timeout_s": self.timeout_s}
-        self.http.post("/init_communicator", body, timeout_s=self.timeout_s + 30)
-        thread.join(self.timeout_s + 30)
-        if "group" not in result:
-            raise WeightSyncError(f"could not open the transfer group: {result.get('error', 'timed out')}")
-        self._transfer = result["group"]
+        if self.rank == 0:
+            self.session.connect()
 
     def close(self) -> None:
-        if self.rank == 0 and self._transfer is not None:
-            self._transfer = None
-            self.http.post("/close_communicator", {})
+        self.session.close()
 
     def __enter__(self) -> "RewardModelPublisher":
         return self
@@ -166,7 +109,7 @@ class RewardModelPublisher:
         except Exception as e:
             logger.warning("closing the weight-sync session after an error failed too: %s", e)
 
-    # -- what to send ----------------------------------------------------------------------
+    # -- publishing ------------------------------------------------------------------------
 
     def plan(
         self,
@@ -175,46 +118,10 @@ class RewardModelPublisher:
         *,
         lora_scaling: float | Mapping[str, float] | None = None,
         adapter: str = "default",
-    ) -> list[_Item]:
+    ) -> list[Outgoing]:
         """The checked, sorted list of tensors a publish would send (nothing is gathered yet)."""
-        mode = RewardModelTrainingMode.parse(training_mode)
-        if isinstance(state_dict, torch.nn.Module):
-            if mode is RewardModelTrainingMode.LORA and lora_scaling is None:
-                lora_scaling = lora_scalings(state_dict, adapter)
-            state_dict = state_dict.state_dict()
-        known = self.inventory.names
-        sources: dict[str, Callable[[], torch.Tensor]] = {}
-        meta: dict[str, tuple[tuple[int, ...], str]] = {}
-        trained: set[str] = set()
-        for raw, tensor in state_dict.items():
-            normalized = normalize_name(raw)
-            if normalized is None:
-                continue
-            name = resolve_name(normalized, known)
-            sources[name] = lambda t=tensor: full_tensor(t)
-            meta[name] = (tuple(tensor.shape), dtype_name(tensor.dtype))
-            if ".modules_to_save." in raw or is_head(name, self.head_patterns):
-                trained.add(name)
-        if mode is RewardModelTrainingMode.LORA:
-            for module in find_lora_modules(state_dict, lora_scaling, adapter):
-                name = resolve_name(normalize_name(module.base), known)
-                sources[name] = lambda m=module: m.merged(state_dict)
-                trained.add(name)
-            selected = [n for n in self.inventory.complete_groups(trained) if n in sources]
-            selected += sorted(n for n in trained if n not in known)
-        elif mode is RewardModelTrainingMode.HEAD_ONLY:
-            selected = [n for n in sources if is_head(n, self.head_patterns)]
-        else:
-            selected = list(sources)
-        items = []
-        for name in sorted(set(selected)):
-            shape, dtype = meta[name]
-            server = self.inventory.params.get(name)
-            items.append(_Item(ParamSpec(name, server.dtype if server else dtype, shape), sources[name]))
-        self.inventory.check_update([i.spec for i in items], mode, self.head_patterns, self.max_update_bytes)
-        return items
-
-    # -- sending ---------------------------------------------------------------------------
+        return select_update(self.inventory, state_dict, RewardModelTrainingMode.parse(training_mode),
+                             self.head_patterns, self.max_update_bytes, lora_scaling=lora_scaling, adapter=adapter)
 
     def publish(
         self,
@@ -248,19 +155,24 @@ class RewardModelPublisher:
         items = self.plan(state_dict, mode, lora_scaling=lora_scaling, adapter=adapter)
         specs = [item.spec for item in items]
         buckets = plan_buckets(specs, self.bucket_bytes)
-        error, lines = self._start(specs, mode, version) if self.rank == 0 else (None, None)
+        error, lines = None, None
+        if self.rank == 0:
+            try:
+                lines = self.session.announce(specs, mode, version)
+            except Exception as e:  # every rank learns it through _agree
+                error = e
         self._agree(error)
         server: dict[str, Any] = {}
         try:
-            self._stream(items, buckets)
+            self.session.stream(items, buckets)
             if lines is not None:
                 server = next(lines)
                 lines.close()
         except Exception as e:
-            self._transfer = None
+            self.session.drop()
             raise WeightSyncError(f"weight transfer for version {version} failed: {e}") from e
         if self.rank == 0 and server.get("status") != "ok":
-            self._transfer = None
+            self.session.drop()
             raise WeightSyncError(f"the server could not apply version {version}: {server.get('error', server)}")
         self.version = version
         self.publishes += 1
@@ -283,40 +195,6 @@ class RewardModelPublisher:
         self._agree(error)
         return figures
 
-    def _start(
-        self, specs: list[ParamSpec], mode: RewardModelTrainingMode, version: int
-    ) -> tuple[Exception | None, Iterator[dict[str, Any]] | None]:
-        """Connect if needed and send the metadata: ``(None, answer lines)`` once accepted, else the error."""
-        try:
-            self.connect()
-        except Exception as e:  # reported to every rank by _agree
-            return (e, None)
-        body = {
-            "metadata": [s.to_json() for s in specs],
-            "training_mode": mode.value,
-            "version": version,
-            "bucket_bytes": self.bucket_bytes,
-        }
-        for attempt in range(2):
-            lines = self.http.post_lines("/update_param_batch", body, timeout_s=self.timeout_s + 30)
-            try:
-                first = next(lines)
-            except ServerError as e:
-                if attempt == 0 and e.status == 409 and "no communicator" in e.message:
-                    self._transfer = None  # the server dropped the session (an earlier failure): rejoin
-                    try:
-                        self.connect()
-                    except Exception as connect_error:
-                        return (connect_error, None)
-                    continue
-                return (WeightUpdateRefused(e.message) if e.status < 500 else e, None)
-            except OSError as e:
-                return (e, None)
-            if first.get("status") != "accepted":
-                return (WeightSyncError(f"unexpected answer from the server: {first}"), None)
-            return (None, lines)
-        raise AssertionError("unreachable")
-
     def _agree(self, error: Exception | None) -> None:
         """Every rank learns rank 0's outcome before anyone starts gathering (or nobody does)."""
         if self.world_size > 1:
@@ -328,21 +206,3 @@ class RewardModelPublisher:
                 error = WeightUpdateRefused(message) if refused else WeightSyncError(f"rank 0 failed: {message}")
         if error is not None:
             raise error
-
-    def _stream(self, items: list[_Item], buckets) -> None:
-        """Gather (all ranks), pack and broadcast (rank 0): bucket i is packed while i-1 is on the wire."""
-        by_name = {item.spec.name: item for item in items}
-        in_flight: list = [None, None]
-        for i, bucket in enumerate(buckets):
-            tensors = [by_name[slot.spec.name].produce() for slot in bucket.slots]
-            if self._transfer is None:
-                continue
-            if in_flight[i % 2] is not None:
-                in_flight[i % 2].wait()
-            if self._buffers is None or self._buffers.device != self._transfer.device:
-                self._buffers = BufferPool(self._transfer.device)
-            buffer = pack(bucket, tensors, self._buffers.get(i % 2, bucket.nbytes))
-            in_flight[i % 2] = self._transfer.broadcast(buffer)
-        for work in in_flight:
-            if work is not None:
-                work.wait()

@@ -2,56 +2,15 @@
 
 from __future__ import annotations
 
-import asyncio
-from dataclasses import dataclass, field
-from typing import Any
-
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from verl_vllm_rm.server.score.serving import score_token_ids
-from verl_vllm_rm.server.gate import UpdateGate
-from verl_vllm_rm.protocol.errors import RequestError, error_body
+from verl_vllm_rm.protocol.errors import RequestError
 from verl_vllm_rm.protocol.score import check_token_ids, parse_score_request
+from verl_vllm_rm.server.score import serving
+from verl_vllm_rm.server.state import RewardServerState, error_response, read_body
 
 ROUTES = ("/health", "/score", "/runtime_version", "/get_world_size")
-
-
-@dataclass
-class RewardServerState:
-    """What the reward routes need besides the engine; lives in ``app.state.reward``."""
-
-    served_models: list[str]
-    max_model_len: int
-    vocab_size: int
-    world_size: int
-    step_tag_id: int | None
-    max_score_batch: int
-    max_request_bytes: int
-    version: int = 0
-    last_update: dict[str, Any] = field(default_factory=dict)
-    last_failed_update: dict[str, Any] = field(default_factory=dict)
-    pending_update: int | None = None  # the version being received or applied
-    gate: UpdateGate = field(default_factory=UpdateGate)
-
-
-def _error(message: str, status: int) -> JSONResponse:
-    return JSONResponse(error_body(message, status), status_code=status)
-
-
-def _tokenize(tokenizer, texts: list[str]) -> list[list[int]]:
-    return [list(ids) for ids in tokenizer(texts, add_special_tokens=True)["input_ids"]]
-
-
-async def read_body(request: Request, limit: int) -> bytes:
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise RequestError(f"request body of {declared} bytes exceeds --max-request-bytes {limit}", 413)
-    body = await request.body()
-    if len(body) > limit:
-        raise RequestError(f"request body of {len(body)} bytes exceeds --max-request-bytes {limit}", 413)
-    return body
-
 
 router = APIRouter()
 
@@ -85,31 +44,17 @@ async def score(request: Request) -> JSONResponse:
     state: RewardServerState = request.app.state.reward
     engine = request.app.state.engine_client
     try:
-        body = await read_body(request, state.max_request_bytes)
-        req = parse_score_request(body, state.served_models, state.max_score_batch)
-        if req.texts is not None:
-            tokenizer = engine.renderer.get_tokenizer()
-            token_ids = await asyncio.get_running_loop().run_in_executor(None, _tokenize, tokenizer, req.texts)
-        else:
-            token_ids = req.token_ids
+        req = parse_score_request(
+            await read_body(request, state.max_request_bytes), state.served_models, state.max_score_batch
+        )
+        token_ids = req.token_ids if req.texts is None else await serving.tokenize(engine, req.texts)
         check_token_ids(token_ids, state.vocab_size, state.max_model_len)
     except RequestError as e:
-        return _error(e.message, e.status)
+        return error_response(e.message, e.status)
     try:
-        async with state.gate.scoring():  # a weight update never lands halfway through a request
-            results = await score_token_ids(
-                engine, token_ids, normalize=req.normalize, steps=state.step_tag_id is not None
-            )
+        return JSONResponse(await serving.score(engine, state, req, token_ids))
     except Exception as e:  # engine-side failure: a 5xx the client may retry
-        return _error(f"scoring failed on the server: {type(e).__name__}: {e}", 500)
-    data = []
-    for i, r in enumerate(results):
-        item: dict[str, Any] = {"index": i, "score": r.score}
-        if r.step_scores is not None:
-            item["step_scores"] = r.step_scores
-        data.append(item)
-    model = req.model or state.served_models[0]
-    return JSONResponse({"model": model, "data": data, "usage": {"prompt_tokens": sum(map(len, token_ids))}})
+        return error_response(f"scoring failed on the server: {type(e).__name__}: {e}", 500)
 
 
 @router.get("/runtime_version")

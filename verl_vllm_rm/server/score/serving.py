@@ -1,4 +1,4 @@
-"""Score token-id sequences with the running vLLM engine (pooling runner).
+"""Score a validated ``/score`` request with the running vLLM engine (pooling runner).
 
 One engine request per sequence, all submitted together: the engine batches them
 and its prefix cache shares any common prompt prefix between them.
@@ -9,11 +9,13 @@ from __future__ import annotations
 import asyncio
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
 from vllm.inputs import TokensPrompt
 from vllm.pooling_params import PoolingParams
 
-from verl_vllm_rm.protocol.score import finite_or_raise
+from verl_vllm_rm.protocol.score import ScoreRequest, finite_or_raise, score_response
+from verl_vllm_rm.server.state import RewardServerState
 
 
 @dataclass(frozen=True)
@@ -55,4 +57,27 @@ async def score_token_ids(
         await asyncio.gather(
             *(_score_one(engine, ids, i, normalize, steps, tag) for i, ids in enumerate(token_ids))
         )
+    )
+
+
+def _tokenize(tokenizer, texts: list[str]) -> list[list[int]]:
+    return [list(ids) for ids in tokenizer(texts, add_special_tokens=True)["input_ids"]]
+
+
+async def tokenize(engine, texts: list[str]) -> list[list[int]]:
+    """The engine's own tokenization of ``texts`` (off the event loop: it is CPU-bound)."""
+    tokenizer = engine.renderer.get_tokenizer()
+    return await asyncio.get_running_loop().run_in_executor(None, _tokenize, tokenizer, texts)
+
+
+async def score(engine, state: RewardServerState, req: ScoreRequest, token_ids: list[list[int]]) -> dict[str, Any]:
+    """The ``/score`` answer; a weight update never lands halfway through it."""
+    steps = state.step_tag_id is not None
+    async with state.gate.scoring():
+        results = await score_token_ids(engine, token_ids, normalize=req.normalize, steps=steps)
+    return score_response(
+        req.model or state.served_models[0],
+        [r.score for r in results],
+        sum(map(len, token_ids)),
+        [r.step_scores for r in results] if steps else None,
     )

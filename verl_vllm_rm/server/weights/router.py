@@ -24,11 +24,11 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from vllm.distributed.weight_transfer.base import WeightTransferInitRequest, WeightTransferUpdateRequest
 
-from verl_vllm_rm.protocol.errors import RequestError, error_body
-from verl_vllm_rm.protocol.score import parse_json
-from verl_vllm_rm.server.score.router import RewardServerState, read_body
+from verl_vllm_rm.protocol.errors import RequestError
 from verl_vllm_rm.protocol.inventory import Inventory, ParamSpec, WeightUpdateRefused
 from verl_vllm_rm.protocol.names import RewardModelTrainingMode
+from verl_vllm_rm.protocol.score import is_int, parse_json, preview
+from verl_vllm_rm.server.state import RewardServerState, error_response, read_body
 
 logger = logging.getLogger(__name__)
 WEIGHT_ROUTES = ("/weight_inventory", "/init_communicator", "/update_param_batch", "/close_communicator")
@@ -48,10 +48,6 @@ class WeightSyncState:
 
 
 router = APIRouter()
-
-
-def _error(message: str, status: int) -> JSONResponse:
-    return JSONResponse(error_body(message, status), status_code=status)
 
 
 async def _inventory(request: Request) -> Inventory:
@@ -84,33 +80,42 @@ async def weight_inventory(request: Request) -> JSONResponse:
     return JSONResponse(body)
 
 
+def _parse_init(payload: dict[str, Any], world_size: int) -> dict[str, Any]:
+    """Check the fields before any worker tries to connect, so a bad one is a 400, not a failed join (502)."""
+    address, port, session = payload.get("master_address"), payload.get("master_port"), payload.get("session")
+    timeout_s = payload.get("timeout_s", 300.0)
+    problems = []
+    if not isinstance(address, str) or not address:
+        problems.append(f"'master_address' must be a non-empty string, got {preview(address)}")
+    if not is_int(port) or not 0 < port < 65536:
+        problems.append(f"'master_port' must be an integer port in [1, 65535], got {preview(port)}")
+    if not isinstance(session, str) or not session:
+        problems.append(f"'session' must be a non-empty string, got {preview(session)}")
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not 0 < timeout_s < float("inf"):
+        problems.append(f"'timeout_s' must be a positive number of seconds, got {preview(timeout_s)}")
+    if problems:
+        raise RequestError("; ".join(problems))
+    return {"master_address": address, "master_port": port, "world_size": world_size, "session": session,
+            "timeout_s": float(timeout_s)}
+
+
 @router.post("/init_communicator")
 async def init_communicator(request: Request) -> JSONResponse:
     """Join the trainer's process group: ``{master_address, master_port, session, timeout_s?}``."""
     sync: WeightSyncState = request.app.state.weight_sync
     state: RewardServerState = request.app.state.reward
     try:
-        payload = await _body(request)
-        info = {
-            "master_address": str(payload["master_address"]),
-            "master_port": int(payload["master_port"]),
-            "world_size": 1 + state.world_size,
-            "session": str(payload["session"]),
-            "timeout_s": float(payload.get("timeout_s", 300.0)),
-        }
-    except (KeyError, TypeError, ValueError) as e:
-        message = f"bad field {e}; send master_address (str), master_port (int), session (str), timeout_s (number)"
-        return _error(message, 400)
+        info = _parse_init(await _body(request), 1 + state.world_size)
     except RequestError as e:
-        return _error(e.message, e.status)
+        return error_response(e.message, e.status)
     async with sync.control:
         if sync.update_task is not None and not sync.update_task.done():
-            return _error("a weight update is in progress; retry after it finishes", 409)
+            return error_response("a weight update is in progress; retry after it finishes", 409)
         try:
             await request.app.state.engine_client.init_weight_transfer_engine(WeightTransferInitRequest(info))
         except Exception as e:
             sync.session = None
-            return _error(f"could not join the trainer's process group: {type(e).__name__}: {e}", 502)
+            return error_response(f"could not join the trainer's process group: {type(e).__name__}: {e}", 502)
         sync.session = info["session"]
     return JSONResponse({"status": "ok", "session": sync.session, "world_size": info["world_size"]})
 
@@ -120,7 +125,7 @@ async def close_communicator(request: Request) -> JSONResponse:
     sync: WeightSyncState = request.app.state.weight_sync
     async with sync.control:
         if sync.update_task is not None and not sync.update_task.done():
-            return _error("a weight update is in progress; retry after it finishes", 409)
+            return error_response("a weight update is in progress; retry after it finishes", 409)
         await request.app.state.engine_client.shutdown_weight_transfer_engine()
         sync.session = None
     return JSONResponse({"status": "closed"})
@@ -133,13 +138,13 @@ def _parse_update(payload: dict[str, Any], inventory: Inventory, sync: WeightSyn
     if not isinstance(payload.get("metadata"), list):
         raise RequestError("'metadata' must be a list of {name, dtype, shape}")
     new_version = payload.get("version")
-    if not isinstance(new_version, int) or isinstance(new_version, bool) or new_version <= version:
+    if not is_int(new_version) or new_version <= version:
         raise RequestError(
-            f"'version' must be an integer greater than the serving version {version}, got {new_version!r}", 409
+            f"'version' must be an integer greater than the serving version {version}, got {preview(new_version)}", 409
         )
     bucket_bytes = payload.get("bucket_bytes")
-    if not isinstance(bucket_bytes, int) or bucket_bytes <= 0:
-        raise RequestError(f"'bucket_bytes' must be a positive integer, got {bucket_bytes!r}")
+    if not is_int(bucket_bytes) or bucket_bytes <= 0:
+        raise RequestError(f"'bucket_bytes' must be a positive integer, got {preview(bucket_bytes)}")
     try:
         mode = RewardModelTrainingMode.parse(payload.get("training_mode"))
         specs = [ParamSpec.from_json(p) for p in payload["metadata"]]
@@ -222,7 +227,7 @@ async def update_param_batch(request: Request):
                 raise RequestError("no communicator: call /init_communicator before /update_param_batch", 409)
             specs, mode, version, bucket_bytes = _parse_update(payload, await _inventory(request), sync, state.version)
         except RequestError as e:
-            return _error(e.message, e.status)
+            return error_response(e.message, e.status)
         task = asyncio.create_task(_apply_update(request.app, specs, mode, version, bucket_bytes))
         sync.update_task = task
 

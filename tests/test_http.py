@@ -1,0 +1,47 @@
+"""``verl_vllm_rm.http``: the synchronous and the asynchronous call fail the same way, with the server's words."""
+
+import asyncio
+
+import pytest
+
+from verl_vllm_rm.http import HttpError, JsonHttp, get_json, open_session, request_json
+
+
+def request_once(url: str, method: str = "GET", payload=None, api_key: str | None = None):
+    async def once():
+        async with open_session(api_key, max_connections=2) as session:
+            return await request_json(session, method, url, payload, total_s=30.0, connect_s=5.0, read_s=30.0)
+
+    return asyncio.run(once())
+
+
+def test_unreachable_server_is_a_transient_error_naming_the_url(dead_url):
+    for call in (get_json, request_once):
+        with pytest.raises(HttpError, match=dead_url) as err:
+            call(dead_url + "/health")
+        assert err.value.status is None and err.value.unreachable and err.value.transient
+
+
+def test_refusal_carries_the_status_and_the_servers_own_message(rm_server):
+    errors = []
+    for call in (lambda: JsonHttp(rm_server.url).post("/score", {"input": []}),
+                 lambda: request_once(rm_server.url + "/score", "POST", {"input": []})):
+        with pytest.raises(HttpError) as err:
+            call()
+        errors.append(err.value)
+    sync, async_ = errors
+    assert sync.status == async_.status == 400 and not sync.transient
+    assert sync.message == async_.message and not sync.message.startswith("{")  # read from the error body
+    assert str(sync) == f"{rm_server.url}/score: HTTP 400: {sync.message}"
+
+
+def test_both_paths_send_the_api_key(fault_proxy):
+    assert JsonHttp(fault_proxy.url, api_key="k-1").get("/health")["status"] == "ok"
+    assert request_once(fault_proxy.url + "/health", api_key="k-1")["status"] == "ok"
+    assert [r["headers"].get("Authorization") for r in fault_proxy.requests] == ["Bearer k-1"] * 2
+
+
+@pytest.mark.parametrize("status, transient", [(None, True), (429, True), (500, True), (503, True),
+                                               (400, False), (401, False), (404, False), (409, False)])
+def test_only_missing_answers_429_and_5xx_are_worth_a_retry(status, transient):
+    assert HttpError("http://h/p", "m", status).transient is transient

@@ -1,0 +1,52 @@
+"""What every route shares: the server's state, the bounded body read and the error answer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+
+from verl_vllm_rm.protocol.errors import RequestError, error_body
+from verl_vllm_rm.server.gate import UpdateGate
+
+
+@dataclass
+class RewardServerState:
+    """What the reward routes need besides the engine; lives in ``app.state.reward``."""
+
+    served_models: list[str]
+    max_model_len: int
+    vocab_size: int
+    world_size: int
+    step_tag_id: int | None
+    max_score_batch: int
+    max_request_bytes: int
+    version: int = 0
+    last_update: dict[str, Any] = field(default_factory=dict)
+    last_failed_update: dict[str, Any] = field(default_factory=dict)
+    pending_update: int | None = None  # the version being received or applied
+    gate: UpdateGate = field(default_factory=UpdateGate)
+
+
+def error_response(message: str, status: int) -> JSONResponse:
+    return JSONResponse(error_body(message, status), status_code=status)
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The body, refused (413) once it passes ``limit`` bytes.
+
+    A declared ``Content-Length`` is checked before reading; a chunked body has
+    none, so the stream is counted and dropped at the limit, not read whole.
+    """
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise RequestError(f"request body of {declared} bytes exceeds --max-request-bytes {limit}", 413)
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise RequestError(f"request body of more than {limit} bytes exceeds --max-request-bytes {limit}", 413)
+        chunks.append(chunk)
+    return b"".join(chunks)
