@@ -19,14 +19,13 @@ export N_GPUS=${N_GPUS:-6}
 export RM_SERVER_FLAGS="--enable-weight-updates ${RM_SERVER_FLAGS:-}"
 # verl imports this module in every process, which registers trainer mode vllm_rm_online.
 export VERL_USE_EXTERNAL_MODULES=verl_vllm_rm.online.trainer_mode
-RM_URL=${RM_SERVER_URL:-${RM_URL:-http://127.0.0.1:${RM_PORT:-8001}}}
 
-# The weighted math recipe, plus the online RM trainer (later overrides win).
+# The weighted math recipe, plus the online RM trainer (later overrides win); the RM trainer publishes
+# into the reward manager's server (online_rm.server_url defaults to reward.reward_kwargs.server_url).
 exec bash "$(dirname "$0")/grpo_math_rm_weighted.sh" \
     trainer.use_v1=True \
     trainer.v1.trainer_mode=vllm_rm_online \
     +online_rm.model_path="${RM_PATH:-}" \
-    +online_rm.server_url="$RM_URL" \
     +online_rm.training_mode="$RM_MODE" \
     +online_rm.publish_every="$PUBLISH_EVERY" \
     +online_rm.reward_key=verifiable_score \

@@ -130,6 +130,28 @@ def test_trainer_without_online_rm_options_names_them(compose_config):
         build_online_rm(compose_config(["trainer.v1.trainer_mode=vllm_rm_online"]), 0)
 
 
+@pytest.mark.parametrize("reward_url, expected", [
+    (None, "http://127.0.0.1:8001"),  # the manager's own default
+    ("http://rm-host:9000", "http://rm-host:9000"),
+    ("[http://rm-host:9000]", "http://rm-host:9000"),
+])
+def test_online_rm_publishes_to_the_reward_managers_server_by_default(compose_config, reward_url, expected):
+    from verl_vllm_rm.online.trainer_mode import online_rm_config
+
+    overrides = ["+online_rm.model_path=/rm"] + ([f"+reward.reward_kwargs.server_url={reward_url}"] if reward_url else [])
+    assert online_rm_config(compose_config(overrides)).server_url == expected
+    explicit = compose_config([*overrides, "+online_rm.server_url=http://other:1"])
+    assert online_rm_config(explicit).server_url == "http://other:1"
+
+
+def test_online_rm_needs_its_server_named_when_the_manager_has_several(compose_config):
+    from verl_vllm_rm.online.trainer_mode import online_rm_config
+
+    config = compose_config(["+online_rm.model_path=/rm", "+reward.reward_kwargs.server_url=[http://a:1,http://b:2]"])
+    with pytest.raises(ValueError, match=r"online_rm.server_url is unset and .* lists \['http://a:1', 'http://b:2'\]"):
+        online_rm_config(config)
+
+
 def test_rm_step_after_a_ppo_step_trains_on_the_queue_and_publishes(step_rollout, compose_config, ws_server,
                                                                     tiny_rm, tokenizer, probe_ids):
     from verl_vllm_rm.online.trainer_mode import OnlineRewardModelTrainer, build_online_rm

@@ -9,11 +9,11 @@ import math
 import pytest
 
 from verl_vllm_rm.protocol.errors import RequestError
+from verl_vllm_rm.protocol.json_body import parse_json
 from verl_vllm_rm.protocol.score import (
     ScoreRequest,
     ScoreResponseError,
     check_token_ids,
-    parse_json,
     parse_score_request,
     parse_score_response,
     score_response,

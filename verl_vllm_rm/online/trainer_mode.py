@@ -10,7 +10,7 @@ Enable it (see ``recipes/grpo_math_online_rm.sh``)::
 
     VERL_USE_EXTERNAL_MODULES=verl_vllm_rm.online.trainer_mode \\
     python -m verl.trainer.main_ppo trainer.v1.trainer_mode=vllm_rm_online \\
-        +online_rm.model_path=... +online_rm.server_url=... [+online_rm.training_mode=lora ...]
+        +online_rm.model_path=... [+online_rm.training_mode=lora ...]  (server_url: the reward manager's)
 
 verl imports this module in every process through ``VERL_USE_EXTERNAL_MODULES``,
 so the trainer mode is registered where verl's task runner looks it up. Needs
@@ -30,11 +30,15 @@ from transfer_queue import KVBatchMeta
 from verl.trainer.ppo.v1 import get_trainer_cls, register_trainer
 from verl.utils.debug import marked_timer
 
+from verl_vllm_rm.options import ConfigError
+from verl_vllm_rm.protocol.defaults import DEFAULT_SERVER_URL
+
 # ``verl_vllm_rm.online.driver`` is imported where it is used: a Ray worker whose first import is the hook
 # (an RM trainer worker unpickling its class) imports verl from it, verl then imports this module
 # (VERL_USE_EXTERNAL_MODULES), and a module-level import of the half-initialised hook here would fail.
 
 if TYPE_CHECKING:
+    from verl_vllm_rm.online.config import OnlineRMConfig
     from verl_vllm_rm.online.driver import OnlineRewardModel
 
 logger = logging.getLogger(__name__)
@@ -48,16 +52,29 @@ TOKEN_REWARD_FIELD = "rm_scores"
 Rollout = tuple[list[Hashable], list[list[int]], list[float]]
 
 
-def build_online_rm(config: DictConfig, pad_token_id: int) -> "OnlineRewardModel":
-    """The RM trainer worker group described by the run's ``online_rm`` section."""
+def online_rm_config(config: DictConfig) -> "OnlineRMConfig":
+    """The run's ``online_rm`` section, validated; ``server_url`` defaults to the reward manager's server."""
     from verl_vllm_rm.online.config import OnlineRMConfig
-    from verl_vllm_rm.online.driver import OnlineRewardModel
 
     if "online_rm" not in config:
-        raise ValueError(f"trainer mode {TRAINER_MODE!r} needs an online_rm section: add "
-                         "+online_rm.model_path=... +online_rm.server_url=... (see recipes/grpo_math_online_rm.sh)")
+        raise ConfigError(f"trainer mode {TRAINER_MODE!r} needs an online_rm section: add "
+                          "+online_rm.model_path=... (see recipes/grpo_math_online_rm.sh)")
     options = OmegaConf.to_container(config.online_rm, resolve=True)
-    return OnlineRewardModel(OnlineRMConfig.from_dict(options), pad_token_id)
+    if "server_url" not in options:
+        urls = OmegaConf.select(config, "reward.reward_kwargs.server_url", default=DEFAULT_SERVER_URL)
+        urls = [urls] if isinstance(urls, str) else list(urls)
+        if len(urls) != 1:
+            raise ConfigError(f"online_rm.server_url is unset and reward.reward_kwargs.server_url lists {urls}: "
+                              "set +online_rm.server_url to the server whose weights the RM trainer updates")
+        options["server_url"] = urls[0]
+    return OnlineRMConfig.from_dict(options)
+
+
+def build_online_rm(config: DictConfig, pad_token_id: int) -> "OnlineRewardModel":
+    """The RM trainer worker group described by the run's ``online_rm`` section."""
+    from verl_vllm_rm.online.driver import OnlineRewardModel
+
+    return OnlineRewardModel(online_rm_config(config), pad_token_id)
 
 
 def step_folder(config: DictConfig, global_steps: int) -> str:

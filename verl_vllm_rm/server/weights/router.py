@@ -27,7 +27,7 @@ from vllm.distributed.weight_transfer.base import WeightTransferInitRequest, Wei
 from verl_vllm_rm.protocol.errors import RequestError
 from verl_vllm_rm.protocol.inventory import Inventory, ParamSpec, WeightUpdateRefused
 from verl_vllm_rm.protocol.names import RewardModelTrainingMode
-from verl_vllm_rm.protocol.score import is_int, parse_json, preview
+from verl_vllm_rm.protocol.json_body import is_int, parse_json, preview
 from verl_vllm_rm.server.state import RewardServerState, error_response, read_body
 
 logger = logging.getLogger(__name__)
