@@ -68,26 +68,24 @@ def test_rm_step_worker_method_publishes_every_n_steps(ray_cluster, ws_server, t
         assert runtime_version(ws_server.url) == start + step // 2
 
 
-def test_online_rm_recipe_options_are_valid():
+def test_online_rm_recipe_options_are_valid(compose_config):
     import os
     import subprocess
     from pathlib import Path
 
-    from omegaconf import OmegaConf
-
     from verl_vllm_rm.online.config import OnlineRMConfig
+    from verl_vllm_rm.online.trainer_mode import online_rm_config
 
     recipe = Path(__file__).resolve().parents[2] / "recipes" / "grpo_math_online_rm.sh"
     env = dict(os.environ, VERL_VLLM_RM_DRY_RUN="1", RM_PATH="/models/rm")
     overrides = subprocess.run(["bash", str(recipe)], env=env, capture_output=True, text=True,
                                check=True).stdout.splitlines()
     assert "trainer.v1.trainer_mode=vllm_rm_online" in overrides
-    options = OmegaConf.to_container(OmegaConf.from_dotlist(
-        [o.removeprefix("+online_rm.") for o in overrides if o.startswith("+online_rm.")]))
-    config = OnlineRMConfig.from_dict(options)
+    config = online_rm_config(compose_config(overrides))
     assert (config.model_path, config.training_mode, config.reward_key) == ("/models/rm", "lora", "verifiable_score")
+    assert config.server_url == "http://127.0.0.1:8001", "the reward manager's server (the recipe's RM_URL)"
     with pytest.raises(ValueError, match="valid options"):
-        OnlineRMConfig.from_dict({**options, "learning_rate": 1e-5})
+        OnlineRMConfig.from_dict({"model_path": "/models/rm", "server_url": "http://x", "learning_rate": 1e-5})
 
 
 def test_two_rm_workers_average_gradients_and_publish_once_per_step(ray_cluster, ws_server, tiny_rm, tokenizer,
