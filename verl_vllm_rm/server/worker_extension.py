@@ -14,6 +14,11 @@ touched in ``finish_weight_update`` through vLLM's layerwise reload (plain
 update touches. A transfer that dies halfway therefore leaves the old weights
 serving, never a mix.
 
+Joining the trainer's group runs on a thread as well (``init_weight_transfer_engine``
+with ``phase`` ``begin``, polled with ``rm_join_done``, then ``finish``): a trainer
+address that never answers neither stalls scoring nor leaves a half-joined group
+(see :mod:`verl_vllm_rm.server.group_join`).
+
 Importing this module (vLLM does, via ``--worker-extension-cls``) registers the
 engines under the backend names ``gloo`` and ``torch_nccl``.
 """
@@ -30,6 +35,7 @@ from vllm.distributed.weight_transfer.base import WeightTransferInitInfo, Weight
 
 from verl_vllm_rm.protocol.inventory import ParamSpec, module_key
 from verl_vllm_rm.protocol.wire import BufferPool, TransferGroup, open_group, plan_buckets, unpack
+from verl_vllm_rm.server.group_join import PendingJoin
 
 ENGINE_BACKENDS = {"gloo": "gloo", "torch_nccl": "nccl"}
 
@@ -41,7 +47,9 @@ class ProcessGroupInitInfo(WeightTransferInitInfo):
     world_size: int
     session: str
     rank_offset: int = 1
-    timeout_s: float = 300.0
+    timeout_s: float = 300.0  # every collective's
+    join_timeout_s: float | None = None  # the store's and the rendezvous' (default timeout_s)
+    phase: str = "begin"  # "begin": start joining on a thread; "finish": take its group, raise its error
 
 
 @dataclass
@@ -65,20 +73,42 @@ class ProcessGroupWeightTransferEngine(WeightTransferEngine[ProcessGroupInitInfo
         self.staged: list[tuple[str, torch.Tensor]] = []
         self.receiver: threading.Thread | None = None
         self.receive_error: BaseException | None = None
+        self.pending_join: PendingJoin | None = None
 
     def init_transfer_engine(self, init_info: ProcessGroupInitInfo) -> None:
+        if init_info.phase == "begin":
+            self.begin_join(init_info)
+        elif init_info.phase == "finish":
+            self.finish_join()
+        else:
+            raise ValueError(f"unknown init phase {init_info.phase!r}; use 'begin' or 'finish'")
+
+    def begin_join(self, info: ProcessGroupInitInfo) -> None:
+        """Drop any group (or pending join), then join the new one on a thread; returns at once."""
         self.shutdown()
         parallel = self.parallel_config
         worker_rank = parallel.data_parallel_index * parallel.world_size + parallel.rank
-        self.group = open_group(
-            self.transport,
-            init_info.master_address,
-            init_info.master_port,
-            rank=worker_rank + init_info.rank_offset,
-            world_size=init_info.world_size,
-            timeout_s=init_info.timeout_s,
-            session=init_info.session,
-        )
+
+        def open_fn() -> TransferGroup:
+            return open_group(
+                self.transport, info.master_address, info.master_port, rank=worker_rank + info.rank_offset,
+                world_size=info.world_size, timeout_s=info.timeout_s, session=info.session,
+                join_timeout_s=info.join_timeout_s,
+            )
+
+        self.pending_join = PendingJoin(open_fn, info.master_address, info.master_port)
+
+    def join_done(self) -> bool:
+        return self.pending_join is None or self.pending_join.done()
+
+    def finish_join(self) -> None:
+        pending, self.pending_join = self.pending_join, None
+        if pending is None:
+            raise RuntimeError("no join in progress: begin one with /init_communicator")
+        if not pending.done():
+            pending.abandon()
+            raise TimeoutError("the join of the trainer's process group has not finished; abandoned")
+        self.group = pending.result()
 
     def start_weight_update(self) -> None:
         self.staged = []
@@ -180,6 +210,10 @@ class ProcessGroupWeightTransferEngine(WeightTransferEngine[ProcessGroupInitInfo
         return any(t.untyped_storage().data_ptr() in pool_storages for t in tensors)
 
     def shutdown(self) -> None:
+        """Leave the group; abandon a join still under way (its sockets to the trainer are shut down)."""
+        pending, self.pending_join = self.pending_join, None
+        if pending is not None:
+            pending.abandon()
         self.group = None
         self.staged = []
 
@@ -194,6 +228,10 @@ WeightTransferEngineFactory.register_engine("torch_nccl", NcclProcessGroupWeight
 
 class WeightSyncWorkerExtension:
     """Mixed into vLLM's worker by ``--worker-extension-cls``; reached via ``collective_rpc``."""
+
+    def rm_join_done(self) -> bool:
+        """Whether the background join started by /init_communicator has ended (polled by the server)."""
+        return self.weight_transfer_engine.join_done()
 
     def rm_receive_done(self) -> bool:
         """Whether the background receive of the current update has ended (polled by the server)."""

@@ -22,13 +22,14 @@ from typing import Any, AsyncIterator
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
-from vllm.distributed.weight_transfer.base import WeightTransferInitRequest, WeightTransferUpdateRequest
+from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
 
 from verl_vllm_rm.protocol.errors import RequestError
 from verl_vllm_rm.protocol.inventory import Inventory, ParamSpec, WeightUpdateRefused
 from verl_vllm_rm.protocol.names import RewardModelTrainingMode
 from verl_vllm_rm.protocol.json_body import is_int, parse_json, preview
 from verl_vllm_rm.server.state import RewardServerState, error_response, read_body
+from verl_vllm_rm.server.weights.join import DEFAULT_JOIN_TIMEOUT_S, JoinTimedOut, join_bound, join_group
 
 logger = logging.getLogger(__name__)
 WEIGHT_ROUTES = ("/weight_inventory", "/init_communicator", "/update_param_batch", "/close_communicator")
@@ -41,6 +42,7 @@ class WeightSyncState:
     transport: str
     head_patterns: tuple[str, ...]
     max_update_bytes: int | None = None
+    join_timeout_s: float = DEFAULT_JOIN_TIMEOUT_S
     inventory: Inventory | None = None
     session: str | None = None
     update_task: asyncio.Task | None = None
@@ -101,7 +103,11 @@ def _parse_init(payload: dict[str, Any], world_size: int) -> dict[str, Any]:
 
 @router.post("/init_communicator")
 async def init_communicator(request: Request) -> JSONResponse:
-    """Join the trainer's process group: ``{master_address, master_port, session, timeout_s?}``."""
+    """Join the trainer's process group: ``{master_address, master_port, session, timeout_s?}``.
+
+    Answers within ``min(timeout_s, --weight-update-join-timeout)`` + ``JOIN_GRACE_S``: 504 when the
+    trainer's address did not complete the join in time, 502 when the join failed; scoring goes on.
+    """
     sync: WeightSyncState = request.app.state.weight_sync
     state: RewardServerState = request.app.state.reward
     try:
@@ -111,10 +117,13 @@ async def init_communicator(request: Request) -> JSONResponse:
     async with sync.control:
         if sync.update_task is not None and not sync.update_task.done():
             return error_response("a weight update is in progress; retry after it finishes", 409)
+        sync.session = None
+        bound = join_bound(info["timeout_s"], sync.join_timeout_s)
         try:
-            await request.app.state.engine_client.init_weight_transfer_engine(WeightTransferInitRequest(info))
+            await join_group(request.app.state.engine_client, info, bound)
+        except JoinTimedOut as e:
+            return error_response(f"could not join the trainer's process group: {e}", 504)
         except Exception as e:
-            sync.session = None
             return error_response(f"could not join the trainer's process group: {type(e).__name__}: {e}", 502)
         sync.session = info["session"]
     return JSONResponse({"status": "ok", "session": sync.session, "world_size": info["world_size"]})
@@ -239,7 +248,8 @@ async def update_param_batch(request: Request):
 
 
 def install_weight_routes(
-    app: FastAPI, transport: str, head_patterns: tuple[str, ...], max_update_bytes: int | None = None
+    app: FastAPI, transport: str, head_patterns: tuple[str, ...], max_update_bytes: int | None = None,
+    join_timeout_s: float = DEFAULT_JOIN_TIMEOUT_S,
 ) -> None:
-    app.state.weight_sync = WeightSyncState(transport, head_patterns, max_update_bytes)
+    app.state.weight_sync = WeightSyncState(transport, head_patterns, max_update_bytes, join_timeout_s)
     app.include_router(router)

@@ -1,0 +1,186 @@
+"""Protected mode: no unauthenticated weight updates on an address other machines can reach.
+
+The loopback decision and the policy are pure (first half, no server); the second half
+runs ``python -m verl_vllm_rm.server`` itself: the refusal (before any engine), the
+explicit opt-out, and scoring on 0.0.0.0 without a key.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+
+import pytest
+import requests
+
+from verl_vllm_rm.dev.server_launcher import find_server_python, running_server
+from verl_vllm_rm.http import free_port
+from verl_vllm_rm.protocol.defaults import API_KEY_ENV, PARENT_PID_ENV
+from verl_vllm_rm.server import exposure
+from verl_vllm_rm.server.exposure import OPT_OUT_FLAG, ExposureRefused, check_exposure, is_loopback_bind
+
+# ---- the loopback decision and the policy (pure) ----
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.255.255.254", "127.8.9.10", "::1", "::ffff:127.0.0.1", "localhost"])
+def test_loopback_hosts(host):
+    assert is_loopback_bind(host)
+
+
+@pytest.mark.parametrize(
+    "host", ["0.0.0.0", "::", "", None, "10.1.2.3", "192.168.0.7", "8.8.8.8", "fe80::1", "::ffff:10.0.0.1",
+             "no-such-host.invalid"],
+)
+def test_non_loopback_hosts(host):
+    assert not is_loopback_bind(host)
+
+
+def test_a_unix_socket_is_loopback_whatever_the_host():
+    assert is_loopback_bind("0.0.0.0", uds="/tmp/rm.sock")
+
+
+@pytest.mark.parametrize(
+    "addresses, loopback",
+    [(["127.0.0.1"], True), (["127.0.0.1", "127.0.1.1"], True), (["10.0.0.4"], False),
+     (["127.0.0.1", "10.0.0.4"], False), ([], False)],
+)
+def test_a_host_name_is_loopback_only_if_every_address_it_resolves_to_is(monkeypatch, addresses, loopback):
+    def fake_getaddrinfo(host, port, family=0, type=0, *args):
+        assert host == "rm-host" and family == socket.AF_INET  # vLLM binds a name as IPv4
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (a, 0)) for a in addresses]
+
+    monkeypatch.setattr(exposure.socket, "getaddrinfo", fake_getaddrinfo)
+    assert is_loopback_bind("rm-host") is loopback
+
+
+def _check(**kw):
+    args = dict(host="0.0.0.0", port=8001, uds=None, has_api_key=False, weight_updates=True, opt_out=False)
+    return check_exposure(**{**args, **kw})
+
+
+def test_weight_updates_on_a_non_loopback_bind_without_a_key_are_refused(monkeypatch):
+    monkeypatch.delenv(API_KEY_ENV, raising=False)
+    with pytest.raises(ExposureRefused) as refused:
+        _check()
+    message = str(refused.value)
+    assert "--api-key KEY" in message and "--host 127.0.0.1" in message and OPT_OUT_FLAG in message
+    assert "0.0.0.0:8001" in message and API_KEY_ENV not in message
+    assert isinstance(refused.value, SystemExit)  # exits non-zero with the message on stderr
+    with pytest.raises(ExposureRefused, match="every interface"):
+        _check(host="")
+
+
+def test_the_refusal_points_out_the_trainer_side_key_variable(monkeypatch):
+    monkeypatch.setenv(API_KEY_ENV, "k")
+    with pytest.raises(ExposureRefused, match=f"\\${API_KEY_ENV} is set, but that is the trainer side's"):
+        _check()
+
+
+@pytest.mark.parametrize(
+    "kw", [dict(has_api_key=True), dict(host="127.0.0.1"), dict(host="::1"), dict(uds="/tmp/rm.sock"),
+           dict(has_api_key=True, weight_updates=False), dict(host="localhost", weight_updates=False)],
+)
+def test_a_key_or_a_loopback_bind_starts_silently(kw):
+    assert _check(**kw) == []
+
+
+def test_the_opt_out_starts_with_a_warning():
+    [warning] = _check(opt_out=True)
+    assert "WARNING" in warning and OPT_OUT_FLAG in warning and "replace the reward model" in warning
+
+
+def test_scoring_on_a_non_loopback_bind_without_a_key_starts_with_a_warning():
+    [warning] = _check(weight_updates=False)
+    assert "WARNING" in warning and "without an API key" in warning and "--api-key KEY" in warning
+    assert OPT_OUT_FLAG not in warning
+
+
+# ---- the real server ----
+
+ENGINE_MARKERS = ("non-default args:", "Initializing a V1 LLM engine", "EngineCore")  # setup_server, then the engine
+
+
+def _run_server(args: list[str], env_extra: dict[str, str], timeout_s: float = 120.0):
+    """Run the server to its exit; (exit code, output, seconds). Killed (and the test failed) if it keeps running."""
+    env = {k: v for k, v in os.environ.items() if k not in ("VLLM_API_KEY", API_KEY_ENV)}
+    env.update({PARENT_PID_ENV: str(os.getpid()), **env_extra})
+    cmd = [find_server_python(), "-m", "verl_vllm_rm.server", *args]
+    t0 = time.monotonic()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        pytest.fail(f"the server did not exit within {timeout_s:.0f}s; output tail:\n{out.decode()[-2000:]}")
+    return proc.returncode, out.decode(errors="replace"), time.monotonic() - t0
+
+
+def _port_is_free(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) != 0
+
+
+@pytest.mark.server
+@pytest.mark.parametrize("host, env", [("0.0.0.0", {}), ("", {"VLLM_API_KEY": ""})], ids=["0.0.0.0", "empty-host"])
+def test_server_refuses_unauthenticated_weight_updates_before_the_engine(tiny_rm, host, env):
+    port = free_port()
+    args = ["--model", tiny_rm, "--host", host, "--port", str(port), "--enable-weight-updates"]
+    code, out, seconds = _run_server(args, env)
+    assert code == 1, out[-2000:]
+    assert "refusing to start" in out and "--api-key KEY" in out and "--host 127.0.0.1" in out
+    assert OPT_OUT_FLAG in out
+    assert not [m for m in ENGINE_MARKERS if m in out], out[-2000:]
+    assert _port_is_free(port) and seconds < 90
+
+
+@pytest.mark.server
+@pytest.mark.parametrize("key_args, env", [([], {"VLLM_API_KEY": "k"}), (["--api-key", "k"], {})],
+                         ids=["VLLM_API_KEY", "--api-key"])
+def test_a_key_passes_the_check(key_args, env):
+    """With a key, the same command gets past the check (and fails later, on the missing model)."""
+    args = ["--model", "/nonexistent-rm", "--host", "0.0.0.0", "--port", str(free_port()),
+            "--enable-weight-updates", *key_args]
+    code, out, _ = _run_server(args, env)
+    assert code != 0 and "refusing to start" not in out and "/nonexistent-rm" in out
+    assert "WARNING: weight updates without an API key" not in out
+
+
+def _listening_ip(pid: int, port: int) -> str | None:
+    import psutil
+
+    root = psutil.Process(pid)
+    for proc in [root, *root.children(recursive=True)]:
+        for conn in proc.net_connections(kind="tcp"):
+            if conn.status == psutil.CONN_LISTEN and conn.laddr.port == port:
+                return conn.laddr.ip
+    return None
+
+
+@pytest.mark.server
+def test_the_opt_out_starts_on_0000_with_a_warning_and_open_weight_routes(tiny_rm, server_args, texts):
+    args = [*server_args, "--host", "0.0.0.0", "--enable-weight-updates", OPT_OUT_FLAG]
+    with running_server(tiny_rm, args) as server:
+        log = server.log_path.read_text(errors="replace")
+        assert f"WARNING: weight updates without an API key on 0.0.0.0:{server.url.rsplit(':', 1)[1]}" in log
+        assert OPT_OUT_FLAG in log
+        assert _listening_ip(server.process.pid, int(server.url.rsplit(":", 1)[1])) == "0.0.0.0"
+        inventory = requests.get(f"{server.url}/weight_inventory", timeout=30)
+        assert inventory.status_code == 200 and inventory.json()["params"]
+        assert requests.post(f"{server.url}/score", json={"input": texts[:2]}, timeout=60).status_code == 200
+
+
+@pytest.mark.server
+def test_scoring_on_0000_without_a_key_starts_with_a_warning(tiny_rm, server_args, texts):
+    with running_server(tiny_rm, [*server_args, "--host", "0.0.0.0"]) as server:
+        port = int(server.url.rsplit(":", 1)[1])
+        log = server.log_path.read_text(errors="replace")
+        assert f"WARNING: serving on 0.0.0.0:{port} without an API key" in log
+        assert "weight updates without an API key" not in log
+        assert _listening_ip(server.process.pid, port) == "0.0.0.0"
+        resp = requests.post(f"{server.url}/score", json={"input": texts[:2]}, timeout=60)
+        assert resp.status_code == 200 and len(resp.json()["data"]) == 2
+        assert requests.get(f"{server.url}/weight_inventory", timeout=30).status_code == 404

@@ -1,0 +1,111 @@
+"""A worker's join of the trainer's process group, on a thread of its own, that can be abandoned.
+
+Joining blocks until the trainer's store answers. Run inside the engine's own
+call it would stall scoring for as long; and torch's ``TCPStore`` client never
+times out against a peer that accepts the connection but never speaks (it waits
+in ``recv`` for the ping's answer, whatever the timeout). So the worker joins on
+a thread, the server polls :meth:`PendingJoin.done` with short engine calls, and
+a join that outlives the server's bound is abandoned: its result is dropped and
+the sockets it opened to the trainer's address are shut down, which ends the
+blocked ``recv`` (and with it the thread) and closes the connection at the peer.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+import threading
+from typing import Callable
+
+from verl_vllm_rm.protocol.wire import TransferGroup
+
+_FD_DIR = "/proc/self/fd"  # Linux; elsewhere an abandoned join keeps its thread until torch gives up
+
+
+def _sockets() -> dict[int, str]:
+    """This process's socket descriptors and their inode names (``socket:[N]``)."""
+    out = {}
+    try:
+        names = os.listdir(_FD_DIR)
+    except OSError:
+        return out
+    for name in names:
+        try:
+            link = os.readlink(f"{_FD_DIR}/{name}")
+        except OSError:
+            continue
+        if link.startswith("socket:"):
+            out[int(name)] = link
+    return out
+
+
+def _normalized(host: str) -> str:
+    try:
+        ip = ipaddress.ip_address(host.split("%")[0])
+    except ValueError:
+        return host
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return str(ip)
+
+
+class PendingJoin:
+    """``open_fn()`` running on a daemon thread; the group, or its error, once :meth:`done`."""
+
+    def __init__(self, open_fn: Callable[[], TransferGroup], address: str, port: int) -> None:
+        self.address, self.port = address, port
+        self._before = set(_sockets().values())
+        self._peers: set[str] | None = None
+        self._abandoned = False
+        self._group: TransferGroup | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(open_fn,), daemon=True, name="rm-weight-join")
+        self._thread.start()
+
+    def _run(self, open_fn: Callable[[], TransferGroup]) -> None:
+        try:
+            infos = socket.getaddrinfo(self.address, self.port, type=socket.SOCK_STREAM)
+            self._peers = {_normalized(info[4][0]) for info in infos}
+            group = open_fn()
+        except BaseException as e:  # handed to result()
+            self._error = e
+            return
+        if not self._abandoned:
+            self._group = group
+
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def result(self) -> TransferGroup:
+        """The joined group; raises the join's error. Call once :meth:`done`."""
+        self._thread.join()
+        if self._error is not None:
+            raise RuntimeError(f"{type(self._error).__name__}: {self._error}") from self._error
+        if self._group is None:
+            raise RuntimeError("the join was abandoned")
+        return self._group
+
+    def abandon(self) -> int:
+        """Drop the join; shut down the sockets it opened to the trainer. Returns how many were shut down."""
+        self._abandoned, self._group = True, None
+        if self.done() or self._peers is None:
+            return 0
+        closed = 0
+        for fd, inode in _sockets().items():
+            if inode in self._before:
+                continue
+            try:
+                sock = socket.socket(fileno=os.dup(fd))
+            except OSError:
+                continue
+            try:
+                peer = sock.getpeername()
+                if isinstance(peer, tuple) and peer[1] == self.port and _normalized(peer[0]) in self._peers:
+                    sock.shutdown(socket.SHUT_RDWR)  # the shared socket: the blocked recv returns, torch raises
+                    closed += 1
+            except OSError:
+                pass
+            finally:
+                sock.close()  # our duplicate only
+        return closed
