@@ -5,19 +5,12 @@ from __future__ import annotations
 import pytest
 import requests
 import torch
-from sync_helpers import assert_parity, load_rm, reset_server, runtime_version
+from sync_helpers import assert_parity, load_rm, reset_server, runtime_version, update_record
 
 from verl_vllm_rm.weight_sync import RewardModelPublisher, WeightUpdateRefused
 from verl_vllm_rm.protocol.wire import DEFAULT_BUCKET_BYTES
 
 Q = "model.layers.0.self_attn.q_proj"
-
-
-def update_record(url: str) -> dict:
-    """What /health says about weight updates: the last one (applied or failed), the last failure, and the
-    one being received or applied. Every update the server accepted changes it."""
-    health = requests.get(f"{url}/health", timeout=10).json()
-    return {key: health.get(key) for key in ("last_update", "last_failed_update", "pending_update")}
 
 
 @pytest.fixture()
