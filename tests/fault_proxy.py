@@ -40,6 +40,10 @@ class FaultProxy:
         ready.wait(10)
         return self
 
+    def open_connections(self) -> int:
+        """Client connections the proxy holds open now (each request is recorded when it arrives)."""
+        return len(self._runner.server.connections)
+
     def stop(self) -> None:
         self._loop.call_soon_threadsafe(self._stop.set)
         self._thread.join(10)
@@ -52,7 +56,7 @@ class FaultProxy:
         self._stop = asyncio.Event()
         app = web.Application()
         app.router.add_route("*", "/{tail:.*}", self._handle)
-        runner = web.AppRunner(app)
+        runner = self._runner = web.AppRunner(app)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()

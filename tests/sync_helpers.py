@@ -40,6 +40,13 @@ def runtime_version(url: str) -> int:
     return requests.get(f"{url}/runtime_version", timeout=10).json()["version"]
 
 
+def update_record(url: str) -> dict:
+    """What /health says about weight updates: the last one (applied or failed), the last failure, and the
+    one being received or applied. Every update the server accepted changes it."""
+    health = requests.get(f"{url}/health", timeout=10).json()
+    return {key: health.get(key) for key in ("last_update", "last_failed_update", "pending_update")}
+
+
 def max_diff(a: list[float], b: list[float]) -> float:
     return max(abs(x - y) for x, y in zip(a, b, strict=True))
 

@@ -38,6 +38,28 @@ def test_bad_model_path_fails_fast_with_log(tmp_path):
     assert "no-such-model" in str(err.value)
 
 
+def test_no_server_environment_is_a_clear_error(monkeypatch, tmp_path, tiny_rm):
+    """Neither ``VERL_VLLM_RM_SERVER_PYTHON`` nor ``.venv-server`` in the repo: starting a server, from Python
+    or with ``verl-vllm-rm serve``, says how to get one instead of failing on a missing file. (The variable's
+    use is tested on a real start in ``tests/server/test_server_lifecycle.py``.)"""
+    from verl_vllm_rm import cli
+    from verl_vllm_rm.dev import server_launcher
+
+    monkeypatch.delenv(server_launcher.SERVER_PYTHON_ENV, raising=False)
+    monkeypatch.setattr(server_launcher, "REPO_ROOT", tmp_path)
+    needle = (r"no server environment found: set VERL_VLLM_RM_SERVER_PYTHON to a python that has vllm and "
+              rf"verl-vllm-rm installed, or run `make setup` to create {tmp_path}/\.venv-server")
+    with pytest.raises(ServerStartError, match=needle):
+        start_server(tiny_rm)
+
+    def no_exec(path, argv):
+        raise AssertionError(f"serve would run {path} {argv}")
+
+    monkeypatch.setattr(cli.os, "execv", no_exec)  # a regression must fail here, not replace pytest
+    with pytest.raises(ServerStartError, match=needle):
+        cli.main(["serve", "--model", tiny_rm])
+
+
 def test_server_dies_with_its_starter(tiny_rm, server_args, short_tmpdir):
     """SIGKILL the process that started a server (no cleanup code runs): the server group exits
     too, and takes vLLM's IPC sockets and init files out of $TMPDIR with it."""

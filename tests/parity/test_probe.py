@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from sync_helpers import PARITY_ATOL, load_rm, reset_server, runtime_version
+from sync_helpers import PARITY_ATOL, load_rm, reset_server, runtime_version, update_record
 
 from verl_vllm_rm.weight_sync import ParityError, ParityProbe, RewardModelPublisher
 from verl_vllm_rm.online.bt import BradleyTerryTrainer, prepare_reward_model
@@ -41,15 +41,22 @@ def test_probe_catches_a_backbone_that_trained_but_was_published_head_only(ws_se
 
 
 def test_probe_due_without_a_model_or_probes_is_refused_before_sending(ws_server, tiny_rm, probe_ids):
+    """Refused before sending: the publisher posts no metadata and the server records no update."""
     reset_server(ws_server.url, tiny_rm)
     model = load_rm(tiny_rm)
+    before = update_record(ws_server.url)
     with RewardModelPublisher(ws_server.url, timeout_s=60, parity_probe=ParityProbe(every=1)) as pub:
+        posted = []
+        post_lines = pub.http.post_lines  # how a publisher sends /update_param_batch
+        pub.http.post_lines = lambda path, *a, **kw: posted.append(path) or post_lines(path, *a, **kw)
         start = pub.version
         with pytest.raises(ValueError, match="pass the model itself"):
             pub.publish(model.state_dict(), start + 1, "full", probe_ids=probe_ids)
         with pytest.raises(ValueError, match="probe_ids"):
             pub.publish(model, start + 1, "full")
+        assert posted == []
     assert runtime_version(ws_server.url) == start
+    assert update_record(ws_server.url) == before
 
 
 @pytest.mark.parametrize("kwargs, needle", [({"every": 0}, "'every' must be >= 1"),

@@ -1,15 +1,52 @@
 """VLLMRewardClient against the real server, with faults injected by a loopback proxy."""
 
 import asyncio
+import json
+import socket
 import time
 
 import pytest
+
+from verl_vllm_rm import http
 
 from verl_vllm_rm.scoring.client import RewardRequestError, RewardServerError, VLLMRewardClient
 from verl_vllm_rm.scoring.options import ConfigError
 from verl_vllm_rm.parity.reference import sequence_scores
 
 FAST = dict(backoff_base_s=0.01, backoff_max_s=0.05)
+
+
+@pytest.fixture()
+def attempts(monkeypatch):
+    """Every HTTP attempt the client starts, as the URL it went to, in order: a spy on the one async
+    HTTP call (``verl_vllm_rm.http.request_json``) that forwards to it unchanged."""
+    seen: list[str] = []
+    real = http.request_json
+
+    async def spy(session, method, url, *args, **kwargs):
+        seen.append(url)
+        return await real(session, method, url, *args, **kwargs)
+
+    monkeypatch.setattr(http, "request_json", spy)
+    return seen
+
+
+@pytest.fixture()
+def blackhole():
+    """A loopback URL whose TCP connect hangs: a listener with a full accept queue (backlog 0, one
+    connection never accepted) makes Linux drop every further SYN, as a firewalled host does."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    filler = socket.create_connection(listener.getsockname(), timeout=5)
+    probe = socket.socket()
+    probe.settimeout(0.3)
+    with pytest.raises(OSError):  # the queue is full: a connect does hang here
+        probe.connect(listener.getsockname())
+    probe.close()
+    yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    filler.close()
+    listener.close()
 
 
 def run(client, coro):
@@ -50,11 +87,19 @@ def test_score_request_is_one_request_whatever_the_budget(fault_proxy, tokenizer
     assert max(abs(a - b) for a, b in zip(got, sequence_scores(hf_model, ids))) < 1e-4
 
 
-def test_token_budget_splits_requests(fault_proxy, tokenizer, texts):
+def test_token_budget_splits_requests(fault_proxy, tokenizer, hf_model, texts):
+    """A token budget of the longest input packs the 6 inputs greedily into exactly 5 requests, in order,
+    each within the budget and none that could have taken the next input too; the scores are right."""
     ids = [tokenizer(t).input_ids for t in texts[:6]]
-    client = VLLMRewardClient(fault_proxy.url, max_batch_tokens=max(map(len, ids)))
-    run(client, client.score_batch(ids))
-    assert sum(r["path"] == "/score" for r in fault_proxy.requests) >= 3
+    budget = max(map(len, ids))
+    client = VLLMRewardClient(fault_proxy.url, max_batch_tokens=budget)
+    got = run(client, client.score_batch(ids))
+    sent = [json.loads(r["body"])["input"] for r in fault_proxy.requests if r["path"] == "/score"]
+    assert [x for chunk in sent for x in chunk] == ids
+    assert len(sent) == 5, [[len(x) for x in chunk] for chunk in sent]
+    assert all(sum(map(len, chunk)) <= budget for chunk in sent)
+    assert all(sum(map(len, a)) + len(b[0]) > budget for a, b in zip(sent, sent[1:]))  # greedy: no room left
+    assert max(abs(a - b) for a, b in zip(got, sequence_scores(hf_model, ids))) < 1e-4
 
 
 def test_4xx_is_not_retried(fault_proxy):
@@ -80,11 +125,18 @@ def test_retries_exhausted_names_server_and_cause(fault_proxy, texts):
     assert fault_proxy.url in str(err.value)
 
 
-@pytest.mark.parametrize("kind", ["nan", "count", "nonjson", "index", "truncated"])
-def test_corrupt_responses_are_errors_not_numbers(fault_proxy, texts, kind):
+@pytest.mark.parametrize("kind, cause", [
+    ("nan", r"non-finite or non-numeric score nan for input 0"),
+    ("count", r"/score returned 2 scores for 3 inputs"),
+    ("nonjson", r"response is not JSON"),
+    ("index", r"/score returned a bad or repeated index 2"),
+    ("truncated", r"ClientPayloadError"),
+])
+def test_corrupt_responses_are_errors_not_numbers(fault_proxy, texts, kind, cause):
+    """Each corruption is retried once, then reported with its own cause (not any RewardServerError)."""
     fault_proxy.faults.corrupt = kind
     client = VLLMRewardClient(fault_proxy.url, max_retries=1, **FAST)
-    with pytest.raises(RewardServerError):
+    with pytest.raises(RewardServerError, match=r"after 2 attempt\(s\).*" + cause):
         run(client, client.score_batch(texts[:3]))
     assert len(fault_proxy.requests) == 2
 
@@ -114,22 +166,38 @@ def test_dropped_connection_is_retried_then_reported(fault_proxy, texts):
 
 
 @pytest.mark.parametrize("failing", ["dead", "slow"])
-def test_failover_to_a_live_server(failing, dead_url, fault_proxy, rm_server, tokenizer, hf_model, texts):
-    """A retry goes to another server: a dead one refuses at once, a slow one outlives read_timeout."""
-    fault_proxy.faults.delay_s = 3.0  # unused by the dead case
+def test_failover_to_a_live_server(failing, dead_url, fault_proxy, rm_server, tokenizer, hf_model, texts, attempts):
+    """A retry goes to another server: a dead one refuses at once, a slow one outlives read_timeout.
+
+    Least-outstanding routing sends exactly half of each round's 8 concurrent one-sequence requests to the
+    bad server first; a dead server is then avoided for endpoint_cooldown_s (5 s) and gets none of round
+    2, a slow one is not marked down (it answers, late) and gets its half again."""
+    fault_proxy.faults.delay_s = 5.0  # unused by the dead case
     bad = dead_url if failing == "dead" else fault_proxy.url
     # one retry only, one sequence per request: every request that met the bad server must fail over
-    client = VLLMRewardClient([bad, rm_server.url], max_retries=1, read_timeout_s=0.5, max_batch_seqs=1, **FAST)
+    read_timeout_s = 1.5 if failing == "slow" else 30.0  # the live server's answers must fit in it too
+    client = VLLMRewardClient([bad, rm_server.url], max_retries=1, read_timeout_s=read_timeout_s, max_batch_seqs=1,
+                              **FAST)
     ids = [tokenizer(t).input_ids for t in texts[:8]]
     expected = sequence_scores(hf_model, ids)
+    tried_bad = []
     for _ in range(2):
+        attempts.clear()
         got = run(client, client.score_batch(ids))
         assert max(abs(a - b) for a, b in zip(got, expected)) < 1e-4
+        tried_bad.append(sum(url.startswith(bad + "/") for url in attempts))
+        assert len(attempts) == 8 + tried_bad[-1]  # each request that met the bad server was retried once
+    assert tried_bad == ([4, 0] if failing == "dead" else [4, 4])
     if failing == "slow":
-        assert len(fault_proxy.requests) >= 4  # least-outstanding sent half of the first round there
+        assert len(fault_proxy.requests) == 8
 
 
 def test_least_outstanding_routing_spreads_load(rm_server, texts):
+    """Each request goes to the server with the fewest requests in flight (ties at random).
+
+    Equal servers: 8 concurrent requests split exactly 4/4 (a random router does so 27% of the time).
+    A slow and a fast server, two requests at a time: the slow one holds its first request for 3 s
+    while the fast one takes the other 7 one after another (a random router: 1 in 128)."""
     from fault_proxy import FaultProxy
 
     a, b = FaultProxy(rm_server.url).start(), FaultProxy(rm_server.url).start()
@@ -137,9 +205,87 @@ def test_least_outstanding_routing_spreads_load(rm_server, texts):
         a.faults.delay_s = b.faults.delay_s = 0.2
         client = VLLMRewardClient([a.url, b.url], max_batch_seqs=1)
         run(client, client.score_batch(texts[:8]))
-        assert len(a.requests) >= 3 and len(b.requests) >= 3
+        assert (len(a.requests), len(b.requests)) == (4, 4)
+
+        a.requests.clear(), b.requests.clear()
+        a.faults.delay_s, b.faults.delay_s = 3.0, 0.0
+        client = VLLMRewardClient([a.url, b.url], max_batch_seqs=1, max_concurrent_requests=2)
+        run(client, client.score_batch(texts[:8]))
+        assert (len(a.requests), len(b.requests)) == (1, 7)
     finally:
         a.stop(), b.stop()
+
+
+def test_model_name_is_sent_and_checked(fault_proxy, rm_server, tiny_rm, texts):
+    """``model`` goes out in the request: the served name scores, another one is the server's 404 naming
+    it, raised at once (a refusal, not retried)."""
+    client = VLLMRewardClient(fault_proxy.url, model=tiny_rm, max_retries=3, **FAST)
+    assert len(run(client, client.score_batch(texts[:2]))) == 2
+    assert json.loads(fault_proxy.requests[0]["body"])["model"] == tiny_rm
+    fault_proxy.requests.clear()
+    client = VLLMRewardClient(fault_proxy.url, model="other-rm", max_retries=3, **FAST)
+    with pytest.raises(RewardRequestError, match=r"HTTP 404: model 'other-rm' is not served here"):
+        run(client, client.score_batch(texts[:2]))
+    assert len(fault_proxy.requests) == 1
+
+
+def test_connect_timeout_is_honoured(blackhole, rm_server, tokenizer, hf_model, texts):
+    """``connect_timeout_s`` ends an attempt whose TCP connect hangs, well before the total and read
+    timeouts (60 s here), and the retry fails over to the live server."""
+    client = VLLMRewardClient(blackhole, connect_timeout_s=0.5, read_timeout_s=60, request_timeout_s=60,
+                              max_retries=0)
+    t0 = time.monotonic()
+    with pytest.raises(RewardServerError, match=r"timed out \(limits: total 60s, connect 0\.5s"):
+        run(client, client.score_batch(texts[:1]))
+    assert 0.4 < time.monotonic() - t0 < 5.0
+
+    ids = [tokenizer(t).input_ids for t in texts[:4]]
+    client = VLLMRewardClient([blackhole, rm_server.url], connect_timeout_s=0.5, read_timeout_s=60,
+                              request_timeout_s=60, max_retries=1, max_batch_seqs=1, **FAST)
+    t0 = time.monotonic()
+    got = run(client, client.score_batch(ids))
+    assert time.monotonic() - t0 < 10.0  # the default connect timeout alone is 10 s
+    assert max(abs(a - b) for a, b in zip(got, sequence_scores(hf_model, ids))) < 1e-4
+
+
+def test_request_timeout_bounds_each_attempt(fault_proxy, texts):
+    """``request_timeout_s`` is the total time of one attempt: a server that answers after 5 s is cut at
+    0.5 s each time although the read timeout is 60 s, and every attempt gets its own 0.5 s."""
+    fault_proxy.faults.delay_s = 5.0
+    client = VLLMRewardClient(fault_proxy.url, request_timeout_s=0.5, read_timeout_s=60, max_retries=2, **FAST)
+    t0 = time.monotonic()
+    with pytest.raises(RewardServerError, match=r"after 3 attempt\(s\).*timed out \(limits: total 0\.5s"):
+        run(client, client.score_batch(texts[:1]))
+    elapsed = time.monotonic() - t0
+    assert len(fault_proxy.requests) == 3
+    assert 1.4 < elapsed < 4.0  # three attempts of 0.5 s, not one 5 s answer
+
+
+def test_endpoint_cooldown_keeps_a_refusing_server_out_of_rotation(dead_url, rm_server, texts, attempts):
+    """A server that refused a connection gets no request for ``endpoint_cooldown_s``, then is tried again.
+
+    20 calls one after another over [dead, live] (both idle, so the router picks at random): with a
+    30 s cooldown the dead server is tried once; with 0 s it keeps being picked (<=1 in 20 by chance:
+    2e-5). With 2 s it is avoided until the 2 s are over, then tried again."""
+
+    def calls(client, n):
+        start = len(attempts)
+        for _ in range(n):
+            assert len(run(client, client.score_batch(texts[:1]))) == 1
+        return sum(url.startswith(dead_url + "/") for url in attempts[start:])
+
+    options = dict(max_retries=1, **FAST)
+    assert calls(VLLMRewardClient([dead_url, rm_server.url], endpoint_cooldown_s=30, **options), 20) == 1
+    assert calls(VLLMRewardClient([dead_url, rm_server.url], endpoint_cooldown_s=0, **options), 20) >= 2
+
+    client = VLLMRewardClient([dead_url, rm_server.url], endpoint_cooldown_s=2, **options)
+    for _ in range(60):  # until the random router has met the dead server once (1 in 2 per call)
+        if calls(client, 1):
+            break
+    marked = time.monotonic()
+    assert calls(client, 5) == 0 and time.monotonic() - marked < 2, "avoided during the cooldown"
+    time.sleep(max(0.0, marked + 2.1 - time.monotonic()))  # the cooldown itself, not a synchronisation
+    assert any(calls(client, 1) for _ in range(60)), "tried again after the cooldown"
 
 
 def test_api_key_header_and_model_version(fault_proxy):

@@ -231,18 +231,43 @@ def test_mask_policy_flags_only_the_failed_group(fault, fault_proxy, verl_config
     assert torch.allclose(last_token_rewards(out["reward_tensor"], data)[valid], reference(hf_model, grpo_groups)[valid], atol=1e-4)
 
 
-def test_a_failed_step_leaves_no_request_behind(fault_proxy, verl_config, tokenizer, grpo_groups):
-    """The first group's 4xx fails the step; the groups queued behind it are cancelled, not sent later."""
+def wait_until(condition, timeout_s: float = 30.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
+def test_a_failed_step_leaves_no_request_behind(fault_proxy, verl_config, tokenizer, grpo_groups, monkeypatch):
+    """The first group's 4xx fails the step; the groups queued behind it are cancelled, not sent later.
+
+    One request at a time, four groups: the refused request is the first attempt. The slot it frees
+    wakes the next queued group before the failure reaches the step, so that one attempt starts too and
+    is cancelled; the two others never start. Afterwards nothing is left on the manager's loop, and
+    once the client's connections are closed the proxy has received no more than those attempts."""
+    from verl_vllm_rm import http
+
+    started: list[str] = []
+    real = http.request_json
+
+    async def spy(session, method, url, *args, **kwargs):
+        started.append(url)
+        return await real(session, method, url, *args, **kwargs)
+
+    monkeypatch.setattr(http, "request_json", spy)
     fault_proxy.faults.fail_status, fault_proxy.faults.fail_times = 400, 1
     mgr = load_reward_manager(verl_config(fault_proxy.url, max_batch_seqs=4, max_length=512,
                                           max_concurrent_requests=1, **FAST), tokenizer)
     with pytest.raises(RewardServerError, match="HTTP 400"):
         mgr(build_batch(grpo_groups, tokenizer.pad_token_id))
-    time.sleep(0.3)  # a request cancelled mid-send may still reach the proxy: let it land
-    sent = len(fault_proxy.requests)
-    assert sent < len(grpo_groups)
-    mgr.loop.run_until_complete(asyncio.sleep(0.5))  # the loop runs again, as at the next step
-    assert len(fault_proxy.requests) == sent and mgr.batcher.in_flight == 0
+    assert len(started) == 2, started
+    assert mgr.batcher.in_flight == 0
+    assert [t for t in asyncio.all_tasks(mgr.loop) if not t.done()] == []  # nothing can send later
+    mgr.close()  # the client's connections end: whatever the proxy was sent has arrived
+    wait_until(lambda: fault_proxy.open_connections() == 0, what="the proxy to see the connections close")
+    assert 1 <= len(fault_proxy.requests) <= len(started)
+    mgr.loop.run_until_complete(asyncio.sleep(0))  # the loop runs again, as at the next step
+    assert len(started) == 2 and mgr.batcher.in_flight == 0
 
 
 def test_failed_length_probe_is_asked_again(fault_proxy, verl_config, tokenizer, hf_model, grpo_groups):

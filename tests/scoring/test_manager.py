@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from verl.trainer.ppo.reward import load_reward_manager
-from verl_vllm_rm.scoring.client import RewardServerError
+from verl_vllm_rm.scoring.client import RewardRequestError, RewardServerError
 from verl_vllm_rm.scoring.options import ConfigError
 from verl_vllm_rm.dev.grpo_batch import build_batch, last_token_rewards, row_token_ids
 from verl_vllm_rm.parity.reference import sequence_scores
-from verl_vllm_rm.scoring.rm_inputs import OverlongInputError, chat_template_ids
+from verl_vllm_rm.scoring.rm_inputs import OverlongInputError
 
 
 def expected_scores(hf_model, groups):
@@ -104,16 +104,62 @@ def test_overlong_error_policy(rm_server, verl_config, tokenizer, grpo_groups):
         mgr(build_batch(grpo_groups, tokenizer.pad_token_id))
 
 
+GRPO_SUMS = [(3, 4), (12, 30), (7, 8), (100, 23)]  # how conftest's grpo_groups are built
+GRPO_THINK = [1, 3, 0, 6]
+
+
 def test_chat_template_input(rm_server, verl_config, tokenizer, hf_model, grpo_groups, tiny_rm):
+    """The RM scores the chat rendered with the RM tokenizer's template, written out here literally
+    (ChatML, as the tiny RM's template renders it), not produced by ``chat_template_ids``, the
+    function under test: a wrong role, a missing turn marker or a prompt-only render changes the ids
+    and the scores."""
     mgr = load_reward_manager(verl_config(rm_server.url, input_format="chat_template", rm_tokenizer_path=tiny_rm),
                               tokenizer)
     out = mgr(build_batch(grpo_groups, tokenizer.pad_token_id), return_dict=True)
-    rows = []
-    for g, r in rows_in_order(grpo_groups):
-        prompt, response = chat_template_ids(tokenizer, g.raw_prompt, tokenizer.decode(r, skip_special_tokens=True))
-        rows.append(prompt + response)
-    assert "<|im_start|>assistant" in tokenizer.decode(rows[0])
+    rendered = []
+    for a, b in GRPO_SUMS:
+        for k, v in zip(GRPO_THINK, [a + b, a + b + 1, a * b, a + b]):
+            response = f" <think>{'add ' * k}</think> The answer is {v}. #### {v}"
+            rendered.append(f"<|im_start|>user\nWhat is {a} + {b}?<|im_end|>\n"
+                            f"<|im_start|>assistant\n{response}<|im_end|>\n")
+    assert [tokenizer.decode(r) for _, r in rows_in_order(grpo_groups)] == [
+        t.split("assistant\n", 1)[1].removesuffix("<|im_end|>\n") for t in rendered]  # the fixture's responses
+    rows = [tokenizer(text, add_special_tokens=False).input_ids for text in rendered]
     assert torch.allclose(out["reward_tensor"].sum(1), torch.tensor(sequence_scores(hf_model, rows)), atol=1e-4)
+    plain = torch.tensor(expected_scores(hf_model, grpo_groups))  # the token_ids input differs: the test can tell
+    assert (out["reward_tensor"].sum(1) - plain).abs().max() > 1e-2
+
+
+def test_chat_template_without_the_raw_chat_names_the_setting(rm_server, verl_config, tokenizer, grpo_groups, tiny_rm):
+    """``input_format=chat_template`` needs verl's ``data.return_raw_chat=True``: without it the batch has no
+    ``raw_prompt`` column, and the step fails saying which setting to change (no request is scored from
+    the policy's ids instead)."""
+    from verl_vllm_rm.dev.grpo_batch import Group
+
+    mgr = load_reward_manager(verl_config(rm_server.url, input_format="chat_template", rm_tokenizer_path=tiny_rm),
+                              tokenizer)
+    no_chat = [Group(g.prompt_ids, g.response_ids, g.ground_truth, g.data_source) for g in grpo_groups]
+    data = build_batch(no_chat, tokenizer.pad_token_id)
+    assert "raw_prompt" not in data.non_tensor_batch  # what verl's dataset gives without return_raw_chat
+    with pytest.raises(ValueError, match=r"input_format=chat_template needs the raw chat: set data\.return_raw_chat=True"):
+        mgr(data)
+    assert mgr.batcher.requests_sent == 0
+
+
+def test_model_name_is_checked_by_the_server(fault_proxy, verl_config, tokenizer, hf_model, grpo_groups, tiny_rm):
+    """``reward_kwargs.model`` goes out in every ``/score`` request: the served name scores, another name
+    stops the step with the server's 404 naming it, sent once (a refusal is not retried)."""
+    data = build_batch(grpo_groups, tokenizer.pad_token_id)
+    served = load_reward_manager(verl_config(fault_proxy.url, model=tiny_rm, max_length=512), tokenizer)
+    picked = last_token_rewards(served(data), data)
+    assert torch.allclose(picked, torch.tensor(expected_scores(hf_model, grpo_groups)), atol=1e-4)
+    assert {json.loads(r["body"])["model"] for r in fault_proxy.requests if r["path"] == "/score"} == {tiny_rm}
+
+    fault_proxy.requests.clear()
+    wrong = load_reward_manager(verl_config(fault_proxy.url, model="other-rm", max_length=512, max_retries=3), tokenizer)
+    with pytest.raises(RewardRequestError, match=r"HTTP 404: model 'other-rm' is not served here"):
+        wrong(data)
+    assert len(fault_proxy.requests) == 1  # the whole batch is one request, refused once
 
 
 def test_num_examine_prints_components(rm_server, verl_config, tokenizer, grpo_groups, capsys):

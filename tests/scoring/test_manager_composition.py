@@ -7,34 +7,47 @@ from verl.trainer.ppo.reward import load_reward_manager
 from verl_vllm_rm.scoring.options import ConfigError
 from verl_vllm_rm.dev.grpo_batch import build_batch, row_token_ids
 from verl_vllm_rm.parity.reference import sequence_scores
-from verl_vllm_rm.rewards import format_reward, ngram_repetition_penalty
 
 REWARDS = "{components:[rubric,verifiable,format,ngram,length],weights:{rubric:0.5,verifiable:2.0,format:0.25}," \
-          "ngram:{ngram_size:2},length:{max_tokens:12,penalty_per_token:0.1}}"
+          "format:{pattern:'add add'},ngram:{ngram_size:2},length:{max_tokens:12,penalty_per_token:0.1}}"
+# conftest's grpo_groups: per prompt, responses thinking "add " 1, 3, 0 and 6 times, answering a+b, a+b+1, a*b, a+b
+FORMAT = [0.0, 1.0, 0.0, 1.0] * 4  # 'add add' appears when "add " is thought at least twice
+CORRECT = [1.0, 0.0, 0.0, 1.0] * 4  # gsm8k: '#### a+b'
+
+
+def bigram_penalty(ids: list[int], max_penalty: float = -1.0, min_scaling: float = 0.1) -> float:
+    """The README's n-gram penalty for n=2, written out: r = (T - U) / (T - 1) over the T windows, U distinct."""
+    windows = [tuple(ids[i:i + 2]) for i in range(len(ids) - 1)]
+    total, distinct = len(windows), len(set(windows))
+    rate = (total - distinct) / (total - 1) if total >= 2 else 0.0
+    return max_penalty * min(max((rate - min_scaling) / (1 - min_scaling), 0.0), 1.0)
 
 
 def test_total_is_the_weighted_sum_of_components(rm_server, verl_config, tokenizer, hf_model, grpo_groups):
+    """Every component and the total against values computed here, none read back from the manager: the RM
+    score from transformers, format and correctness written out, the n-gram penalty and the length
+    penalty from their documented formulas."""
     mgr = load_reward_manager(verl_config(rm_server.url, rewards=REWARDS), tokenizer)
     out = mgr(build_batch(grpo_groups, tokenizer.pad_token_id), return_dict=True)
     info = {k: np.asarray(v, dtype=float) for k, v in out["reward_extra_info"].items()}
     rows = [(g, r) for g in grpo_groups for r in g.response_ids]
-    texts = [tokenizer.decode(r, skip_special_tokens=True) for _, r in rows]
     lengths = np.array([len(r) for _, r in rows])
-    padded = np.zeros((len(rows), lengths.max()), dtype=np.int64)
-    for i, (_, r) in enumerate(rows):
-        padded[i, : len(r)] = r
     rubric = np.array(sequence_scores(hf_model, [row_token_ids(g, r) for g, r in rows]))
+    ngram = np.array([bigram_penalty(r) for _, r in rows])
+    assert (ngram < 0).all()  # every response repeats some bigram beyond the tolerated rate
+    length = -0.1 * np.maximum(lengths - 12, 0)
     assert np.allclose(info["rm_score"], rubric, atol=1e-4)
-    assert np.array_equal(info["format"], format_reward(texts))
-    assert np.allclose(info["ngram"], ngram_repetition_penalty(padded, lengths, ngram_size=2))
+    assert info["format"].tolist() == FORMAT
+    assert info["verifiable_score"].tolist() == CORRECT
+    assert np.allclose(info["ngram"], ngram)
     assert np.array_equal(info["response_tokens"], lengths)
-    assert np.allclose(info["length"], -0.1 * np.maximum(lengths - 12, 0))
-    want = 0.5 * rubric + 2.0 * info["verifiable_score"] + 0.25 * info["format"] + info["ngram"] + info["length"]
+    assert np.allclose(info["length"], length)
+    want = 0.5 * rubric + 2.0 * np.array(CORRECT) + 0.25 * np.array(FORMAT) + ngram + length
     assert np.allclose(info["score"], want, atol=1e-4)
     assert np.allclose(out["reward_tensor"].sum(1).numpy(), want, atol=1e-4)
     stats = mgr.last_batch_stats
-    assert stats["reward/format/mean"] == pytest.approx(info["format"].mean())
-    assert stats["reward/last_step_std"] == pytest.approx(info["score"].std(), abs=1e-5)
+    assert stats["reward/format/mean"] == pytest.approx(0.5)
+    assert stats["reward/last_step_std"] == pytest.approx(want.std(), abs=1e-4)
 
 
 @pytest.mark.parametrize("mode", ["replace", "add", "multiply", "weighted"])

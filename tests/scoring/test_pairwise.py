@@ -77,9 +77,16 @@ def test_no_win_metrics_outside_validation(rm_server, verl_config, tokenizer, re
 
 
 def test_missing_reference_is_a_clear_error(rm_server, verl_config, tokenizer, ref_groups):
-    mgr = load_reward_manager(verl_config(rm_server.url, reference_source="extra_info:gold"), tokenizer)
-    with pytest.raises(MissingReferenceError, match=r"no reference answer in reference_source='extra_info:gold'"):
-        mgr(validation_batch(ref_groups, tokenizer.pad_token_id))
+    """``missing_reference=raise`` (the default) names the sample (its uid) and the source; only the second
+    prompt lacks its reference here, so the uid named must be that prompt's."""
+    g = ref_groups[1]
+    groups = [ref_groups[0], Group(g.prompt_ids, g.response_ids, g.ground_truth, extra_info={}), ref_groups[2]]
+    data = validation_batch(groups, tokenizer.pad_token_id)
+    uids = list(dict.fromkeys(data.non_tensor_batch["uid"]))
+    mgr = load_reward_manager(verl_config(rm_server.url, reference_source="extra_info:answer"), tokenizer)
+    with pytest.raises(MissingReferenceError,
+                       match=rf"sample uid={uids[1]} has no reference answer in reference_source='extra_info:answer'"):
+        mgr(data)
 
 
 def test_missing_reference_can_be_skipped_and_counted(rm_server, verl_config, tokenizer, ref_groups):

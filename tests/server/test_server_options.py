@@ -54,6 +54,17 @@ def test_health_stays_open_for_liveness_probes(step_server):
     assert body["status"] == "ok" and body["step_tag_id"] == step_id
 
 
+@pytest.mark.parametrize("method", ["get", "post"])
+def test_ping_stays_open_for_liveness_probes(step_server, method):
+    """vLLM's other liveness route, /ping (GET and POST), answers without the key on a keyed server, while
+    the route beside it, /metrics, still needs it."""
+    server, _ = step_server
+    assert requests.request(method, f"{server.url}/ping", timeout=10).status_code == 200
+    assert requests.request(method, f"{server.url}/ping", headers={"Authorization": "Bearer nope"},
+                            timeout=10).status_code == 200
+    assert requests.get(f"{server.url}/metrics", timeout=10).status_code == 401
+
+
 def test_step_scores_match_transformers_at_step_tags(step_server, tokenizer, hf_model):
     server, step_id = step_server
     texts = [
@@ -115,16 +126,28 @@ def test_api_key_guards_weight_routes(step_server, method, path):
 def test_weight_update_size_cap(step_server, hf_model):
     """A full update over --weight-update-max-bytes is refused before any tensor moves; a head update passes."""
     server, _ = step_server
+
+    def no_update_yet():
+        health = requests.get(f"{server.url}/health", timeout=10).json()  # what the server received, if anything
+        return not ({"last_update", "last_failed_update", "pending_update"} & set(health))
+
     inventory = requests.get(f"{server.url}/weight_inventory", headers=AUTH, timeout=30).json()
     assert inventory["max_update_bytes"] == WEIGHT_CAP
     with RewardModelPublisher(server.url, api_key=KEY) as pub:
+        posted = []
+        post_lines = pub.http.post_lines
+        pub.http.post_lines = lambda path, *a, **kw: posted.append(path) or post_lines(path, *a, **kw)
         with pytest.raises(WeightUpdateRefused, match=f"more than this server's cap of {WEIGHT_CAP} bytes"):
             pub.publish(hf_model, 1, "full")
+        assert posted == [] and no_update_yet()  # the publisher refused: no metadata went out
         assert requests.get(f"{server.url}/runtime_version", headers=AUTH, timeout=30).json()["version"] == 0
         body = {"metadata": [{"name": "model.layers.0.mlp.down_proj.weight", "dtype": "float32", "shape": [128, 256]}],
                 "training_mode": "full", "version": 1, "bucket_bytes": 1 << 20}
         pub.connect()  # a live communicator: the refusal must come from the cap
         resp = requests.post(f"{server.url}/update_param_batch", json=body, headers=AUTH, timeout=30)
         assert resp.status_code == 400 and "(--weight-update-max-bytes)" in resp.json()["error"]["message"]
+        assert no_update_yet()  # refused before the update started: no tensor was awaited
         assert pub.publish(hf_model, 1, "head_only").num_bytes == 512
+        assert posted == ["/update_param_batch"]
     assert requests.get(f"{server.url}/runtime_version", headers=AUTH, timeout=30).json()["version"] == 1
+    assert requests.get(f"{server.url}/health", timeout=10).json()["last_update"]["status"] == "ok"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import requests
 import torch
-from sync_helpers import assert_parity, load_rm, reset_server, runtime_version
+from sync_helpers import assert_parity, load_rm, reset_server, runtime_version, update_record
 
 from verl_vllm_rm.weight_sync import RewardModelPublisher, WeightUpdateRefused
 from verl_vllm_rm.protocol.wire import DEFAULT_BUCKET_BYTES
@@ -15,14 +15,31 @@ Q = "model.layers.0.self_attn.q_proj"
 
 @pytest.fixture()
 def served(ws_server, tiny_rm, probe_ids):
-    """The on-disk model, serving; yields (publisher, model) and checks nothing changed afterwards."""
+    """The on-disk model, serving; yields (publisher, model, proxy): the publisher talks to the server through
+    a recording proxy, and afterwards the version and the scores are unchanged."""
+    from fault_proxy import FaultProxy
+
     reset_server(ws_server.url, tiny_rm)
     model = load_rm(tiny_rm)
     version = runtime_version(ws_server.url)
-    with RewardModelPublisher(ws_server.url, timeout_s=60) as pub:
-        yield pub, model
+    proxy = FaultProxy(ws_server.url).start()
+    try:
+        with RewardModelPublisher(proxy.url, timeout_s=60) as pub:
+            yield pub, model, proxy
+    finally:
+        proxy.stop()
     assert runtime_version(ws_server.url) == version
     assert_parity(ws_server.url, model, probe_ids)
+
+
+def assert_nothing_sent(url: str, before: dict, proxy=None) -> None:
+    """No update started: /health's update record is as before (an accepted update, even one that broke
+    mid-transfer, leaves ``last_update``/``last_failed_update`` behind) and, when the publisher went through
+    ``proxy``, it never sent ``/update_param_batch``."""
+    assert update_record(url) == before
+    assert before["pending_update"] is None
+    if proxy is not None:
+        assert [r["path"] for r in proxy.requests if r["path"] == "/update_param_batch"] == []
 
 
 def _changed(model, *names: str) -> dict[str, torch.Tensor]:
@@ -44,16 +61,21 @@ def _changed(model, *names: str) -> dict[str, torch.Tensor]:
     ],
     ids=["unknown-name", "wrong-shape", "q-without-kv", "up-without-gate", "wrong-head-name", "no-head", "bad-mode"],
 )
-def test_publisher_refuses_before_sending(served, state_dict_of, training_mode, expected):
-    pub, model = served
+def test_publisher_refuses_before_sending(served, ws_server, state_dict_of, training_mode, expected):
+    """The publisher's own checks refuse: no metadata reaches the server, no update starts."""
+    pub, model, proxy = served
+    before = update_record(ws_server.url)
     with pytest.raises((WeightUpdateRefused, ValueError), match=expected.replace("[", r"\[").replace("(", r"\(")):
         pub.publish(state_dict_of(model), pub.version + 1, training_mode)
+    assert_nothing_sent(ws_server.url, before, proxy)
 
 
-def test_publisher_refuses_an_old_version(served):
-    pub, model = served
+def test_publisher_refuses_an_old_version(served, ws_server):
+    pub, model, proxy = served
+    before = update_record(ws_server.url)
     with pytest.raises(WeightUpdateRefused, match="not newer than the serving version"):
         pub.publish(model, pub.version, "full")
+    assert_nothing_sent(ws_server.url, before, proxy)
 
 
 def _post_update(url: str, metadata: list[dict], mode: str, version: int) -> requests.Response:
@@ -89,22 +111,27 @@ def _meta(name: str, shape: list[int], dtype: str = "float32") -> dict:
          "extra-key", "entry-not-an-object"],
 )
 def test_server_refuses_bad_metadata(served, ws_server, metadata, mode, expected):
-    """The server checks again (a client other than our publisher may call it)."""
-    pub, _ = served
+    """The server checks again (a client other than our publisher may call it): a 400 before the update
+    starts (no tensor is awaited, /health records no update)."""
+    pub, _, _ = served
     pub.connect()  # a live communicator: the refusal must come from the checks, not from its absence
+    before = update_record(ws_server.url)
     resp = _post_update(ws_server.url, metadata, mode, pub.version + 1)
     assert resp.status_code == 400, resp.text
     assert expected in resp.json()["error"]["message"]
+    assert_nothing_sent(ws_server.url, before)
 
 
 def test_server_refuses_a_stale_version_and_a_missing_communicator(served, ws_server):
-    pub, _ = served
+    pub, _, _ = served
     pub.close()
+    before = update_record(ws_server.url)
     resp = _post_update(ws_server.url, [_meta("score.weight", [1, 128])], "head_only", pub.version + 1)
     assert resp.status_code == 409 and "/init_communicator" in resp.json()["error"]["message"]
     pub.connect()
     resp = _post_update(ws_server.url, [_meta("score.weight", [1, 128])], "head_only", pub.version)
     assert resp.status_code == 409 and "greater than the serving version" in resp.json()["error"]["message"]
+    assert_nothing_sent(ws_server.url, before)
 
 
 def test_weight_routes_404_without_the_flag(rm_server):

@@ -2,8 +2,8 @@
 a Qwen2 ``ForSequenceClassification`` model with a scalar head.
 
 It exists so tests, the demo and the benchmarks run a *real* vLLM engine on CPU
-without downloading anything. vLLM-CPU needs an attention head_dim of 32 or more,
-hence 4 heads over a hidden size of 128.
+without downloading anything. vLLM-CPU's attention takes a head_dim of 32, 64, 80, 96,
+112, 128, ... only, hence 4 heads over a hidden size of 128 (head_dim 32).
 """
 
 from __future__ import annotations

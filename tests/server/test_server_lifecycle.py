@@ -1,0 +1,133 @@
+"""One server of this module's own, started the way the README documents for other set-ups, then killed:
+
+* through ``VERL_VLLM_RM_SERVER_PYTHON`` naming another interpreter (a wrapper that records its use and
+  runs the server environment's python);
+* with ``VLLM_CPU_KVCACHE_SPACE=1`` (one of the three overrides of the server's 2 GiB CPU KV-cache default),
+  read back from vLLM's own ``/metrics``; the default is read from the session's server;
+* and last, its engine core process SIGKILLed: ``/health`` must answer 503 with the cause.
+
+The other two overrides (``--kv-cache-memory-bytes``, ``--gpu-memory-utilization``) are checked on the
+server's argument handling in the server environment (no engine start).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+
+import psutil
+import pytest
+import requests
+
+from verl_vllm_rm.dev.server_launcher import SERVER_PYTHON_ENV, find_server_python, start_server
+
+pytestmark = pytest.mark.server  # starts and kills its own server
+
+KV_BYTES_PER_TOKEN = 2 * 2 * 2 * 32 * 4  # tiny RM: 2 layers x (K, V) x 2 kv heads x head_dim 32 x fp32
+DEFAULT_KV_BYTES = 2 << 30  # README: "on CPU a 2 GiB KV cache"
+
+
+def cache_config(url: str) -> dict[str, str]:
+    """The labels of vLLM's ``vllm:cache_config_info`` gauge: the KV cache the engine really got."""
+    text = requests.get(f"{url}/metrics", timeout=10).text
+    labels = re.search(r"^vllm:cache_config_info\{(.*)\} ", text, re.M).group(1)
+    return dict(re.findall(r'(\w+)="([^"]*)"', labels))
+
+
+@pytest.fixture(scope="module")
+def own_server(tmp_path_factory, tiny_rm, server_args):
+    real_python = find_server_python()
+    folder = tmp_path_factory.mktemp("server_python")
+    marker = folder / "used"
+    wrapper = folder / "python"
+    wrapper.write_text(f'#!/bin/sh\necho "$@" > {marker}\nexec {real_python} "$@"\n')
+    wrapper.chmod(0o755)
+    with pytest.MonkeyPatch.context() as mp:  # for this start only: servers started later must not inherit it
+        mp.setenv(SERVER_PYTHON_ENV, str(wrapper))
+        mp.setenv("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB
+        server = start_server(tiny_rm, server_args)
+    try:
+        yield server, marker
+    finally:
+        server.stop()
+
+
+def test_server_python_env_names_the_interpreter(own_server, tiny_rm):
+    server, marker = own_server
+    assert marker.read_text().split()[:4] == ["-m", "verl_vllm_rm.server", "--model", tiny_rm]
+    assert requests.get(f"{server.url}/health", timeout=10).json()["status"] == "ok"
+
+
+def test_cpu_kv_cache_default_is_2_gib(rm_server):
+    config = cache_config(rm_server.url)
+    assert config["kv_cache_memory_bytes"] == str(DEFAULT_KV_BYTES)
+    assert int(config["kv_cache_size_tokens"]) == DEFAULT_KV_BYTES // KV_BYTES_PER_TOKEN
+
+
+def test_vllm_cpu_kvcache_space_overrides_the_default(own_server):
+    """The server leaves the KV cache to vLLM's own setting: 1 GiB, not the 2 GiB default."""
+    server, _ = own_server
+    config = cache_config(server.url)
+    assert config["kv_cache_memory_bytes"] == str(1 << 30)
+    assert int(config["kv_cache_size_tokens"]) == (1 << 30) // KV_BYTES_PER_TOKEN
+
+
+CHECK_DEFAULTS = """
+import json, os, sys
+from verl_vllm_rm.server.entry import apply_reward_defaults, build_parser
+
+out = []
+for argv, env in json.loads(sys.argv[1]):
+    os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
+    os.environ.update(env)
+    parser = build_parser()
+    args = parser.parse_args(["--model", "m", *argv])
+    apply_reward_defaults(args, parser)
+    out.append([args.kv_cache_memory_bytes, args.gpu_memory_utilization])
+print(json.dumps(out))
+"""
+
+
+def test_each_override_turns_the_kv_cache_default_off():
+    cases = [([], {}), (["--kv-cache-memory-bytes", "123456789"], {}), (["--gpu-memory-utilization", "0.5"], {}),
+             ([], {"VLLM_CPU_KVCACHE_SPACE": "1"})]
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_CPU_KVCACHE_SPACE"}
+    proc = subprocess.run([find_server_python(), "-c", CHECK_DEFAULTS, json.dumps(cases)], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert [kv for kv, _ in got] == [DEFAULT_KV_BYTES, 123456789, None, None]
+    assert got[2][1] == 0.5
+
+
+def engine_core(server) -> psutil.Process:
+    cores = [p for p in psutil.Process(server.process.pid).children(recursive=True)
+             if "EngineCore" in " ".join(p.cmdline())]
+    assert len(cores) == 1, [p.cmdline() for p in psutil.Process(server.process.pid).children(recursive=True)]
+    return cores[0]
+
+
+def test_health_is_503_with_the_cause_when_the_engine_dies(own_server):
+    """Runs last: SIGKILL the engine core (a real crash, nothing faked). /health must turn from 200 to 503
+    naming the cause; vLLM's watchdog then shuts the API server down within ~5 s, so poll quickly."""
+    server, _ = own_server
+    assert requests.get(f"{server.url}/health", timeout=10).status_code == 200
+    os.kill(engine_core(server).pid, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            resp = requests.get(f"{server.url}/health", timeout=5)
+        except requests.ConnectionError:
+            pytest.fail("the server went away before /health reported the dead engine")
+        if resp.status_code != 200:
+            break
+        assert time.monotonic() < deadline, "/health still says ok 30 s after the engine died"
+        time.sleep(0.05)
+    assert resp.status_code == 503, resp.text
+    body = resp.json()
+    assert body["status"] == "error" and body["type"] == "reward_model"
+    assert "EngineCore" in body["error"], body
