@@ -261,12 +261,15 @@ def test_request_timeout_bounds_each_attempt(fault_proxy, texts):
     assert 1.4 < elapsed < 4.0  # three attempts of 0.5 s, not one 5 s answer
 
 
+COOLDOWN_S = 6.0  # long enough for 5 calls to a loaded 2-core server to fall inside it
+
+
 def test_endpoint_cooldown_keeps_a_refusing_server_out_of_rotation(dead_url, rm_server, texts, attempts):
     """A server that refused a connection gets no request for ``endpoint_cooldown_s``, then is tried again.
 
     20 calls one after another over [dead, live] (both idle, so the router picks at random): with a
     30 s cooldown the dead server is tried once; with 0 s it keeps being picked (<=1 in 20 by chance:
-    2e-5). With 2 s it is avoided until the 2 s are over, then tried again."""
+    2e-5). With COOLDOWN_S it is avoided until they are over, then tried again."""
 
     def calls(client, n):
         start = len(attempts)
@@ -278,13 +281,14 @@ def test_endpoint_cooldown_keeps_a_refusing_server_out_of_rotation(dead_url, rm_
     assert calls(VLLMRewardClient([dead_url, rm_server.url], endpoint_cooldown_s=30, **options), 20) == 1
     assert calls(VLLMRewardClient([dead_url, rm_server.url], endpoint_cooldown_s=0, **options), 20) >= 2
 
-    client = VLLMRewardClient([dead_url, rm_server.url], endpoint_cooldown_s=2, **options)
+    client = VLLMRewardClient([dead_url, rm_server.url], endpoint_cooldown_s=COOLDOWN_S, **options)
     for _ in range(60):  # until the random router has met the dead server once (1 in 2 per call)
         if calls(client, 1):
             break
     marked = time.monotonic()
-    assert calls(client, 5) == 0 and time.monotonic() - marked < 2, "avoided during the cooldown"
-    time.sleep(max(0.0, marked + 2.1 - time.monotonic()))  # the cooldown itself, not a synchronisation
+    assert calls(client, 5) == 0, "avoided during the cooldown"
+    assert time.monotonic() - marked < COOLDOWN_S, "the 5 calls must fall inside the cooldown for this to mean anything"
+    time.sleep(max(0.0, marked + COOLDOWN_S + 0.1 - time.monotonic()))  # the cooldown itself, not a synchronisation
     assert any(calls(client, 1) for _ in range(60)), "tried again after the cooldown"
 
 

@@ -27,7 +27,7 @@ from verl_vllm_rm.server.runtime_dir import private_tmpdir
 from verl_vllm_rm.server.score.router import install_reward_routes
 from verl_vllm_rm.server.state import RewardServerState
 from verl_vllm_rm.server.weights.join import DEFAULT_JOIN_TIMEOUT_S
-from verl_vllm_rm.protocol.defaults import DEFAULT_PORT, PARENT_PID_ENV
+from verl_vllm_rm.protocol.defaults import DEFAULT_HOST, DEFAULT_PORT, PARENT_PID_ENV
 from verl_vllm_rm.protocol.names import DEFAULT_HEAD_PATTERNS
 
 
@@ -79,7 +79,7 @@ def build_parser():
         help="Start with --enable-weight-updates on a non-loopback --host without an API key, which is otherwise "
         "refused: anyone who can reach the port can then replace the reward model. Only on an isolated network.",
     )
-    parser.set_defaults(runner="pooling", host="127.0.0.1", port=DEFAULT_PORT)
+    parser.set_defaults(runner="pooling", host=DEFAULT_HOST, port=DEFAULT_PORT)
     return parser
 
 
