@@ -117,6 +117,23 @@ def fault_proxy(rm_server):
     proxy.stop()
 
 
+@pytest.fixture()
+def attempts(monkeypatch):
+    """Every HTTP attempt the client starts, as the URL it went to, in order: a spy on the one async
+    HTTP call (``verl_vllm_rm.http.request_json``) that forwards to it unchanged."""
+    from verl_vllm_rm import http
+
+    seen: list[str] = []
+    real = http.request_json
+
+    async def spy(session, method, url, *args, **kwargs):
+        seen.append(url)
+        return await real(session, method, url, *args, **kwargs)
+
+    monkeypatch.setattr(http, "request_json", spy)
+    return seen
+
+
 @pytest.fixture(scope="session")
 def dead_url() -> str:
     """A loopback URL with nothing listening (connection refused)."""

@@ -7,28 +7,12 @@ import time
 
 import pytest
 
-from verl_vllm_rm import http
 
 from verl_vllm_rm.scoring.client import RewardRequestError, RewardServerError, VLLMRewardClient
 from verl_vllm_rm.scoring.options import ConfigError
 from verl_vllm_rm.parity.reference import sequence_scores
 
 FAST = dict(backoff_base_s=0.01, backoff_max_s=0.05)
-
-
-@pytest.fixture()
-def attempts(monkeypatch):
-    """Every HTTP attempt the client starts, as the URL it went to, in order: a spy on the one async
-    HTTP call (``verl_vllm_rm.http.request_json``) that forwards to it unchanged."""
-    seen: list[str] = []
-    real = http.request_json
-
-    async def spy(session, method, url, *args, **kwargs):
-        seen.append(url)
-        return await real(session, method, url, *args, **kwargs)
-
-    monkeypatch.setattr(http, "request_json", spy)
-    return seen
 
 
 @pytest.fixture()

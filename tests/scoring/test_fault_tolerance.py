@@ -238,23 +238,14 @@ def wait_until(condition, timeout_s: float = 30.0, what: str = "condition") -> N
         time.sleep(0.01)
 
 
-def test_a_failed_step_leaves_no_request_behind(fault_proxy, verl_config, tokenizer, grpo_groups, monkeypatch):
+def test_a_failed_step_leaves_no_request_behind(fault_proxy, verl_config, tokenizer, grpo_groups, attempts):
     """The first group's 4xx fails the step; the groups queued behind it are cancelled, not sent later.
 
     One request at a time, four groups: the refused request is the first attempt. The slot it frees
     wakes the next queued group before the failure reaches the step, so that one attempt starts too and
     is cancelled; the two others never start. Afterwards nothing is left on the manager's loop, and
     once the client's connections are closed the proxy has received no more than those attempts."""
-    from verl_vllm_rm import http
-
-    started: list[str] = []
-    real = http.request_json
-
-    async def spy(session, method, url, *args, **kwargs):
-        started.append(url)
-        return await real(session, method, url, *args, **kwargs)
-
-    monkeypatch.setattr(http, "request_json", spy)
+    started = attempts
     fault_proxy.faults.fail_status, fault_proxy.faults.fail_times = 400, 1
     mgr = load_reward_manager(verl_config(fault_proxy.url, max_batch_seqs=4, max_length=512,
                                           max_concurrent_requests=1, **FAST), tokenizer)
