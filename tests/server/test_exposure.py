@@ -15,6 +15,7 @@ import time
 
 import pytest
 import requests
+from process_helpers import listening_ip
 
 from verl_vllm_rm.dev.server_launcher import find_server_python, running_server
 from verl_vllm_rm.http import free_port
@@ -149,17 +150,6 @@ def test_a_key_passes_the_check(key_args, env):
     assert "WARNING: weight updates without an API key" not in out
 
 
-def _listening_ip(pid: int, port: int) -> str | None:
-    import psutil
-
-    root = psutil.Process(pid)
-    for proc in [root, *root.children(recursive=True)]:
-        for conn in proc.net_connections(kind="tcp"):
-            if conn.status == psutil.CONN_LISTEN and conn.laddr.port == port:
-                return conn.laddr.ip
-    return None
-
-
 @pytest.mark.server
 def test_the_opt_out_starts_on_0000_with_a_warning_and_open_weight_routes(tiny_rm, server_args, texts):
     args = [*server_args, "--host", "0.0.0.0", "--enable-weight-updates", OPT_OUT_FLAG]
@@ -167,7 +157,7 @@ def test_the_opt_out_starts_on_0000_with_a_warning_and_open_weight_routes(tiny_r
         log = server.log_path.read_text(errors="replace")
         assert f"WARNING: weight updates without an API key on 0.0.0.0:{server.url.rsplit(':', 1)[1]}" in log
         assert OPT_OUT_FLAG in log
-        assert _listening_ip(server.process.pid, int(server.url.rsplit(":", 1)[1])) == "0.0.0.0"
+        assert listening_ip(server.process.pid, int(server.url.rsplit(":", 1)[1])) == "0.0.0.0"
         inventory = requests.get(f"{server.url}/weight_inventory", timeout=30)
         assert inventory.status_code == 200 and inventory.json()["params"]
         assert requests.post(f"{server.url}/score", json={"input": texts[:2]}, timeout=60).status_code == 200
@@ -180,7 +170,7 @@ def test_scoring_on_0000_without_a_key_starts_with_a_warning(tiny_rm, server_arg
         log = server.log_path.read_text(errors="replace")
         assert f"WARNING: serving on 0.0.0.0:{port} without an API key" in log
         assert "weight updates without an API key" not in log
-        assert _listening_ip(server.process.pid, port) == "0.0.0.0"
+        assert listening_ip(server.process.pid, port) == "0.0.0.0"
         resp = requests.post(f"{server.url}/score", json={"input": texts[:2]}, timeout=60)
         assert resp.status_code == 200 and len(resp.json()["data"]) == 2
         assert requests.get(f"{server.url}/weight_inventory", timeout=30).status_code == 404

@@ -1,6 +1,7 @@
 """Health, version, world size, vLLM's own routes and the default bind address."""
 
 import requests
+from process_helpers import listening_ip
 
 
 def test_health_reports_a_ready_reward_model(rm_server):
@@ -26,18 +27,7 @@ def test_vllm_routes_stay_available(rm_server, post_score, texts):
     assert "vllm:" in requests.get(f"{rm_server.url}/metrics", timeout=10).text
 
 
-def _listening_ip(pid: int, port: int) -> str | None:
-    import psutil
-
-    root = psutil.Process(pid)
-    for proc in [root, *root.children(recursive=True)]:
-        for conn in proc.net_connections(kind="tcp"):
-            if conn.status == psutil.CONN_LISTEN and conn.laddr.port == port:
-                return conn.laddr.ip
-    return None
-
-
 def test_binds_loopback_by_default(rm_server):
     """No --host given: the server must not listen on every interface."""
     port = int(rm_server.url.rsplit(":", 1)[1])
-    assert _listening_ip(rm_server.process.pid, port) == "127.0.0.1"
+    assert listening_ip(rm_server.process.pid, port) == "127.0.0.1"
