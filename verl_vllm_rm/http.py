@@ -22,9 +22,10 @@ import socket
 import urllib.error
 import urllib.request
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import aiohttp
+import orjson
 
 from verl_vllm_rm.protocol.errors import error_message
 
@@ -59,11 +60,12 @@ def auth_headers(api_key: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
-def _decode(text: str | bytes, url: str) -> Any:
+def _decode(text: str | bytes, url: str, loads: Callable[[str | bytes], Any] = json.loads) -> Any:
     try:
-        return json.loads(text)
+        return loads(text)
     except ValueError:
-        raise HttpError(url, f"response is not JSON: {text[:200]!r}") from None
+        head = text[:200].decode(errors="replace") if isinstance(text, bytes) else text[:200]
+        raise HttpError(url, f"response is not JSON: {head!r}") from None
 
 
 # -- synchronous -------------------------------------------------------------------------------
@@ -117,6 +119,15 @@ class JsonHttp:
 
 
 # -- asynchronous ------------------------------------------------------------------------------
+# The scoring path moves ~100k token ids a request: orjson encodes and decodes them ~10x faster than json.
+_JSON = {"Content-Type": "application/json"}
+
+
+def _loads(raw: bytes) -> Any:
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:  # NaN/Infinity: read them, so the caller's checks name them (never a number)
+        return json.loads(raw)
 
 
 def open_session(api_key: str | None, max_connections: int) -> aiohttp.ClientSession:
@@ -132,8 +143,13 @@ async def request_json(
     """One attempt, no retry: the decoded answer, or :class:`HttpError`."""
     timeout = aiohttp.ClientTimeout(total=total_s, sock_connect=connect_s, sock_read=read_s)
     try:
-        async with session.request(method, url, json=payload, timeout=timeout) as resp:
-            text = await resp.text()
+        body = None if payload is None else orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY)
+    except orjson.JSONEncodeError as e:  # e.g. a lone surrogate in a text, a non-JSON type: no retry can help
+        raise TypeError(f"{method} {url}: the request body cannot be written as JSON: {e}") from None
+    try:
+        async with session.request(method, url, data=body, headers=_JSON if body is not None else None,
+                                   timeout=timeout) as resp:
+            raw = await resp.read()
             status = resp.status
     except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError) as e:
         raise HttpError(url, f"connection failed: {type(e).__name__}: {e}", unreachable=True) from None
@@ -143,8 +159,8 @@ async def request_json(
     except aiohttp.ClientError as e:
         raise HttpError(url, f"{type(e).__name__}: {e}") from None
     if status >= 400:
-        raise HttpError(url, error_message(text), status)
-    return _decode(text, url)
+        raise HttpError(url, error_message(raw), status)
+    return _decode(raw, url, _loads)
 
 
 def free_port(host: str = "127.0.0.1") -> int:

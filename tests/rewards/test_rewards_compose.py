@@ -123,6 +123,20 @@ def test_gate_multiplies_the_weighted_sum():
         compose({"rubric": [1.0]}, {"rubric": 1.0}, gate=["verifiable"])
 
 
+def test_one_sample_composes_as_numbers_exactly_like_a_batch_row():
+    """The reward loop composes one sample at a time (plain floats, no numpy); same formula, same NaN rule."""
+    weights, gate = {"rubric": 0.5, "format": 0.25}, ["verifiable"]
+    rows = {"rubric": [2.0, -1.0, np.nan, 0.5], "format": [1.0, 1.0, 1.0, 0.0], "verifiable": [1.0, 0.0, 1.0, None]}
+    batch = compose({k: np.asarray(v, dtype=float) for k, v in rows.items()}, weights, gate)
+    for i, expected in enumerate(batch):
+        one = compose({k: v[i] for k, v in rows.items()}, weights, gate)
+        assert isinstance(one, float)
+        assert one == expected or (math.isnan(one) and math.isnan(expected))
+    assert math.isnan(compose({"rubric": None}, {"rubric": 1.0}))  # a missing value is NaN, never 0
+    with pytest.raises(ValueError, match=r"no values for gate component\(s\) \['verifiable'\]"):
+        compose({"rubric": 1.0}, {"rubric": 1.0}, gate=["verifiable"])
+
+
 def test_gate_components_are_computed_but_not_weighted(padded):
     config = RewardConfig.from_dict({"components": ["rubric"], "gate": ["format"]})
     assert (config.components, config.gate, dict(config.weights)) == (("rubric",), ("format",), {"rubric": 0.95})

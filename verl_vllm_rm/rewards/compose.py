@@ -9,6 +9,7 @@ total, so a failed score can never turn into a plausible number here.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -83,24 +84,34 @@ def compute_rule_rewards(
     return out
 
 
-def compose(values: Mapping[str, Any], weights: Mapping[str, float], gate: Sequence[str] = ()) -> np.ndarray:
-    """``sum(weight_i * values[i]) * prod(values[g] for g in gate)``; extra keys in ``values`` are ignored."""
+def compose(values: Mapping[str, Any], weights: Mapping[str, float], gate: Sequence[str] = ()) -> Any:
+    """``sum(weight_i * values[i]) * prod(values[g] for g in gate)``; extra keys in ``values`` are ignored.
+
+    Values are 1-D arrays of one length (a batch; the result is an array) or numbers
+    (one sample; the result is a float, without numpy's per-call cost: the reward loop
+    composes one sample at a time). ``None`` is NaN.
+    """
     if not weights:
         raise ValueError("compose needs at least one weighted component")
-    for kind, names in (("weighted", list(weights)), ("gate", list(gate))):
+    for kind, names in (("weighted", weights), ("gate", gate)):
         missing = [name for name in names if name not in values]
         if missing:
             raise ValueError(f"no values for {kind} component(s) {missing} (have {sorted(values)}); 'rubric' is "
                              "the reward model's score and 'verifiable' verl's compute_score: the manager supplies them")
-    arrays = {name: np.asarray(values[name], dtype=np.float64) for name in (*weights, *gate)}
-    shapes = {name: a.shape for name, a in arrays.items()}
-    if len(set(shapes.values())) > 1 or any(len(s) != 1 for s in shapes.values()):
-        raise ValueError(f"component values must be 1-D arrays of one length, got shapes {shapes}")
-    total = np.zeros(next(iter(shapes.values())))
+    picked = {name: values[name] for name in (*weights, *gate)}
+    if all(v is None or isinstance(v, (int, float)) for v in picked.values()):
+        columns: Mapping[str, Any] = {name: math.nan if v is None else float(v) for name, v in picked.items()}
+        total: Any = 0.0
+    else:
+        columns = {name: np.asarray(v, dtype=np.float64) for name, v in picked.items()}
+        shapes = {name: a.shape for name, a in columns.items()}
+        if len(set(shapes.values())) > 1 or any(len(s) != 1 for s in shapes.values()):
+            raise ValueError(f"component values must be 1-D arrays of one length, got shapes {shapes}")
+        total = np.zeros(next(iter(shapes.values())))
     for name, weight in weights.items():
-        total += weight * arrays[name]
+        total += weight * columns[name]
     for name in gate:
-        total *= arrays[name]
+        total *= columns[name]
     return total
 
 

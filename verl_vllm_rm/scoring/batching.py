@@ -68,7 +68,11 @@ class GroupBatcher:
         self._in_flight: set[asyncio.Task] = set()
         self.requests_sent = 0
 
-    async def submit(self, key: Hashable, item: list[int] | str) -> float:
+    def submit(self, key: Hashable, item: list[int] | str) -> asyncio.Future:
+        """Queue ``item``; the returned future (await it) gets its score. Call it on the running loop.
+
+        A plain function returning a future, not a coroutine: the caller needs no task per sample.
+        """
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         self._pending.append(_Pending(key, item, future))
@@ -76,7 +80,7 @@ class GroupBatcher:
             self._flush()
         elif self._timer is None:
             self._timer = loop.call_later(self._coalesce_s, self._flush)
-        return await future
+        return future
 
     @property
     def in_flight(self) -> int:

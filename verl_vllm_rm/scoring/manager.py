@@ -78,6 +78,7 @@ class VLLMRewardManager(RewardManagerBase):
             raise ConfigError(f"reward_kwargs.rewards: {e}") from e
         self.last_batch_stats: dict[str, float] = {}
         self._max_length: asyncio.Future | None = None
+        self._server_max_len: int | None = None
         self._examined: Counter = Counter()
         self.references = ReferenceCache()
         self.failed = 0
@@ -118,17 +119,17 @@ class VLLMRewardManager(RewardManagerBase):
     # -- parts ----------------------------------------------------------------------
     async def _score_sample(self, sample: Sample) -> dict:
         rm_input = await self._rm_input(sample)
-        rm_task = asyncio.ensure_future(self.batcher.submit(rm_input.group_key, rm_input.token_ids))
+        rm_score_future = self.batcher.submit(rm_input.group_key, rm_input.token_ids)
         pairwise = self.options.pairwise == "always" or (self.options.pairwise == "auto" and sample.validate)
         ref_task = asyncio.ensure_future(self._reference_score(sample, rm_input)) if pairwise else None
         needs_verifiable = self.rules.needs_verifiable
         needs_text = needs_verifiable or self.rules.has_rules
         text = self.tokenizer.decode(sample.response_ids, skip_special_tokens=True) if needs_text else ""
-        rules_task = asyncio.ensure_future(self._rule_components(sample, text)) if self.rules.has_rules else None
+        rules_future = self._rule_components(sample, text) if self.rules.has_rules else None
         verifiable, extras = await self._verifiable(sample, text) if needs_verifiable else (None, {})
-        rules = await rules_task if rules_task is not None else {}
+        rules = await rules_future if rules_future is not None else {}
         try:
-            rm_score, valid = await rm_task, 1.0
+            rm_score, valid = await rm_score_future, 1.0
         except Exception as e:
             if self.options.failure_policy == "raise":
                 if ref_task is not None:
@@ -158,11 +159,14 @@ class VLLMRewardManager(RewardManagerBase):
     async def _max_len(self) -> int:
         if self.options.max_length is not None:
             return self.options.max_length
+        if self._server_max_len is not None:
+            return self._server_max_len
         if self._max_length is None:  # ask the server once, shared by all concurrent callers
             self._max_length = asyncio.ensure_future(self.client.health())
         probe = self._max_length
         try:
-            return int((await asyncio.shield(probe))["max_model_len"])
+            self._server_max_len = int((await asyncio.shield(probe))["max_model_len"])
+            return self._server_max_len
         except Exception:
             if self._max_length is probe:  # a failed probe is asked again later, not kept for the whole run
                 self._max_length = None
@@ -209,15 +213,16 @@ class VLLMRewardManager(RewardManagerBase):
     def _total(self, rm_score: float, verifiable: float | None, rules: dict[str, float]) -> float:
         return self.rules.total({**rules, "rubric": rm_score, "verifiable": verifiable})
 
-    async def _rule_components(self, sample: Sample, text: str) -> dict[str, float]:
+    def _rule_components(self, sample: Sample, text: str) -> asyncio.Future:
+        """The rule components, as a future: computed inline, or in a thread when rm-gallery rewards run."""
         if not self.rules.gallery:  # vectorised numpy on one row: cheaper inline than in a thread
-            return self.rules.components(sample.response_ids, text, "", None)
+            done = self.loop.create_future()
+            done.set_result(self.rules.components(sample.response_ids, text, "", None))
+            return done
         prompt = self.tokenizer.decode(sample.prompt_ids, skip_special_tokens=True)
         reference = reference_text(sample.fields, self.options.reference_source)
         # rm-gallery rewards (LLM judges) may block on HTTP: keep them off the event loop
-        return await self.loop.run_in_executor(
-            None, self.rules.components, sample.response_ids, text, prompt, reference
-        )
+        return self.loop.run_in_executor(None, self.rules.components, sample.response_ids, text, prompt, reference)
 
     async def _verifiable(self, sample: Sample, text: str) -> tuple[float, dict]:
         kwargs = dict(

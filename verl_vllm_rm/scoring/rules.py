@@ -29,16 +29,9 @@ class RuleScorer:
         p = config.thought_length
         self.tags = think_tag_ids(tokenizer, p.open_tag, p.close_tag) if "thought_length" in config.enabled else None
         self.gallery = build_gallery_rewards(config)
-
-    @property
-    def needs_verifiable(self) -> bool:
-        """verl's ``compute_score`` is called only when the composition uses it."""
-        return "verifiable" in self.config.enabled
-
-    @property
-    def has_rules(self) -> bool:
-        """Whether any component is computed here (rather than supplied by the manager)."""
-        return any(name not in EXTERNAL_COMPONENTS for name in self.config.enabled)
+        # read once per sample, so computed once here
+        self.needs_verifiable = "verifiable" in config.enabled  # verl's compute_score runs only when used
+        self.has_rules = any(name not in EXTERNAL_COMPONENTS for name in config.enabled)  # computed here
 
     def components(
         self, response_ids: list[int], text: str, prompt_text: str, reference: str | None
@@ -53,8 +46,7 @@ class RuleScorer:
 
     def total(self, values: Mapping[str, float | None]) -> float:
         """``sum(weight_i * component_i) * prod(gate_j)`` over the composition's components."""
-        arrays = {name: np.asarray([values[name]]) for name in self.config.enabled}
-        return float(compose(arrays, self.config.weights, self.config.gate)[0])
+        return compose(values, self.config.weights, self.config.gate)
 
 
 def split_verifiable(result: Any) -> tuple[float, dict[str, float]]:
