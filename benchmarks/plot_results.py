@@ -20,18 +20,17 @@ def _load(name: str) -> dict | None:
 
 
 def _grpo(ax, report) -> None:
-    labels, ours, verl_b, one = [], [], [], []
+    paths = [("a_vllm_rm", "vllm_rm batch call (a)"), ("e_vllm_rm_per_row", "vllm_rm per row, verl's loop (e)"),
+             ("b_verl_builtin_classify", "verl built-in /classify (b)"), ("c_one_batched_request", "one request (c)")]
+    labels = []
     for r in report["results"]:
         sh = r["shape"]
         labels.append(f"{sh['prompts']}x{sh['responses_per_prompt']}\n{sh['prompt_tokens']}/{sh['response_tokens']} tok")
-        ours.append(r["seq_per_s"]["a_vllm_rm"])
-        verl_b.append(r["seq_per_s"]["b_verl_builtin_classify"])
-        one.append(r["seq_per_s"]["c_one_batched_request"])
-    x = range(len(labels))
-    for offset, values, name in [(-0.27, ours, "vllm_rm (a)"), (0, verl_b, "verl built-in /classify (b)"),
-                                 (0.27, one, "one batched request (c)")]:
-        ax.bar([i + offset for i in x], values, width=0.27, label=name)
-    ax.set_xticks(list(x), labels)
+    width = 0.8 / len(paths)
+    for k, (key, name) in enumerate(paths):
+        values = [r["seq_per_s"][key] for r in report["results"]]
+        ax.bar([i + (k - (len(paths) - 1) / 2) * width for i in range(len(labels))], values, width=width, label=name)
+    ax.set_xticks(list(range(len(labels))), labels)
     ax.set_ylabel("sequences / s")
     ax.set_title("GRPO batch scoring (same server)")
     ax.legend(fontsize=7)
