@@ -61,6 +61,39 @@ def make_groups(tokenizer, rng, n_prompts: int, n_responses: int, prompt_len: in
     return groups
 
 
+class _HttpTimer:
+    """Wall time with at least one request of the manager in flight (around ``verl_vllm_rm.http.request_json``).
+
+    A path's time minus this is what the trainer side spent on its own, measured inside the same run: unlike
+    a - c, it does not carry the server's run-to-run noise. It slightly flatters the trainer side: the body's
+    orjson encoding and the answer's decoding happen inside ``request_json`` (about 1 ms a 256-sample batch).
+    """
+
+    def __init__(self):
+        self.total, self._in_flight, self._since = 0.0, 0, 0.0
+
+    def install(self) -> None:
+        from verl_vllm_rm import http
+
+        original = http.request_json
+
+        async def timed(*args, **kwargs):
+            if self._in_flight == 0:
+                self._since = time.perf_counter()
+            self._in_flight += 1
+            try:
+                return await original(*args, **kwargs)
+            finally:
+                self._in_flight -= 1
+                if self._in_flight == 0:
+                    self.total += time.perf_counter() - self._since
+
+        http.request_json = timed
+
+
+HTTP = _HttpTimer()
+
+
 def run_ours(url, model, tokenizer, data, settle_s: float | None = None) -> float:
     from verl_vllm_rm.scoring.loader import load_manager
 
@@ -68,6 +101,7 @@ def run_ours(url, model, tokenizer, data, settle_s: float | None = None) -> floa
     try:
         mgr.loop.run_until_complete(mgr._max_len())  # connection + max_model_len, outside the timing
         _settle(settle_s)
+        HTTP.total = 0.0
         t0 = time.perf_counter()
         mgr(data)
         return time.perf_counter() - t0
@@ -108,6 +142,7 @@ def run_per_row(url, model, data, floor: bool = False, settle_s: float | None = 
         if not floor:
             worker.loop.run_until_complete(mgr._max_len())  # as in (a): outside the timing
         _settle(settle_s)
+        HTTP.total = 0.0
         t0 = time.perf_counter()
         outputs = worker.loop.run_until_complete(worker.compute_score_batch(data))
         elapsed = time.perf_counter() - t0
@@ -164,10 +199,13 @@ def bench_shape(server_url, model, tokenizer, shape, reps, seed) -> dict:
             server_url, [row_token_ids(g, r) for g in groups for r in g.response_ids]),
         "verl_loop_floor": lambda groups: run_per_row(server_url, model, build_batch(groups, pad), floor=True),
     }
+    outside_http: dict[str, list[float]] = {"a_vllm_rm": [], "e_vllm_rm_per_row": []}
     for _ in range(reps + 1):  # the first repetition warms up and is dropped
         for path in rng.permutation(list(runs)):  # a new order each time: no path always follows another
             groups = make_groups(tokenizer, rng, *shape)  # fresh prompts: no prefix-cache hit from an earlier run
             times[path].append(runs[path](groups))
+            if path in outside_http:
+                outside_http[path].append(times[path][-1] - HTTP.total)
     n = shape[0] * shape[1]
     med = {k: statistics.median(v[1:]) for k, v in times.items()}
     c, floor = med["c_one_batched_request"], med["verl_loop_floor"]
@@ -189,6 +227,11 @@ def bench_shape(server_url, model, tokenizer, shape, reps, seed) -> dict:
             "per_row (e-c-floor)/n": 1e3 * (med["e_vllm_rm_per_row"] - c - floor) / n,
         },
         "verl_loop_floor_ms_per_sample": 1e3 * floor / n,
+        # the same runs, minus the time a request was in flight: the trainer side's own time
+        "client_side_ms_per_sample": {
+            "batch_call": 1e3 * statistics.median(outside_http["a_vllm_rm"][1:]) / n,
+            "per_row minus verl floor": 1e3 * (statistics.median(outside_http["e_vllm_rm_per_row"][1:]) - floor) / n,
+        },
     }
 
 
@@ -255,6 +298,7 @@ def main(argv=None) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(model)
     shapes = [(32, 8, 300, 60), (32, 8, 100, 300)]
     server_args = ["--dtype", "float32", "--max-model-len", "1024"] + (["--enforce-eager"] if args.eager else [])
+    HTTP.install()
     with running_server(model, server_args) as server:
         results = [bench_shape(server.url, model, tokenizer, s, args.reps, args.seed) for s in shapes]
     ceiling = [bench_ceiling(model, tokenizer, s, args.ceiling_reps, args.seed) for s in shapes]
@@ -274,7 +318,8 @@ def main(argv=None) -> dict:
         print(json.dumps({"shape": r["shape"], "median_s": r["median_s"], "a/c": round(r["ratio_a_over_c"], 3),
                           "e/(c+floor)": round(r["ratio_e_over_c_plus_floor"], 3),
                           "paired a/c": r["paired_a_over_c"], "paired e/(c+floor)": r["paired_e_over_c_plus_floor"],
-                          "b/a": round(r["speedup_a_vs_b"], 3), "plugin_ms_per_sample": r["plugin_ms_per_sample"]}))
+                          "b/a": round(r["speedup_a_vs_b"], 3), "plugin_ms_per_sample": r["plugin_ms_per_sample"],
+                          "client_side_ms_per_sample": r["client_side_ms_per_sample"]}))
     for r in ceiling:
         print(json.dumps({"ceiling": r["shape"], "samples_per_s": r["samples_per_s"],
                           "per_row_without_verl_floor": r["samples_per_s_per_row_without_verl_floor"]}))

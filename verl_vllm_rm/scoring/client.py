@@ -16,7 +16,6 @@ score is an error (retried like a 5xx), never a number.
 from __future__ import annotations
 
 import asyncio
-import atexit
 import random
 import time
 import weakref
@@ -68,21 +67,6 @@ def _validate_scores(body: Any, n: int) -> list[float]:
         raise _Retryable(str(e)) from None
 
 
-_CLIENTS: weakref.WeakSet[VLLMRewardClient] = weakref.WeakSet()
-
-
-@atexit.register
-def _close_at_exit() -> None:
-    """Close the sessions left open when the process ends.
-
-    verl never closes a reward manager (its reward-loop workers keep theirs for the
-    whole run), so without this aiohttp reports every one of them as an
-    "Unclosed client session" at interpreter exit.
-    """
-    for client in list(_CLIENTS):
-        client.close_idle_sessions()
-
-
 class VLLMRewardClient:
     """Async client for one or more ``verl_vllm_rm.server`` instances.
 
@@ -102,7 +86,6 @@ class VLLMRewardClient:
         self.options: ClientOptions = options
         self._endpoints = [_Endpoint(u.rstrip("/")) for u in self.options.server_url]
         self._loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopState] = weakref.WeakKeyDictionary()
-        _CLIENTS.add(self)
 
     @property
     def urls(self) -> list[str]:
@@ -150,13 +133,6 @@ class VLLMRewardClient:
         state = self._loops.pop(asyncio.get_running_loop(), None)
         if state is not None:
             await state.session.close()
-
-    def close_idle_sessions(self) -> None:
-        """Close, from outside any event loop, the sessions of every loop that is not running."""
-        for loop, state in list(self._loops.items()):
-            if not state.session.closed and not loop.is_closed() and not loop.is_running():
-                loop.run_until_complete(state.session.close())
-                del self._loops[loop]
 
     async def __aenter__(self) -> "VLLMRewardClient":
         return self
