@@ -19,7 +19,6 @@ from verl_vllm_rm.dev.tiny_rm import STEP, build_tiny_rm, synthetic_corpus
 from verl_vllm_rm.online.bt import collate_pairs
 from verl_vllm_rm.scoring.loader import compose_verl_config, vllm_rm_config
 
-pytest_plugins = ["open_sessions_check"]  # the run fails if an aiohttp session is left open
 ROOT = Path(__file__).resolve().parents[1]
 # Fixtures that start the real server or Ray. A test that uses one, even through another fixture,
 # is marked ``server``; tests that start a server or a run themselves carry the mark explicitly.
