@@ -19,6 +19,8 @@ from verl_vllm_rm.dev.tiny_rm import STEP, build_tiny_rm, synthetic_corpus
 from verl_vllm_rm.online.bt import collate_pairs
 from verl_vllm_rm.scoring.loader import compose_verl_config, vllm_rm_config
 
+pytest_plugins = ["open_sessions_check"]  # the run fails if an aiohttp session is left open
+
 ROOT = Path(__file__).resolve().parents[1]
 # Fixtures that start the real server or Ray. A test that uses one, even through another fixture,
 # is marked ``server``; tests that start a server or a run themselves carry the mark explicitly.
@@ -132,6 +134,25 @@ def attempts(monkeypatch):
 
     monkeypatch.setattr(http, "request_json", spy)
     return seen
+
+
+@pytest.fixture()
+def load_manager():
+    """``load_manager(config, tokenizer)``: verl's ``load_reward_manager``; every manager it loads is
+    closed after the test (the session-leak check fails the run on an open HTTP session)."""
+    from verl.trainer.ppo.reward import load_reward_manager
+
+    loaded = []
+
+    def load(config, tokenizer, **kwargs):
+        manager = load_reward_manager(config, tokenizer, **kwargs)
+        loaded.append(manager)
+        return manager
+
+    yield load
+    for manager in loaded:
+        if not manager.loop.is_running():  # a test that failed may leave a batch running in its thread
+            manager.close()
 
 
 @pytest.fixture(scope="session")

@@ -25,7 +25,6 @@ import psutil
 import pytest
 import torch
 
-from verl.trainer.ppo.reward import load_reward_manager
 from verl_vllm_rm.scoring.client import RewardServerError, VLLMRewardClient
 from verl_vllm_rm.dev.grpo_batch import Group, build_batch, last_token_rewards, row_token_ids
 from verl_vllm_rm.parity.reference import sequence_scores
@@ -155,12 +154,12 @@ def slow_batch(n_groups: int = 12) -> list[Group]:
     return [Group(p, rs) for p, rs in step_groups(99)[:n_groups]]
 
 
-def test_batch_survives_server_kill_and_restart(own_server, verl_config, tokenizer, hf_model):
+def test_batch_survives_server_kill_and_restart(load_manager, own_server, verl_config, tokenizer, hf_model):
     groups = slow_batch()
     # one sequence per request, one request at a time: ~100 requests keep the batch in flight
     cfg = verl_config(own_server.url, max_batch_seqs=1, max_concurrent_requests=1, max_retries=10_000,
                       deadline_s=600, backoff_max_s=1.0, max_length=512, num_examine=0)
-    mgr = load_reward_manager(cfg, tokenizer)
+    mgr = load_manager(cfg, tokenizer)
     data = build_batch(groups, tokenizer.pad_token_id)
     killed_dir = private_dir_of(own_server.server.process.pid)
     thread, result = kill_mid_batch(own_server, mgr, data)
@@ -176,12 +175,12 @@ def test_batch_survives_server_kill_and_restart(own_server, verl_config, tokeniz
     assert result["out"]["reward_extra_info"]["rm_valid"] == [1.0] * len(data)
 
 
-def test_kill_with_short_deadline_is_a_clear_error_in_time(own_server, verl_config, tokenizer):
+def test_kill_with_short_deadline_is_a_clear_error_in_time(load_manager, own_server, verl_config, tokenizer):
     own_server.ensure_running()  # the server restarted by the test above, if it ran
     deadline_s = 4.0
     cfg = verl_config(own_server.url, max_batch_seqs=1, max_concurrent_requests=1, max_retries=10_000,
                       deadline_s=deadline_s, backoff_max_s=0.5, max_length=512, num_examine=0)
-    mgr = load_reward_manager(cfg, tokenizer)
+    mgr = load_manager(cfg, tokenizer)
     thread, result = kill_mid_batch(own_server, mgr, build_batch(slow_batch(), tokenizer.pad_token_id))
     thread.join(deadline_s + 30)
     assert not thread.is_alive(), "the batch hangs after the server died"
@@ -201,26 +200,26 @@ FAULTS = {  # fault -> (proxy settings for n answers, the cause the error must n
 }
 
 
-def faulty_manager(proxy, verl_config, tokenizer, fault: str, times: int, **kwargs):
+def faulty_manager(load_manager, proxy, verl_config, tokenizer, fault: str, times: int, **kwargs):
     for key, value in FAULTS[fault][0](times).items():
         setattr(proxy.faults, key, value)
     # one request per prompt group; max_length set so that only /score meets the fault
     cfg = verl_config(proxy.url, max_batch_seqs=4, max_length=512, **FAST, **kwargs)
-    return load_reward_manager(cfg, tokenizer)
+    return load_manager(cfg, tokenizer)
 
 
 @pytest.mark.parametrize("fault", list(FAULTS))
-def test_raise_policy_names_server_and_cause(fault, fault_proxy, verl_config, tokenizer, grpo_groups):
-    mgr = faulty_manager(fault_proxy, verl_config, tokenizer, fault, 1000, max_retries=1)
+def test_raise_policy_names_server_and_cause(fault, load_manager, fault_proxy, verl_config, tokenizer, grpo_groups):
+    mgr = faulty_manager(load_manager, fault_proxy, verl_config, tokenizer, fault, 1000, max_retries=1)
     with pytest.raises(RewardServerError, match=r"after 2 attempt\(s\).*" + FAULTS[fault][1]) as err:
         mgr(build_batch(grpo_groups, tokenizer.pad_token_id))
     assert fault_proxy.url in str(err.value)
 
 
 @pytest.mark.parametrize("fault", list(FAULTS))
-def test_mask_policy_flags_only_the_failed_group(fault, fault_proxy, verl_config, tokenizer, hf_model, grpo_groups):
+def test_mask_policy_flags_only_the_failed_group(fault, load_manager, fault_proxy, verl_config, tokenizer, hf_model, grpo_groups):
     """One of the four group requests is corrupted: its rows carry no score and are flagged."""
-    mgr = faulty_manager(fault_proxy, verl_config, tokenizer, fault, 1, max_retries=0, failure_policy="mask")
+    mgr = faulty_manager(load_manager, fault_proxy, verl_config, tokenizer, fault, 1, max_retries=0, failure_policy="mask")
     data = build_batch(grpo_groups, tokenizer.pad_token_id)
     out = mgr(data, return_dict=True)
     valid = torch.tensor(out["reward_extra_info"]["rm_valid"]).bool()
@@ -238,7 +237,7 @@ def wait_until(condition, timeout_s: float = 30.0, what: str = "condition") -> N
         time.sleep(0.01)
 
 
-def test_a_failed_step_leaves_no_request_behind(fault_proxy, verl_config, tokenizer, grpo_groups, attempts):
+def test_a_failed_step_leaves_no_request_behind(load_manager, fault_proxy, verl_config, tokenizer, grpo_groups, attempts):
     """The first group's 4xx fails the step; the groups queued behind it are cancelled, not sent later.
 
     One request at a time, four groups: the refused request is the first attempt. The slot it frees
@@ -247,7 +246,7 @@ def test_a_failed_step_leaves_no_request_behind(fault_proxy, verl_config, tokeni
     once the client's connections are closed the proxy has received no more than those attempts."""
     started = attempts
     fault_proxy.faults.fail_status, fault_proxy.faults.fail_times = 400, 1
-    mgr = load_reward_manager(verl_config(fault_proxy.url, max_batch_seqs=4, max_length=512,
+    mgr = load_manager(verl_config(fault_proxy.url, max_batch_seqs=4, max_length=512,
                                           max_concurrent_requests=1, **FAST), tokenizer)
     with pytest.raises(RewardServerError, match="HTTP 400"):
         mgr(build_batch(grpo_groups, tokenizer.pad_token_id))
@@ -261,10 +260,10 @@ def test_a_failed_step_leaves_no_request_behind(fault_proxy, verl_config, tokeni
     assert len(started) == 2 and mgr.batcher.in_flight == 0
 
 
-def test_failed_length_probe_is_asked_again(fault_proxy, verl_config, tokenizer, hf_model, grpo_groups):
+def test_failed_length_probe_is_asked_again(load_manager, fault_proxy, verl_config, tokenizer, hf_model, grpo_groups):
     """A /health failure at the first step must not break every later step of the run."""
     fault_proxy.faults.fail_status, fault_proxy.faults.fail_times = 503, 1
-    mgr = load_reward_manager(verl_config(fault_proxy.url, max_retries=0), tokenizer)
+    mgr = load_manager(verl_config(fault_proxy.url, max_retries=0), tokenizer)
     data = build_batch(grpo_groups, tokenizer.pad_token_id)
     with pytest.raises(RewardServerError, match=r"GET /health.*HTTP 503"):
         mgr(data)

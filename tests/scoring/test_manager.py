@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 import torch
 
-from verl.trainer.ppo.reward import load_reward_manager
 from verl_vllm_rm.scoring.client import RewardRequestError, RewardServerError
 from verl_vllm_rm.scoring.options import ConfigError
 from verl_vllm_rm.dev.grpo_batch import build_batch, last_token_rewards, row_token_ids
@@ -22,8 +21,8 @@ def rows_in_order(groups):
     return [(g, r) for g in groups for r in g.response_ids]
 
 
-def test_rewards_equal_transformers_at_last_valid_token(rm_server, verl_config, tokenizer, hf_model, grpo_groups):
-    mgr = load_reward_manager(verl_config(rm_server.url), tokenizer)
+def test_rewards_equal_transformers_at_last_valid_token(load_manager, rm_server, verl_config, tokenizer, hf_model, grpo_groups):
+    mgr = load_manager(verl_config(rm_server.url), tokenizer)
     data = build_batch(grpo_groups, tokenizer.pad_token_id)
     out = mgr(data, return_dict=True)
     tensor = out["reward_tensor"]
@@ -35,8 +34,8 @@ def test_rewards_equal_transformers_at_last_valid_token(rm_server, verl_config, 
     assert out["reward_extra_info"]["rm_valid"] == [1.0] * len(data)
 
 
-def test_run_single_matches_and_groups_into_one_request(fault_proxy, verl_config, tokenizer, hf_model, grpo_groups):
-    mgr = load_reward_manager(verl_config(fault_proxy.url), tokenizer)
+def test_run_single_matches_and_groups_into_one_request(load_manager, fault_proxy, verl_config, tokenizer, hf_model, grpo_groups):
+    mgr = load_manager(verl_config(fault_proxy.url), tokenizer)
     data = build_batch(grpo_groups, tokenizer.pad_token_id)
     perm = np.random.default_rng(0).permutation(len(data))  # members of a group arrive interleaved
     shuffled = data[perm]
@@ -60,8 +59,8 @@ def test_run_single_matches_and_groups_into_one_request(fault_proxy, verl_config
 
 
 @pytest.mark.parametrize("mode", ["add", "multiply", "weighted"])
-def test_combination_with_verifiable_reward(rm_server, verl_config, tokenizer, hf_model, grpo_groups, mode):
-    mgr = load_reward_manager(verl_config(rm_server.url, combine=mode, alpha=0.25), tokenizer)
+def test_combination_with_verifiable_reward(load_manager, rm_server, verl_config, tokenizer, hf_model, grpo_groups, mode):
+    mgr = load_manager(verl_config(rm_server.url, combine=mode, alpha=0.25), tokenizer)
     out = mgr(build_batch(grpo_groups, tokenizer.pad_token_id), return_dict=True)
     info = out["reward_extra_info"]
     rm = np.array(expected_scores(hf_model, grpo_groups))
@@ -72,23 +71,23 @@ def test_combination_with_verifiable_reward(rm_server, verl_config, tokenizer, h
     assert np.allclose(info["rm_score"], rm, atol=1e-4)
 
 
-def test_failed_score_raises_naming_the_server(dead_url, verl_config, tokenizer, grpo_groups):
-    mgr = load_reward_manager(verl_config(dead_url, max_retries=1, backoff_base_s=0.01, max_length=512), tokenizer)
+def test_failed_score_raises_naming_the_server(load_manager, dead_url, verl_config, tokenizer, grpo_groups):
+    mgr = load_manager(verl_config(dead_url, max_retries=1, backoff_base_s=0.01, max_length=512), tokenizer)
     with pytest.raises(RewardServerError, match=dead_url.replace(".", r"\.")):
         mgr(build_batch(grpo_groups, tokenizer.pad_token_id))
 
 
-def test_mask_policy_flags_and_counts_failures(dead_url, verl_config, tokenizer, grpo_groups):
+def test_mask_policy_flags_and_counts_failures(load_manager, dead_url, verl_config, tokenizer, grpo_groups):
     cfg = verl_config(dead_url, max_retries=0, failure_policy="mask", max_length=512)
-    mgr = load_reward_manager(cfg, tokenizer)
+    mgr = load_manager(cfg, tokenizer)
     data = build_batch(grpo_groups, tokenizer.pad_token_id)
     out = mgr(data, return_dict=True)
     assert out["reward_extra_info"]["rm_valid"] == [0.0] * len(data)
     assert mgr.failed == len(data)
 
 
-def test_overlong_inputs_drop_prompt_tokens_from_the_left(rm_server, verl_config, tokenizer, hf_model, grpo_groups):
-    mgr = load_reward_manager(verl_config(rm_server.url, max_length=42), tokenizer)
+def test_overlong_inputs_drop_prompt_tokens_from_the_left(load_manager, rm_server, verl_config, tokenizer, hf_model, grpo_groups):
+    mgr = load_manager(verl_config(rm_server.url, max_length=42), tokenizer)
     out = mgr(build_batch(grpo_groups, tokenizer.pad_token_id), return_dict=True)
     rows = [row_token_ids(g, r)[-42:] for g, r in rows_in_order(grpo_groups)]
     dropped = [max(0, len(row_token_ids(g, r)) - 42) for g, r in rows_in_order(grpo_groups)]
@@ -98,8 +97,8 @@ def test_overlong_inputs_drop_prompt_tokens_from_the_left(rm_server, verl_config
     assert torch.allclose(picked, torch.tensor(sequence_scores(hf_model, rows)), atol=1e-4)
 
 
-def test_overlong_error_policy(rm_server, verl_config, tokenizer, grpo_groups):
-    mgr = load_reward_manager(verl_config(rm_server.url, max_length=32, overlong_policy="error"), tokenizer)
+def test_overlong_error_policy(load_manager, rm_server, verl_config, tokenizer, grpo_groups):
+    mgr = load_manager(verl_config(rm_server.url, max_length=32, overlong_policy="error"), tokenizer)
     with pytest.raises(OverlongInputError, match="exceed the reward model's max length 32"):
         mgr(build_batch(grpo_groups, tokenizer.pad_token_id))
 
@@ -108,12 +107,12 @@ GRPO_SUMS = [(3, 4), (12, 30), (7, 8), (100, 23)]  # how conftest's grpo_groups 
 GRPO_THINK = [1, 3, 0, 6]
 
 
-def test_chat_template_input(rm_server, verl_config, tokenizer, hf_model, grpo_groups, tiny_rm):
+def test_chat_template_input(load_manager, rm_server, verl_config, tokenizer, hf_model, grpo_groups, tiny_rm):
     """The RM scores the chat rendered with the RM tokenizer's template, written out here literally
     (ChatML, as the tiny RM's template renders it), not produced by ``chat_template_ids``, the
     function under test: a wrong role, a missing turn marker or a prompt-only render changes the ids
     and the scores."""
-    mgr = load_reward_manager(verl_config(rm_server.url, input_format="chat_template", rm_tokenizer_path=tiny_rm),
+    mgr = load_manager(verl_config(rm_server.url, input_format="chat_template", rm_tokenizer_path=tiny_rm),
                               tokenizer)
     out = mgr(build_batch(grpo_groups, tokenizer.pad_token_id), return_dict=True)
     rendered = []
@@ -130,13 +129,13 @@ def test_chat_template_input(rm_server, verl_config, tokenizer, hf_model, grpo_g
     assert (out["reward_tensor"].sum(1) - plain).abs().max() > 1e-2
 
 
-def test_chat_template_without_the_raw_chat_names_the_setting(rm_server, verl_config, tokenizer, grpo_groups, tiny_rm):
+def test_chat_template_without_the_raw_chat_names_the_setting(load_manager, rm_server, verl_config, tokenizer, grpo_groups, tiny_rm):
     """``input_format=chat_template`` needs verl's ``data.return_raw_chat=True``: without it the batch has no
     ``raw_prompt`` column, and the step fails saying which setting to change (no request is scored from
     the policy's ids instead)."""
     from verl_vllm_rm.dev.grpo_batch import Group
 
-    mgr = load_reward_manager(verl_config(rm_server.url, input_format="chat_template", rm_tokenizer_path=tiny_rm),
+    mgr = load_manager(verl_config(rm_server.url, input_format="chat_template", rm_tokenizer_path=tiny_rm),
                               tokenizer)
     no_chat = [Group(g.prompt_ids, g.response_ids, g.ground_truth, g.data_source) for g in grpo_groups]
     data = build_batch(no_chat, tokenizer.pad_token_id)
@@ -146,24 +145,24 @@ def test_chat_template_without_the_raw_chat_names_the_setting(rm_server, verl_co
     assert mgr.batcher.requests_sent == 0
 
 
-def test_model_name_is_checked_by_the_server(fault_proxy, verl_config, tokenizer, hf_model, grpo_groups, tiny_rm):
+def test_model_name_is_checked_by_the_server(load_manager, fault_proxy, verl_config, tokenizer, hf_model, grpo_groups, tiny_rm):
     """``reward_kwargs.model`` goes out in every ``/score`` request: the served name scores, another name
     stops the step with the server's 404 naming it, sent once (a refusal is not retried)."""
     data = build_batch(grpo_groups, tokenizer.pad_token_id)
-    served = load_reward_manager(verl_config(fault_proxy.url, model=tiny_rm, max_length=512), tokenizer)
+    served = load_manager(verl_config(fault_proxy.url, model=tiny_rm, max_length=512), tokenizer)
     picked = last_token_rewards(served(data), data)
     assert torch.allclose(picked, torch.tensor(expected_scores(hf_model, grpo_groups)), atol=1e-4)
     assert {json.loads(r["body"])["model"] for r in fault_proxy.requests if r["path"] == "/score"} == {tiny_rm}
 
     fault_proxy.requests.clear()
-    wrong = load_reward_manager(verl_config(fault_proxy.url, model="other-rm", max_length=512, max_retries=3), tokenizer)
+    wrong = load_manager(verl_config(fault_proxy.url, model="other-rm", max_length=512, max_retries=3), tokenizer)
     with pytest.raises(RewardRequestError, match=r"HTTP 404: model 'other-rm' is not served here"):
         wrong(data)
     assert len(fault_proxy.requests) == 1  # the whole batch is one request, refused once
 
 
-def test_num_examine_prints_components(rm_server, verl_config, tokenizer, grpo_groups, capsys):
-    mgr = load_reward_manager(verl_config(rm_server.url, num_examine=2, combine="add"), tokenizer)
+def test_num_examine_prints_components(load_manager, rm_server, verl_config, tokenizer, grpo_groups, capsys):
+    mgr = load_manager(verl_config(rm_server.url, num_examine=2, combine="add"), tokenizer)
     mgr(build_batch(grpo_groups, tokenizer.pad_token_id))
     printed = capsys.readouterr().out
     assert printed.count("[vllm_rm] data_source=openai/gsm8k") == 2
@@ -183,16 +182,16 @@ def test_num_examine_prints_components(rm_server, verl_config, tokenizer, grpo_g
         ({"max_batch_seqs": 0}, "max_batch_seqs must be > 0"),
     ],
 )
-def test_bad_options_fail_at_load(verl_config, tokenizer, kwargs, needle):
+def test_bad_options_fail_at_load(load_manager, verl_config, tokenizer, kwargs, needle):
     with pytest.raises(ConfigError) as err:
-        load_reward_manager(verl_config("http://127.0.0.1:1", **kwargs), tokenizer)
+        load_manager(verl_config("http://127.0.0.1:1", **kwargs), tokenizer)
     assert needle in str(err.value)
 
 
-def test_misrouting_configs_are_reported(verl_config, tokenizer):
+def test_misrouting_configs_are_reported(load_manager, verl_config, tokenizer):
     cfg = verl_config("http://127.0.0.1:1", "reward_model.reward_manager=vllm_rm", "reward.reward_model.enable=True")
     with pytest.warns(UserWarning) as record:
-        load_reward_manager(cfg, tokenizer)
+        load_manager(cfg, tokenizer)
     messages = " ".join(str(w.message) for w in record)
     assert "legacy key" in messages and "reward.reward_manager.name=vllm_rm" in messages
     assert "never call vllm_rm" in messages

@@ -3,7 +3,6 @@
 import numpy as np
 import pytest
 
-from verl.trainer.ppo.reward import load_reward_manager
 from verl_vllm_rm.scoring.options import ConfigError
 from verl_vllm_rm.dev.grpo_batch import build_batch, row_token_ids
 from verl_vllm_rm.parity.reference import sequence_scores
@@ -23,11 +22,11 @@ def bigram_penalty(ids: list[int], max_penalty: float = -1.0, min_scaling: float
     return max_penalty * min(max((rate - min_scaling) / (1 - min_scaling), 0.0), 1.0)
 
 
-def test_total_is_the_weighted_sum_of_components(rm_server, verl_config, tokenizer, hf_model, grpo_groups):
+def test_total_is_the_weighted_sum_of_components(load_manager, rm_server, verl_config, tokenizer, hf_model, grpo_groups):
     """Every component and the total against values computed here, none read back from the manager: the RM
     score from transformers, format and correctness written out, the n-gram penalty and the length
     penalty from their documented formulas."""
-    mgr = load_reward_manager(verl_config(rm_server.url, rewards=REWARDS), tokenizer)
+    mgr = load_manager(verl_config(rm_server.url, rewards=REWARDS), tokenizer)
     out = mgr(build_batch(grpo_groups, tokenizer.pad_token_id), return_dict=True)
     info = {k: np.asarray(v, dtype=float) for k, v in out["reward_extra_info"].items()}
     rows = [(g, r) for g in grpo_groups for r in g.response_ids]
@@ -51,9 +50,9 @@ def test_total_is_the_weighted_sum_of_components(rm_server, verl_config, tokeniz
 
 
 @pytest.mark.parametrize("mode", ["replace", "add", "multiply", "weighted"])
-def test_combine_shorthand_adds_only_the_verifiable_keys(rm_server, verl_config, tokenizer, grpo_groups, mode):
+def test_combine_shorthand_adds_only_the_verifiable_keys(load_manager, rm_server, verl_config, tokenizer, grpo_groups, mode):
     """``combine`` is a composition of rubric and verifiable: no rule keys, verifiable ones unless replace."""
-    mgr = load_reward_manager(verl_config(rm_server.url, combine=mode), tokenizer)
+    mgr = load_manager(verl_config(rm_server.url, combine=mode), tokenizer)
     info = mgr(build_batch(grpo_groups, tokenizer.pad_token_id), return_dict=True)["reward_extra_info"]
     keys = {"score", "rm_score", "rm_valid", "rm_prompt_tokens_dropped"}
     assert set(info) == (keys if mode == "replace" else keys | {"verifiable_score"})
@@ -68,6 +67,6 @@ def test_combine_shorthand_adds_only_the_verifiable_keys(rm_server, verl_config,
         ("{components:[rubric,verifiable]}", {"combine": "add"}, "are exclusive"),
     ],
 )
-def test_composition_config_errors_are_clear(verl_config, tokenizer, rewards, extra, needle):
+def test_composition_config_errors_are_clear(load_manager, verl_config, tokenizer, rewards, extra, needle):
     with pytest.raises(ConfigError, match=needle):
-        load_reward_manager(verl_config("http://127.0.0.1:1", rewards=rewards, **extra), tokenizer)
+        load_manager(verl_config("http://127.0.0.1:1", rewards=rewards, **extra), tokenizer)

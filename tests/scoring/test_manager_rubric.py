@@ -3,7 +3,6 @@
 import numpy as np
 import pytest
 
-from verl.trainer.ppo.reward import load_reward_manager
 from verl_vllm_rm.scoring.options import ConfigError
 from verl_vllm_rm.dev.grpo_batch import build_batch
 from verl_vllm_rm.parity.reference import sequence_scores
@@ -17,10 +16,10 @@ def rendered(tokenizer, prompt: str, response: str) -> list[int]:
     return head + tokenizer(response + "\nVerdict:", add_special_tokens=False).input_ids
 
 
-def test_rubric_template_scores_the_rendered_text(rm_server, verl_config, tokenizer, hf_model, grpo_groups):
+def test_rubric_template_scores_the_rendered_text(load_manager, rm_server, verl_config, tokenizer, hf_model, grpo_groups):
     cfg = verl_config(rm_server.url, rubric_template=f"'{TEMPLATE}'", rubric_principles="[helpfulness,honesty]",
                       pairwise="always")
-    mgr = load_reward_manager(cfg, tokenizer)
+    mgr = load_manager(cfg, tokenizer)
     data = build_batch(grpo_groups, tokenizer.pad_token_id)
     info = mgr(data, return_dict=True)["reward_extra_info"]
     rows, refs = [], []
@@ -37,7 +36,7 @@ def test_rubric_template_scores_the_rendered_text(rm_server, verl_config, tokeni
     [("'{prompt} only'", "exactly one {response}"), ("'{prompt} {response} {style}'", "found fields"),
      ("'{response}'", "must use {prompt}")],
 )
-def test_bad_rubric_templates_are_config_errors(verl_config, tokenizer, template, needle):
+def test_bad_rubric_templates_are_config_errors(load_manager, verl_config, tokenizer, template, needle):
     with pytest.raises(ConfigError, match="rubric_template") as err:
-        load_reward_manager(verl_config("http://127.0.0.1:1", rubric_template=template), tokenizer)
+        load_manager(verl_config("http://127.0.0.1:1", rubric_template=template), tokenizer)
     assert needle in str(err.value)

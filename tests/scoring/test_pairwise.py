@@ -5,7 +5,6 @@ import asyncio
 import numpy as np
 import pytest
 
-from verl.trainer.ppo.reward import load_reward_manager
 from verl_vllm_rm.scoring.client import VLLMRewardClient
 from verl_vllm_rm.dev.grpo_batch import Group, build_batch
 from verl_vllm_rm.scoring.pairwise import MissingReferenceError
@@ -47,8 +46,8 @@ def direct_scores(url, groups, tokenizer):
 
 
 @pytest.mark.parametrize("source", ["ground_truth", "extra_info:answer", "rm_gallery"])
-def test_win_rates_match_direct_computation(fault_proxy, verl_config, tokenizer, ref_groups, source):
-    mgr = load_reward_manager(verl_config(fault_proxy.url, reference_source=source), tokenizer)
+def test_win_rates_match_direct_computation(load_manager, fault_proxy, verl_config, tokenizer, ref_groups, source):
+    mgr = load_manager(verl_config(fault_proxy.url, reference_source=source), tokenizer)
     out = mgr(validation_batch(ref_groups, tokenizer.pad_token_id), return_dict=True)
     info = out["reward_extra_info"]
     scores, refs = direct_scores(fault_proxy.url, ref_groups, tokenizer)
@@ -61,51 +60,51 @@ def test_win_rates_match_direct_computation(fault_proxy, verl_config, tokenizer,
     assert mgr.references.scored == len(ref_groups)  # one reference per prompt
 
 
-def test_response_identical_to_reference_ties(rm_server, verl_config, tokenizer, ref_groups):
-    mgr = load_reward_manager(verl_config(rm_server.url), tokenizer)
+def test_response_identical_to_reference_ties(load_manager, rm_server, verl_config, tokenizer, ref_groups):
+    mgr = load_manager(verl_config(rm_server.url), tokenizer)
     info = mgr(validation_batch(ref_groups, tokenizer.pad_token_id), return_dict=True)["reward_extra_info"]
     assert info["win_and"][1] == 1.0 and info["win"][1] == 0.0
     assert info["ref_margin"][1] == 0.0
 
 
-def test_no_win_metrics_outside_validation(rm_server, verl_config, tokenizer, ref_groups):
-    mgr = load_reward_manager(verl_config(rm_server.url), tokenizer)
+def test_no_win_metrics_outside_validation(load_manager, rm_server, verl_config, tokenizer, ref_groups):
+    mgr = load_manager(verl_config(rm_server.url), tokenizer)
     info = mgr(build_batch(ref_groups, tokenizer.pad_token_id), return_dict=True)["reward_extra_info"]
     assert "win" not in info and mgr.references.scored == 0
-    forced = load_reward_manager(verl_config(rm_server.url, pairwise="always"), tokenizer)
+    forced = load_manager(verl_config(rm_server.url, pairwise="always"), tokenizer)
     assert "win" in forced(build_batch(ref_groups, tokenizer.pad_token_id), return_dict=True)["reward_extra_info"]
 
 
-def test_missing_reference_is_a_clear_error(rm_server, verl_config, tokenizer, ref_groups):
+def test_missing_reference_is_a_clear_error(load_manager, rm_server, verl_config, tokenizer, ref_groups):
     """``missing_reference=raise`` (the default) names the sample (its uid) and the source; only the second
     prompt lacks its reference here, so the uid named must be that prompt's."""
     g = ref_groups[1]
     groups = [ref_groups[0], Group(g.prompt_ids, g.response_ids, g.ground_truth, extra_info={}), ref_groups[2]]
     data = validation_batch(groups, tokenizer.pad_token_id)
     uids = list(dict.fromkeys(data.non_tensor_batch["uid"]))
-    mgr = load_reward_manager(verl_config(rm_server.url, reference_source="extra_info:answer"), tokenizer)
+    mgr = load_manager(verl_config(rm_server.url, reference_source="extra_info:answer"), tokenizer)
     with pytest.raises(MissingReferenceError,
                        match=rf"sample uid={uids[1]} has no reference answer in reference_source='extra_info:answer'"):
         mgr(data)
 
 
-def test_missing_reference_can_be_skipped_and_counted(rm_server, verl_config, tokenizer, ref_groups):
+def test_missing_reference_can_be_skipped_and_counted(load_manager, rm_server, verl_config, tokenizer, ref_groups):
     groups = [ref_groups[0], Group(ref_groups[1].prompt_ids, ref_groups[1].response_ids, ground_truth="")]
-    mgr = load_reward_manager(verl_config(rm_server.url, missing_reference="skip"), tokenizer)
+    mgr = load_manager(verl_config(rm_server.url, missing_reference="skip"), tokenizer)
     info = mgr(validation_batch(groups, tokenizer.pad_token_id), return_dict=True)["reward_extra_info"]
     assert info["win"][4:] == [None, None] and None not in info["win"][:4]
     assert mgr.references_missing == 2
 
 
-def test_bad_reference_source_is_a_config_error(verl_config, tokenizer):
+def test_bad_reference_source_is_a_config_error(load_manager, verl_config, tokenizer):
     from verl_vllm_rm.scoring.options import ConfigError
 
     with pytest.raises(ConfigError, match="reference_source='answer' is not one of"):
-        load_reward_manager(verl_config("http://127.0.0.1:1", reference_source="answer"), tokenizer)
+        load_manager(verl_config("http://127.0.0.1:1", reference_source="answer"), tokenizer)
 
 
-def test_mask_policy_covers_the_reference_score_too(dead_url, verl_config, tokenizer, ref_groups):
+def test_mask_policy_covers_the_reference_score_too(load_manager, dead_url, verl_config, tokenizer, ref_groups):
     cfg = verl_config(dead_url, max_retries=0, failure_policy="mask", max_length=512)
-    mgr = load_reward_manager(cfg, tokenizer)
+    mgr = load_manager(cfg, tokenizer)
     info = mgr(validation_batch(ref_groups, tokenizer.pad_token_id), return_dict=True)["reward_extra_info"]
     assert info["rm_valid"] == [0.0] * 9 and info["win"] == [None] * 9
