@@ -77,8 +77,7 @@ class VLLMRewardManager(RewardManagerBase):
         except ValueError as e:
             raise ConfigError(f"reward_kwargs.rewards: {e}") from e
         self.last_batch_stats: dict[str, float] = {}
-        self._max_length: asyncio.Future | None = None
-        self._server_max_len: int | None = None
+        self._max_length: asyncio.Future | None = None  # of the server's max_model_len
         self._examined: Counter = Counter()
         self.references = ReferenceCache()
         self.failed = 0
@@ -157,20 +156,24 @@ class VLLMRewardManager(RewardManagerBase):
         return {"reward_score": total, "reward_extra_info": info}
 
     async def _max_len(self) -> int:
+        """The option, else the server's ``max_model_len``: asked once, shared by all concurrent callers; a
+        failed probe is asked again by the next caller, not kept for the whole run."""
         if self.options.max_length is not None:
             return self.options.max_length
-        if self._server_max_len is not None:
-            return self._server_max_len
-        if self._max_length is None:  # ask the server once, shared by all concurrent callers
-            self._max_length = asyncio.ensure_future(self.client.health())
         probe = self._max_length
+        if probe is None:
+            probe = self._max_length = asyncio.ensure_future(self._server_max_len())
+        elif probe.done() and probe.exception() is None:
+            return probe.result()
         try:
-            self._server_max_len = int((await asyncio.shield(probe))["max_model_len"])
-            return self._server_max_len
+            return await asyncio.shield(probe)
         except Exception:
-            if self._max_length is probe:  # a failed probe is asked again later, not kept for the whole run
+            if self._max_length is probe:
                 self._max_length = None
             raise
+
+    async def _server_max_len(self) -> int:
+        return int((await self.client.health())["max_model_len"])
 
     def _render(self, sample: Sample, response_ids: list[int] | None, response_text: str | None):
         """(prompt part, response part) ids of the RM input for a response given as ids or text."""
