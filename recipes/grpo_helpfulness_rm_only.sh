@@ -3,7 +3,7 @@
 # pairwise win rate of each response against the prompt's reference answer
 # (val-core/<data_source>/win/mean@N, win_and, ref_margin).
 #
-#   RM_PATH=/models/my-rm RM_PYTHON=/envs/rm/bin/python RM_GPUS=7 \
+#   RM_PATH=/models/my-rm RM_GPUS=7 \
 #   MODEL=Qwen/Qwen2.5-1.5B-Instruct DATA=$HOME/data/helpfulness bash recipes/grpo_helpfulness_rm_only.sh
 # DATA/*.parquet rows carry the chat in "prompt" and the reference answer in
 # reward_model.ground_truth (or set reference_source=extra_info:<key>).

@@ -7,7 +7,7 @@
 # verifiable reward), and the new RM weights are pushed into the running server
 # (every PUBLISH_EVERY RM steps). Needs verl's v1 trainer deps (verl[verl-core]).
 #
-#   RM_PATH=/models/my-rm RM_PYTHON=/envs/rm/bin/python RM_GPUS=7 \
+#   RM_PATH=/models/my-rm RM_GPUS=7 \
 #   MODEL=Qwen/Qwen2.5-1.5B-Instruct DATA=$HOME/data/gsm8k bash recipes/grpo_math_online_rm.sh
 #
 # GPUs: N_GPUS for the policy, RM_GPUS for the reward server, RM_TRAIN_GPUS (1) for

@@ -2,7 +2,7 @@
 # GRPO on GSM8K with a verifiable reward (verl's gsm8k compute_score) blended with a
 # reward model served by vLLM: reward = alpha * rm + (1 - alpha) * correctness.
 #
-#   RM_PATH=/models/my-rm RM_PYTHON=/envs/rm/bin/python RM_GPUS=7 \
+#   RM_PATH=/models/my-rm RM_GPUS=7 \
 #   MODEL=Qwen/Qwen2.5-1.5B-Instruct DATA=$HOME/data/gsm8k bash recipes/grpo_math_rm_weighted.sh
 # The RM must share the policy's tokenizer for input_format=token_ids (the default);
 # otherwise add +reward.reward_kwargs.input_format=chat_template and rm_tokenizer_path.

@@ -31,7 +31,7 @@ def test_setup_refuses_to_start_on_a_full_disk(tmp_path):
     (fake_bin / "df").chmod(0o755)
     venv = tmp_path / "venv-server"
     result = subprocess.run(
-        ["make", "-C", str(repo), f"VENV_SERVER={venv}", f"{venv}/.installed"],
+        ["make", "-C", str(repo), f"VENV_SERVER={venv}", f"{venv}/.installed-cpu"],
         capture_output=True, text=True, env={"PATH": f"{fake_bin}:/usr/bin:/bin"},
     )
     assert result.returncode != 0

@@ -76,3 +76,46 @@ def test_recipe_runs_on_cpu(recipe, tmp_path, tiny_rm, tiny_task, rm_server, onl
     assert all(s["data"]["critic/rewards/mean"] == s["data"]["critic/rewards/mean"] for s in trained)  # not NaN
     if online:
         assert all("rm/pairs" in s["data"] or "rm/published_version" in s["data"] for s in trained)
+
+
+def run_recipe_expecting_failure(env: dict, recipe: Path = RECIPES[0]) -> str:
+    """Run a recipe that must stop before anything starts; its stderr."""
+    base = {k: v for k, v in os.environ.items() if k not in ("RM_SERVER_URL", "VERL_VLLM_RM_SERVER_PYTHON")}
+    bin_dir = str(Path(sys.executable).parent)  # python3 = the trainer environment (.venv)
+    run = subprocess.run(["bash", str(recipe)], env={**base, "PATH": f"{bin_dir}:{os.environ['PATH']}",
+                                                     "RM_PATH": "/models/rm", **env},
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2, (run.returncode, run.stdout[-2000:], run.stderr[-2000:])
+    return run.stderr
+
+
+def test_recipes_name_a_missing_server_environment(tmp_path):
+    err = run_recipe_expecting_failure({"VERL_VLLM_RM_SERVER_PYTHON": str(tmp_path / "nowhere" / "python")})
+    assert f"no server environment: {tmp_path}/nowhere/python does not exist; set VERL_VLLM_RM_SERVER_PYTHON" in err
+
+
+def test_recipes_default_to_the_clones_server_environment(tmp_path):
+    """Without the variable the server python is .venv-server of the recipes' clone: a copy of the recipes in a
+    directory without one names that path."""
+    import shutil
+
+    shutil.copytree(RECIPES[0].parent, tmp_path / "recipes")
+    err = run_recipe_expecting_failure({}, tmp_path / "recipes" / RECIPES[0].name)
+    assert f"no server environment: {tmp_path}/.venv-server/bin/python does not exist" in err
+    assert "`make setup DEVICE=gpu` on GPUs" in err
+
+
+def test_recipes_name_what_the_server_environment_lacks():
+    err = run_recipe_expecting_failure({"VERL_VLLM_RM_SERVER_PYTHON": sys.executable})  # the trainer's: no vllm
+    assert f"the server environment ({sys.executable}) lacks: vllm;" in err
+
+
+def test_recipes_name_a_trainer_environment_without_verl(tmp_path):
+    """python3 on PATH is the server environment's (no verl): the recipe says to activate the trainer's."""
+    from verl_vllm_rm.dev.server_launcher import find_server_python
+
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "python3").symlink_to(find_server_python())
+    env = {"PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}"}
+    err = run_recipe_expecting_failure(env)
+    assert "the trainer environment (python3) lacks: verl; activate the trainer environment first" in err

@@ -48,7 +48,7 @@ def test_no_server_environment_is_a_clear_error(monkeypatch, tmp_path, tiny_rm):
     monkeypatch.delenv(server_launcher.SERVER_PYTHON_ENV, raising=False)
     monkeypatch.setattr(server_launcher, "REPO_ROOT", tmp_path)
     needle = (r"no server environment found: set VERL_VLLM_RM_SERVER_PYTHON to a python that has vllm and "
-              rf"verl-vllm-rm installed, or run `make setup` to create {tmp_path}/\.venv-server")
+              rf"verl-vllm-rm installed, or run `make setup` \(`make setup DEVICE=gpu` on GPUs\) to create {tmp_path}/\.venv-server")
     with pytest.raises(ServerStartError, match=needle):
         start_server(tiny_rm)
 

@@ -40,7 +40,7 @@ def find_server_python() -> str:
         return str(candidate)
     raise ServerStartError(
         f"no server environment found: set {SERVER_PYTHON_ENV} to a python that has vllm and "
-        f"verl-vllm-rm installed, or run `make setup` to create {candidate.parent.parent}"
+        f"verl-vllm-rm installed, or run `make setup` (`make setup DEVICE=gpu` on GPUs) to create {candidate.parent.parent}"
     )
 
 

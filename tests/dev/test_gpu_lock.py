@@ -1,0 +1,129 @@
+"""README's "Quick start on GPUs" works as written, from a clone.
+
+Its install lines are the Makefile's ``DEVICE=gpu`` lines, and pip resolves each one, from this clone and the
+package index alone, to exactly the pinned set it names. Resolution is what runs here (``pip install
+--dry-run``): installing the CUDA builds (torch, vLLM, NCCL: about 10 GB an environment) is a GPU machine's
+job. The package itself is installed from the clone for real, not editable, into a fresh environment that
+borrows the trainer side's dependencies, and imported from there.
+"""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+import sys
+import sysconfig
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from verl_vllm_rm.dev.gpu_lock import LOCKS, read_lock, resolve
+
+ROOT = Path(__file__).resolve().parents[2]
+ENVIRONMENTS = {".venv-server": "server-gpu", ".venv": "verl-gpu"}  # README's environment -> its extra
+
+
+def gpu_section() -> str:
+    readme = (ROOT / "README.md").read_text()
+    start = readme.index("## Quick start on GPUs")
+    return readme[start : readme.index("\n## ", start + 1)]
+
+
+def pip_lines(text: str) -> dict[str, list[str]]:
+    """``{environment: pip install arguments}`` of every ``ENV/bin/pip install ...`` in ``text``."""
+    found = {}
+    for line in text.splitlines():
+        for command in line.split("&&"):
+            if "/bin/pip install" not in command:
+                continue
+            words = shlex.split(command.split("#", 1)[0])
+            if len(words) > 2 and words[0].endswith("/bin/pip") and words[1] == "install":
+                found[words[0].removesuffix("/bin/pip")] = words[2:]
+    return found
+
+
+def test_readme_gpu_lines_are_what_make_setup_device_gpu_runs(tmp_path):
+    readme = pip_lines(gpu_section())
+    assert set(readme) == set(ENVIRONMENTS), readme
+    for env, extra in ENVIRONMENTS.items():
+        assert readme[env] == ["-c", LOCKS[extra], "-e", f".[{extra}]"]
+    # the environments' stamps do not exist under these names: make prints every command of the GPU build
+    dry = subprocess.run(["make", "-n", "-C", str(ROOT), "setup", "DEVICE=gpu",
+                          f"VENV={tmp_path / 'v'}", f"VENV_SERVER={tmp_path / 'vs'}"],
+                         capture_output=True, text=True, check=True).stdout
+    made = {Path(env).name: args for env, args in pip_lines(dry).items()}
+    assert made == {"vs": readme[".venv-server"], "v": readme[".venv"]}, dry
+
+
+def test_the_environments_must_match_the_device(tmp_path):
+    """A CPU environment is never reinstalled with the GPU set on top (nor the reverse)."""
+    venv = tmp_path / "v"
+    venv.mkdir()
+    (venv / ".installed-cpu").touch()
+    run = subprocess.run(["make", "-C", str(ROOT), "setup", "DEVICE=gpu", f"VENV={venv}",
+                          f"VENV_SERVER={tmp_path / 'vs'}"], capture_output=True, text=True)
+    assert run.returncode != 0
+    assert f"make: {venv} was built with DEVICE=cpu; run with DEVICE=cpu, or `make clean` first" in run.stderr
+    assert not (tmp_path / "vs").exists() and not (venv / "bin").exists(), "nothing may be installed"
+    bad = subprocess.run(["make", "-n", "-C", str(ROOT), "setup", "DEVICE=tpu"], capture_output=True, text=True)
+    assert bad.returncode != 0 and "DEVICE must be cpu or gpu, not 'tpu'" in bad.stderr
+
+
+@pytest.fixture(scope="module")
+def resolved() -> dict[str, dict[str, str]]:
+    """README's two lines, resolved by pip from the index alone (the two run side by side: ~2 min)."""
+    lines = pip_lines(gpu_section())
+    with ThreadPoolExecutor(2) as pool:
+        futures = {ENVIRONMENTS[env]: pool.submit(resolve, args) for env, args in lines.items()}
+        return {extra: future.result() for extra, future in futures.items()}
+
+
+@pytest.mark.server  # the package index
+@pytest.mark.parametrize("extra", list(LOCKS))
+def test_each_readme_line_resolves_to_exactly_its_pinned_set(resolved, extra):
+    pins = read_lock(ROOT / LOCKS[extra])
+    got = resolved[extra]
+    assert got == pins, {
+        "resolved, not pinned": {k: v for k, v in got.items() if k not in pins},
+        "pinned, not resolved (stale: run `make lock-gpu`)": {k: v for k, v in pins.items() if k not in got},
+    }
+
+
+@pytest.mark.server  # the package index
+def test_the_gpu_sets_hold_the_cuda_builds_the_readme_names(resolved):
+    server, trainer = resolved["server-gpu"], resolved["verl-gpu"]
+    assert (server["vllm"], server["torch"]) == ("0.32.0", "2.13.0")
+    assert (trainer["verl"], trainer["vllm"], trainer["torch"]) == ("0.9.1", "0.24.0", "2.11.0")
+    assert "+" not in server["torch"] + trainer["torch"], "a local build (e.g. +cpu) leaked into a GPU set"
+    assert {"nvidia-nccl-cu13", "nvidia-cublas"} <= set(server) & set(trainer)
+    readme = gpu_section()
+    assert f"NCCL {trainer['nvidia-nccl-cu13']} (trainer) and {server['nvidia-nccl-cu13']}" in readme
+
+
+def test_the_package_installs_from_the_clone_not_editable(tmp_path):
+    """``pip install`` of the clone's tree (a copy: the build writes into the source directory) puts every
+    module of the package in the environment; with the trainer side's dependencies borrowed, verl finds the
+    plugin there."""
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    source = tmp_path / "clone"
+    for name in tracked.splitlines():
+        if (ROOT / name).is_file():
+            (source / name).parent.mkdir(parents=True, exist_ok=True)
+            (source / name).write_bytes((ROOT / name).read_bytes())
+    env = tmp_path / "env"
+    subprocess.run([sys.executable, "-m", "venv", str(env)], check=True)
+    subprocess.run([str(env / "bin" / "pip"), "install", "--quiet", "--no-deps", str(source)], check=True)
+    purelib = "import sysconfig; print(sysconfig.get_path('purelib'))"
+    site = Path(subprocess.run([str(env / "bin" / "python"), "-c", purelib],
+                               capture_output=True, text=True, check=True).stdout.strip())
+    package = source / "verl_vllm_rm"
+    wanted = {p.relative_to(source) for p in package.rglob("*.py")}
+    assert {p.relative_to(site) for p in (site / "verl_vllm_rm").rglob("*.py")} == wanted
+    (site / "trainer_side.pth").write_text(sysconfig.get_path("purelib") + "\n")  # verl, torch, ... of .venv
+    probe = ("import verl_vllm_rm, importlib.metadata as m; "
+             "eps = [e for e in m.entry_points(group='verl.plugins') if e.name == 'vllm_rm']; "
+             "print(verl_vllm_rm.__file__); print(eps[0].load().__file__)")
+    out = subprocess.run([str(env / "bin" / "python"), "-c", probe], capture_output=True, text=True, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert all(line.startswith(str(site)) for line in out.stdout.split()), out.stdout

@@ -1,0 +1,84 @@
+"""The GPU environments' pinned sets: an install line resolved by pip against the package index alone.
+
+``make lock-gpu`` writes ``requirements/server-gpu.txt`` and ``requirements/trainer-gpu.txt`` with
+:func:`main`; the test of README's GPU quick start resolves README's own lines with :func:`resolve`
+and compares them with these files, so the page, the Makefile and the pins cannot drift apart.
+
+pip runs without any configuration file and without find-links: a machine's local wheels (this
+machine's CPU build of torch, which satisfies ``torch==2.13.0`` too) must not leak into the set a
+GPU machine installs. The set holds for the platform it is resolved on (Linux x86_64, CPython 3.11).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+# extra of pyproject.toml -> the file that pins what installing it brings
+LOCKS = {"server-gpu": "requirements/server-gpu.txt", "verl-gpu": "requirements/trainer-gpu.txt"}
+PROJECT = "verl-vllm-rm"
+# settings that change which packages pip sees (certificates and time-outs stay as the machine has them)
+_WHERE_PIP_LOOKS = ("PIP_FIND_LINKS", "PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_NO_INDEX", "PIP_CONSTRAINT",
+                    "PIP_REQUIREMENT")
+
+
+def index_only_env() -> dict[str, str]:
+    """The environment for a pip that sees the package index and nothing of this machine's pip setup."""
+    env = {k: v for k, v in os.environ.items() if k not in _WHERE_PIP_LOOKS}
+    env["PIP_CONFIG_FILE"] = os.devnull  # pip then reads no configuration file at all (global, user, site)
+    return env
+
+
+def resolve(install_args: list[str], cwd: Path = REPO_ROOT) -> dict[str, str]:
+    """``{name: version}`` that ``pip install INSTALL_ARGS`` would install into an empty environment
+    (``--dry-run --ignore-installed``), this project itself left out. Raises with pip's own words."""
+    with tempfile.TemporaryDirectory() as tmp:
+        report = Path(tmp) / "report.json"
+        cmd = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
+               "--report", str(report), *install_args]
+        run = subprocess.run(cmd, cwd=cwd, env=index_only_env(), capture_output=True, text=True)
+        if run.returncode != 0:
+            raise RuntimeError(f"`pip install {' '.join(install_args)}` does not resolve:\n{run.stderr[-3000:]}")
+        installs = json.loads(report.read_text())["install"]
+    pins = {item["metadata"]["name"]: item["metadata"]["version"] for item in installs}
+    pins.pop(PROJECT, None)
+    return pins
+
+
+def normalized(name: str) -> str:
+    return name.lower().replace("_", "-").replace(".", "-")
+
+
+def read_lock(path: Path) -> dict[str, str]:
+    pins = {}
+    for line in path.read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            name, version = line.split("==")
+            pins[name] = version
+    return pins
+
+
+def write_lock(path: Path, extra: str, pins: dict[str, str]) -> None:
+    header = (f"# What `pip install \".[{extra}]\"` installs, resolved from the package index alone on "
+              f"{platform.system()} {platform.machine()}, CPython {platform.python_version()}.\n"
+              "# Written by `make lock-gpu` (verl_vllm_rm/dev/gpu_lock.py); used by `make setup DEVICE=gpu`.\n")
+    body = "".join(f"{name}=={pins[name]}\n" for name in sorted(pins, key=normalized))
+    path.write_text(header + body)
+
+
+def main() -> None:
+    for extra, lock in LOCKS.items():
+        pins = resolve(["-e", f".[{extra}]"])
+        write_lock(REPO_ROOT / lock, extra, pins)
+        print(f"{lock}: {len(pins)} packages")
+
+
+if __name__ == "__main__":
+    main()
