@@ -30,6 +30,9 @@ need_disk = @test -x $(2)/bin/python || { free=$$(df -Pk . | awk 'NR==2 {print i
 other_device = @! test -e $(1)/.installed-$(OTHER_DEVICE) || { echo "make: $(1) was built with DEVICE=$(OTHER_DEVICE);" \
 	"run with DEVICE=$(OTHER_DEVICE), or \`make clean\` first to rebuild it for $(DEVICE)" >&2; exit 1; }
 
+# What a GPU environment gets: the named packages' pins, read from its lock file.
+says_what = @echo "make: $(1) <- $(2): $$(grep -E '^($(3))==' $(2) | tr '\n' ' ')+ this package (editable)"
+
 .PHONY: setup test demo bench clean lock-gpu
 
 setup: $(STAMP) $(STAMP_SERVER)
@@ -59,6 +62,7 @@ $(VENV_SERVER)/.installed-cpu: pyproject.toml requirements/server.txt
 $(VENV)/.installed-gpu: pyproject.toml requirements/trainer-gpu.txt
 	$(call other_device,$(VENV))
 	$(call need_disk,12,$(VENV))
+	$(call says_what,$(VENV),requirements/trainer-gpu.txt,verl|vllm|torch|transformers|nvidia-nccl-cu13)
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -c requirements/trainer-gpu.txt -e ".[verl-gpu]"
 	touch $@
@@ -66,6 +70,7 @@ $(VENV)/.installed-gpu: pyproject.toml requirements/trainer-gpu.txt
 $(VENV_SERVER)/.installed-gpu: pyproject.toml requirements/server-gpu.txt
 	$(call other_device,$(VENV_SERVER))
 	$(call need_disk,12,$(VENV_SERVER))
+	$(call says_what,$(VENV_SERVER),requirements/server-gpu.txt,vllm|torch|transformers|nvidia-nccl-cu13)
 	test -x $(VENV_SERVER)/bin/python || $(PYTHON) -m venv $(VENV_SERVER)
 	$(VENV_SERVER)/bin/pip install -c requirements/server-gpu.txt -e ".[server-gpu]"
 	touch $@

@@ -54,6 +54,13 @@ def test_readme_gpu_lines_are_what_make_setup_device_gpu_runs(tmp_path):
                          capture_output=True, text=True, check=True).stdout
     made = {Path(env).name: args for env, args in pip_lines(dry).items()}
     assert made == {"vs": readme[".venv-server"], "v": readme[".venv"]}, dry
+    # and it says what each environment gets, from the lock files
+    says = "\n".join(line for line in dry.splitlines() if line.startswith('echo "make: '))
+    told = subprocess.run(["bash", "-c", says], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    for name, extra in (("v", "verl-gpu"), ("vs", "server-gpu")):
+        pins = read_lock(ROOT / LOCKS[extra])
+        line = next(line for line in told.splitlines() if line.startswith(f"make: {tmp_path / name} <- "))
+        assert f"torch=={pins['torch']} " in line and f"vllm=={pins['vllm']} " in line, told
 
 
 def test_the_environments_must_match_the_device(tmp_path):
