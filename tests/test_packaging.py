@@ -8,6 +8,7 @@ import sys
 from importlib.metadata import entry_points
 from pathlib import Path
 
+from verl_vllm_rm.dev.gpu_lock import canonical, read_lock
 from verl_vllm_rm.dev.server_launcher import find_server_python
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,26 +41,15 @@ def test_setup_refuses_to_start_on_a_full_disk(tmp_path):
     assert not venv.exists(), "nothing may be installed after the refusal"
 
 
-def _canonical(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
 def _pinned(*files: str) -> dict[str, str]:
-    pins = {}
-    for name in files:
-        for line in (ROOT / "requirements" / name).read_text().splitlines():
-            line = line.split("#")[0].strip()
-            if line:
-                package, version = line.split("==")
-                pins[_canonical(package)] = version
-    return pins
+    return {canonical(k): v for name in files for k, v in read_lock(ROOT / "requirements" / name).items()}
 
 
 def _installed(python: str) -> dict[str, str]:
     lines = subprocess.run([python, "-m", "pip", "freeze", "--exclude-editable"],
                            capture_output=True, text=True, check=True).stdout.splitlines()
     assert all("==" in line for line in lines), f"installed from outside a registry: {lines}"
-    return {_canonical(line.split("==")[0]): line.split("==")[1] for line in lines}
+    return {canonical(line.split("==")[0]): line.split("==")[1] for line in lines}
 
 
 def test_environments_hold_exactly_the_pinned_sets():

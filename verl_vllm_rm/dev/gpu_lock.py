@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import tempfile
@@ -51,11 +52,13 @@ def resolve(install_args: list[str], cwd: Path = REPO_ROOT) -> dict[str, str]:
     return pins
 
 
-def normalized(name: str) -> str:
-    return name.lower().replace("_", "-").replace(".", "-")
+def canonical(name: str) -> str:
+    """A distribution's name as pip compares it (PEP 503)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def read_lock(path: Path) -> dict[str, str]:
+    """``{name: version}`` of a requirements file of ``name==version`` lines (comments allowed)."""
     pins = {}
     for line in path.read_text().splitlines():
         line = line.split("#", 1)[0].strip()
@@ -69,7 +72,7 @@ def write_lock(path: Path, extra: str, pins: dict[str, str]) -> None:
     header = (f"# What `pip install \".[{extra}]\"` installs, resolved from the package index alone on "
               f"{platform.system()} {platform.machine()}, CPython {platform.python_version()}.\n"
               "# Written by `make lock-gpu` (verl_vllm_rm/dev/gpu_lock.py); used by `make setup DEVICE=gpu`.\n")
-    body = "".join(f"{name}=={pins[name]}\n" for name in sorted(pins, key=normalized))
+    body = "".join(f"{name}=={pins[name]}\n" for name in sorted(pins, key=canonical))
     path.write_text(header + body)
 
 
