@@ -32,6 +32,7 @@ run_main_ppo \
     actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8 \
     actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8 \
     reward.reward_manager.name=vllm_rm \
+    trainer.v1.trainer_mode=vllm_rm \
     +reward.reward_kwargs.server_url="$RM_URL" \
     +reward.reward_kwargs.combine=replace \
     +reward.reward_kwargs.input_format=chat_template \

@@ -29,6 +29,7 @@ run_main_ppo \
     actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16 \
     actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=16 \
     reward.reward_manager.name=vllm_rm \
+    trainer.v1.trainer_mode=vllm_rm \
     reward.num_workers=8 \
     +reward.reward_kwargs.server_url="$RM_URL" \
     +reward.reward_kwargs.combine=weighted \

@@ -19,7 +19,8 @@ from verl_vllm_rm.dev.tiny_rm import STEP, build_tiny_rm, synthetic_corpus
 from verl_vllm_rm.online.bt import collate_pairs
 from verl_vllm_rm.scoring.loader import compose_verl_config, vllm_rm_config
 
-pytest_plugins = ["open_sessions_check"]  # the run fails if an aiohttp session is left open
+# open_sessions_check: the run fails if an aiohttp session is left open; tq_helpers: the `queue` fixture
+pytest_plugins = ["open_sessions_check", "tq_helpers"]
 
 ROOT = Path(__file__).resolve().parents[1]
 # Fixtures that start the real server or Ray. A test that uses one, even through another fixture,

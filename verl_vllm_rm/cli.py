@@ -1,4 +1,4 @@
-"""``verl-vllm-rm``: serve, score, check, demo, bench, and build the tiny demo reward model."""
+"""``verl-vllm-rm``: serve, score, check, report, demo, bench, and build the tiny demo reward model."""
 
 from __future__ import annotations
 
@@ -98,6 +98,19 @@ def _check(args: argparse.Namespace, rest: list[str]) -> int:
     return 0 if report["ok"] else 1
 
 
+def _report(args: argparse.Namespace, rest: list[str]) -> int:
+    from verl_vllm_rm.monitor.report import ReportError, write_report
+
+    try:
+        png, text = write_report(args.run_dir, args.out)
+    except ReportError as e:
+        print(f"report: {e}", file=sys.stderr)
+        return 2
+    print(text)
+    print(f"\nplot: {png}\nsummary: {png.with_name('report.txt')}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="verl-vllm-rm", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -122,6 +135,12 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--identical-tol", type=float, default=0.0, help="rows equal within this are identical")
     check.add_argument("--api-key", default=os.environ.get(API_KEY_ENV))
     check.set_defaults(func=_check, passthrough=False)
+    report = sub.add_parser("report", help="after a run: one PNG (reward components, RM health, alarms over "
+                            "steps) and a text summary, from verl's metrics file and rollout dump")
+    report.add_argument("run_dir", help="holds verl's metrics file (metrics.jsonl: trainer.logger with file and "
+                        "VERL_FILE_LOGGER_PATH) and the rollout dump (trainer.rollout_data_dir, rollouts/ or here)")
+    report.add_argument("--out", help="where report.png and report.txt go (default: RUN_DIR)")
+    report.set_defaults(func=_report, passthrough=False)
     demo = sub.add_parser("demo", help="the whole loop on CPU: train a tiny RM, serve it, run verl's main_ppo "
                           "GRPO with vllm_rm while the RM trains online")
     demo.add_argument("--workdir", help="where the tiny models go (default: a new temporary directory)")

@@ -23,5 +23,6 @@ def test_demo_runs_the_whole_loop(tmp_path):
     assert [s["rm_version"] for s in summary["steps"]] == [1, 2, 3]  # the RM published after every step
     assert all(s["parity_max_abs"] <= 1e-4 for s in summary["steps"])
     assert "validation at step 0: " in out and "win=" in out and "win_and=" in out
-    assert (work / "reward_per_step.png").is_file() and (work / "main_ppo.log").is_file()
+    assert (work / "report.png").is_file() and (work / "main_ppo.log").is_file()
+    assert "the run's report" in out and "3 training steps (1..3)" in out and "online RM drift on the probe set" in out
     assert f"everything stays in {work}" in out

@@ -6,10 +6,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 from ppo_runs import expected_totals, generations, tiny_ppo
 
-from verl_vllm_rm.dev.ppo_report import read_dump
+from verl_vllm_rm.dev.ppo_report import read_dump, read_metrics
 
 
 
@@ -64,6 +65,86 @@ def test_validation_reports_pairwise_win_rates(plain_run):
         win = next(v for k, v in figures.items() if k.endswith("/win/mean@1"))
         win_and = next(v for k, v in figures.items() if k.endswith("/win_and/mean@1"))
         assert 0.0 <= win <= win_and <= 1.0
+
+
+def recomputed(dump: list[dict]) -> dict[str, float]:
+    """The reward metrics of one step, recomputed from verl's rollout dump with plain numpy and loops."""
+    valid = [r for r in dump if r["rm_valid"] == 1.0]
+    rm = np.array([r["rm_score"] for r in valid])
+    out = {"reward/rm_score/mean": rm.mean(), "reward/rm_score/std": rm.std(), "reward/rm_score/max": rm.max(),
+           "reward/score/mean": np.mean([r["score"] for r in valid]),
+           "reward/format/mean": np.mean([r["format"] for r in dump]),
+           "reward/verifiable_score/mean": np.mean([r["verifiable_score"] for r in dump]),
+           "reward/win/mean": np.mean([r["win"] for r in dump]),
+           "reward/rm_valid_share": len(valid) / len(dump),
+           "reward/rm_failures": float(len(dump) - len(valid)),
+           "reward/rm_tokens": float(sum(r["rm_tokens"] for r in dump)),
+           "reward/rm_prompt_tokens_dropped": float(sum(r["rm_prompt_tokens_dropped"] for r in dump)),
+           "reward/rm_latency_ms/p50": np.percentile([r["rm_latency_ms"] for r in dump], 50),
+           "reward/rm_weight_version/max": max(r["rm_weight_version"] for r in valid)}
+    lengths = np.array([r["response_length"] for r in valid], dtype=float)
+    out["alarm/length_hacking"] = np.corrcoef(rm, lengths)[0, 1]
+    out["alarm/saturation"] = np.mean(np.abs(rm) > np.log(99))
+    groups: dict[str, list[dict]] = {}
+    for r in dump:
+        groups.setdefault(r["group"], []).append(r)
+    out["alarm/dead_groups"] = np.mean([len({r["score"] for r in g}) == 1 for g in groups.values()])
+    ordered = [(a, b) for g in groups.values() for a in g for b in g if a["verifiable_score"] > b["verifiable_score"]]
+    if len(ordered) >= 4:
+        out["alarm/verifiable_disagreement"] = np.mean([b["rm_score"] > a["rm_score"] for a, b in ordered])
+    return out
+
+
+@pytest.mark.server
+@pytest.mark.ray
+def test_reward_metrics_are_in_verls_logger_every_step_and_match_the_dump(plain_run):
+    """Trainer mode vllm_rm: reward/* and alarm/* in verl's metrics file at every step, equal to what the rollout
+    dump (one row per trajectory, with its reward components) gives; a warning line exactly for tripped alarms."""
+    from verl_vllm_rm.monitor.alarms import ALARMS
+
+    work = Path(plain_run["rollout_data_dir"]).parent
+    metrics = dict(read_metrics(work))
+    log = (work / "main_ppo.log").read_text(errors="replace")
+    for step in (1, 2):
+        dump = read_dump(work, step)
+        assert len(dump) == 16 and len({r["group"] for r in dump}) == 4
+        want = recomputed(dump)
+        got = {k: metrics[step].get(k) for k in want}
+        assert got == pytest.approx(want, rel=1e-6, abs=1e-9), step
+        assert metrics[step]["reward/rm_weight_version/min"] == 0.0 and metrics[step]["timing_s/reward_metrics"] > 0
+        for alarm in ALARMS:
+            value = metrics[step].get(alarm.metric)
+            line = f"vllm_rm alarm at step {step}: {alarm.metric} = "
+            assert (line in log) == (value is not None and alarm.tripped(value)), (alarm.metric, value)
+
+
+@pytest.mark.server
+@pytest.mark.ray
+def test_report_of_the_run(plain_run, tmp_path):
+    """``verl-vllm-rm report`` on the run's work dir: a PNG whose series are the run's metrics, step by step."""
+    from PIL import Image
+
+    from verl_vllm_rm.cli import main
+    from verl_vllm_rm.monitor.report import SERIES_KEY
+
+    work = Path(plain_run["rollout_data_dir"]).parent
+    assert main(["report", str(work), "--out", str(tmp_path)]) == 0
+    image = Image.open(tmp_path / "report.png")
+    series = json.loads(image.text[SERIES_KEY])
+    metrics = dict(read_metrics(work))
+    assert series["steps"] == [1, 2]
+    components = series["panels"]["reward components (mean)"]
+    assert {"rm_score", "score", "format", "verifiable_score", "win"} <= set(components)
+    for name, values in components.items():
+        assert values == [metrics[s][f"reward/{name}/mean"] for s in (1, 2)], name
+    assert series["panels"]["RM valid share"]["reward/rm_valid_share"] == [1.0, 1.0]
+    assert series["panels"]["RM latency (ms)"]["reward/rm_latency_ms/p99"] == [
+        metrics[s]["reward/rm_latency_ms/p99"] for s in (1, 2)]
+    assert series["panels"]["alarm/dead_groups"]["alarm/dead_groups"] == [metrics[s]["alarm/dead_groups"] for s in (1, 2)]
+    pixels = np.asarray(image.convert("L"))
+    assert image.size[1] > 5 * 200 and (pixels < 128).mean() > 0.005  # one panel per series group, lines drawn
+    text = (tmp_path / "report.txt").read_text()
+    assert text.startswith("2 training steps (1..2)") and "step 2 best RM score" in text
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [

@@ -25,6 +25,7 @@ def online_runs(tmp_path_factory, tiny_rm, tiny_task, online_rm_server):
     start = get_json(f"{url}/runtime_version")["version"]
     common = dict(online="head_only", validate=False, extra_overrides=["trainer.save_freq=1"])
     first = tiny_ppo(work, tiny_rm, tiny_task["policy"], url, steps=2, **common)
+    first["metrics"] = dict(read_metrics(work))  # the resumed run writes its own metrics file
     resumed = tiny_ppo(work, tiny_rm, tiny_task["policy"], url, steps=3, **common)
     probes = [g["prompt_ids"] + g["response_ids"] for g in generations(work)[-8:]]
     return work, start, first, resumed, probes, direct_scores(url, probes)
@@ -35,6 +36,19 @@ def test_every_step_trains_publishes_and_matches_the_trainer(online_runs):
     assert [s["rm_version"] for s in first["steps"]] == [start + 1, start + 2]  # one publish per PPO step
     for s in first["steps"]:
         assert s["parity_max_abs"] is not None and s["parity_max_abs"] <= 1e-4, s
+
+
+def test_online_steps_log_reward_metrics_the_weight_version_and_drift(online_runs):
+    """vllm_rm_online has trainer mode vllm_rm's metrics; step N's rollouts were scored by the weights published
+    after step N-1; the RM's drift on the probe set is measured every step and moves once the RM has trained."""
+    _, start, first, _, _, _ = online_runs
+    metrics = first["metrics"]
+    for step in (1, 2):
+        m = metrics[step]
+        assert m["reward/rm_valid_share"] == 1.0 and "reward/rm_score/mean" in m and "alarm/dead_groups" in m
+        assert m["reward/rm_weight_version/min"] == m["reward/rm_weight_version/max"] == start + step - 1
+        assert m["drift/mean_abs_change"] >= 0 and -1.0 <= m["alarm/drift_rank_corr"] <= 1.0
+    assert max(metrics[s]["drift/mean_abs_change"] for s in (1, 2)) > 0
 
 
 def test_rm_state_is_in_verls_checkpoint_and_the_resumed_run_continues(online_runs, tiny_rm):

@@ -18,9 +18,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from sync_helpers import PARITY_ATOL, max_diff, reset_server, runtime_version, server_scores
+from tq_helpers import put_trajectories
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "grpo_math_online_rm.sh"
 MODULE = "verl_vllm_rm.online.trainer_mode"
@@ -56,40 +58,6 @@ def test_ray_worker_finds_the_trainer_mode_and_it_behaves_as_sync(ray_cluster, c
 
 
 @pytest.fixture(scope="module")
-def queue(ray_cluster):
-    import transfer_queue as tq
-
-    tq.init()
-    yield tq
-    tq.close()
-
-
-def put_trajectories(tq, groups: dict[str, list[tuple[list[int], list[int], float]]]):
-    """Write rollouts to the TransferQueue as verl's agent loop does; returns their KVBatchMeta.
-
-    ``groups``: uid -> [(prompt ids, response ids, verifiable score)]. The token-level
-    ``rm_scores`` carry 10x the verifiable score, so the two reward keys give different pairs.
-    """
-    from transfer_queue import KVBatchMeta
-    from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, AgentLoopOutput
-    from verl.utils.tensordict_utils import list_of_dict_to_tensordict
-
-    keys, fields, tags = [], [], []
-    for uid, rows in groups.items():
-        for session, (prompt, response, score) in enumerate(rows):
-            output = AgentLoopOutput(prompt_ids=prompt, response_ids=response, response_mask=[1] * len(response),
-                                     reward_score=10 * score, metrics=AgentLoopMetrics(),
-                                     extra_fields={"reward_extra_info": {"verifiable_score": score}})
-            field = output.as_dict()
-            field.update(uid=uid, session_id=session, global_steps=1)
-            keys.append(f"{uid}_{session}_0")
-            fields.append(field)
-            tags.append({"status": "success", "seq_len": len(prompt) + len(response)})
-    tq.kv_batch_put(keys=keys, partition_id="train", fields=list_of_dict_to_tensordict(fields), tags=tags)
-    return KVBatchMeta(partition_id="train", keys=keys, tags=tags)
-
-
-@pytest.fixture(scope="module")
 def step_rollout(queue, tokenizer):
     """One PPO step's rollouts: 4 prompts x 3 responses, one right answer each, padded by verl to 16 rows."""
     from verl.trainer.ppo.padding_utils import upsample_batch_to_divisible_size
@@ -99,7 +67,8 @@ def step_rollout(queue, tokenizer):
         prompt = tokenizer(f"What is {a} + {b}?").input_ids
         groups[f"q{g}"] = [(prompt, tokenizer(f" The answer is {answer}.").input_ids, float(answer == a + b))
                            for answer in (a + b + 1, a + b, a * b)]
-    batch = upsample_batch_to_divisible_size(put_trajectories(queue, groups), 8, tokenizer.eos_token_id)
+    infos = {uid: [{"verifiable_score": score} for *_, score in rows] for uid, rows in groups.items()}
+    batch = upsample_batch_to_divisible_size(put_trajectories(queue, groups, infos), 8, tokenizer.eos_token_id)
     assert len(batch) == 16 and sum(tag.get("is_padding", False) for tag in batch.tags) == 4
     return groups, batch
 
@@ -159,7 +128,7 @@ def test_rm_step_trains_on_a_queued_rollout_and_publishes(step_rollout, compose_
     runs here): one pair per prompt group, padding rows skipped, a publish per call with parity, and the
     server's scores moved. That this runs after every real PPO step is
     ``tests/dev/test_tiny_ppo_online.py::test_every_step_trains_publishes_and_matches_the_trainer``."""
-    from verl_vllm_rm.online.trainer_mode import OnlineRewardModelTrainer, build_online_rm
+    from verl_vllm_rm.online.trainer_mode import OnlineRewardModelTrainer, build_online_rm, read_rollout
 
     reset_server(ws_server.url, tiny_rm)
     options = dict(model_path=tiny_rm, server_url=ws_server.url, training_mode="lora", lora_rank=4, lr=5e-3,
@@ -167,14 +136,23 @@ def test_rm_step_trains_on_a_queued_rollout_and_publishes(step_rollout, compose_
     config = compose_config(["trainer.v1.trainer_mode=vllm_rm_online", *[f"+online_rm.{k}={v}" for k, v in
                                                                            options.items()]])
     trainer = OnlineRewardModelTrainer(config)
-    trainer.online_rm = build_online_rm(config, tokenizer.pad_token_id)  # what init() adds after verl's setup
+    # what init() adds after verl's setup
+    trainer.online_rm, trainer.drift_probe = build_online_rm(config, tokenizer.pad_token_id), None
     start = runtime_version(ws_server.url)
     before = server_scores(ws_server.url, probe_ids)
+    rollout_sequences = read_rollout(step_rollout[1], "verifiable_score")[1]
+    initial = np.array(server_scores(ws_server.url, rollout_sequences))
     for step in (1, 2):
         metrics = trainer.train_reward_model(step_rollout[1])
         assert metrics["rm/pairs"] == 4 and metrics["rm/bt_loss"] > 0  # one pair per prompt group, none of padding
         assert metrics["rm/published_version"] == start + step
         assert metrics["rm/parity_max_abs_diff"] <= PARITY_ATOL
+        # drift: the rollout's sequences scored before the first RM step, and by the server after this one
+        assert trainer.drift_probe.sequences == rollout_sequences
+        assert np.allclose(trainer.drift_probe.initial, initial, atol=1e-5)
+        now = np.array(server_scores(ws_server.url, rollout_sequences))
+        assert metrics["drift/mean_abs_change"] == pytest.approx(np.abs(now - initial).mean(), abs=1e-5)
+        assert metrics["drift/mean_abs_change"] > 0 and -1.0 <= metrics["alarm/drift_rank_corr"] <= 1.0
     served = server_scores(ws_server.url, probe_ids)
     assert max_diff(served, trainer.online_rm.worker_group.reference_scores(probe_ids)[0]) <= PARITY_ATOL
     assert max_diff(served, before) > 1e-3

@@ -6,7 +6,8 @@
    score composed with gsm8k correctness and an answer-form rule; after every PPO step one RM training
    step on the run's own rollouts is published into the running server and parity-checked; validation
    before and after reports the pairwise win rate against reference answers.
-4. The summary table and a PNG of reward per step.
+4. The summary table, and the run's report (``verl-vllm-rm report``): reward components, RM health and the
+   reward-hacking alarms over the steps, as a PNG and a short text.
 """
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ def main(workdir: str | None = None, train_seconds: float = 60.0, seed: int = 0,
     print(f"reward per sample: {first['reward_mean']:+.3f} at step 1 -> {last['reward_mean']:+.3f} at step "
           f"{last['step']}; the RM server went from version 0 to {last['rm_version']}, one publish per step, "
           f"each matching the trainer's RM within {max(s['parity_max_abs'] or 0 for s in summary['steps']):.1e}")
+    print(f"\nthe run's report ({summary['plot']}; again with `verl-vllm-rm report {work}`):")
+    print(Path(summary["report"]).read_text().rstrip())
     print(f"\ndone in {time.monotonic() - t_start:.0f} s; everything stays in {work}.")
     print("Try your own RM: verl-vllm-rm tiny-ppo --rm DIR; GPU runs: recipes/ and README 'Quick start on GPUs'.")
     return summary

@@ -4,7 +4,8 @@ A tiny policy (built on the RM's tokenizer) learns the tiny task from the reward
 model served by the real vLLM engine. The run is ``python -m verl.trainer.main_ppo``
 itself, made to run on CPU by :mod:`verl_vllm_rm.dev.cpu_harness`; this module only
 builds the inputs, starts (and always stops) the reward server, follows verl's
-metrics file for progress, and writes ``WORK_DIR/summary.json`` and a PNG.
+metrics file for progress, and writes ``WORK_DIR/summary.json`` and the run's report (``report.png``,
+``report.txt``).
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from pathlib import Path
 from typing import Callable
 
 from verl_vllm_rm.dev.cpu_names import BACKEND_NAME, GENERATION_LOG_ENV, HARNESS_MODULE
-from verl_vllm_rm.dev.ppo_report import plot, print_step, read_metrics, summarize
+from verl_vllm_rm.dev.ppo_report import print_step, read_metrics, summarize
+from verl_vllm_rm.monitor.report import write_report
 
 ONLINE_MODES = ("off", "head_only", "lora", "full")
 ONLINE_MODULE = "verl_vllm_rm.online.trainer_mode"
@@ -157,6 +159,8 @@ def main_ppo_overrides(cfg: TinyPPOConfig, inputs: Inputs, server_url: str) -> l
         "actor_rollout_ref.actor.use_kl_loss=False",
         "actor_rollout_ref.rollout.calculate_log_probs=True",
         "reward.reward_manager.name=vllm_rm",
+        # reward/* metrics, alarms and a rollout dump with every reward component (vllm_rm_online has them too)
+        f"trainer.v1.trainer_mode={'vllm_rm' if cfg.online == 'off' else 'vllm_rm_online'}",
         f"+reward.reward_kwargs.server_url={server_url}",
         f"+reward.reward_kwargs.rewards={REWARDS}",
         # verl 0.9.1's agent loop does not tell reward managers a sample is from validation, so "auto"
@@ -176,7 +180,6 @@ def main_ppo_overrides(cfg: TinyPPOConfig, inputs: Inputs, server_url: str) -> l
     ]
     if cfg.online != "off":
         overrides += [
-            "trainer.v1.trainer_mode=vllm_rm_online",
             f"+online_rm.model_path={inputs.rm}",
             f"+online_rm.server_url={server_url}",
             f"+online_rm.training_mode={cfg.online}",
@@ -282,7 +285,7 @@ def run_tiny_ppo(cfg: TinyPPOConfig, on_step: Callable[[int, dict, int | None], 
             server.stop()
     summary = summarize(cfg.work_dir, cfg.online, versions)
     summary.update(rm=str(inputs.rm), policy=str(inputs.policy), server_url=url)
-    plot(summary, Path(summary["plot"]))
+    write_report(cfg.work_dir)  # report.png and report.txt, what `verl-vllm-rm report WORK_DIR` writes
     (cfg.work_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
 

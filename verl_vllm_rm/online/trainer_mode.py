@@ -27,11 +27,12 @@ import torch
 import transfer_queue as tq
 from omegaconf import DictConfig, OmegaConf
 from transfer_queue import KVBatchMeta
-from verl.trainer.ppo.v1 import get_trainer_cls, register_trainer
+from verl.trainer.ppo.v1 import register_trainer
 from verl.utils.debug import marked_timer
 
 from verl_vllm_rm.options import ConfigError
 from verl_vllm_rm.protocol.defaults import DEFAULT_SERVER_URL
+from verl_vllm_rm.scoring.trainer_mode import RewardMetricsTrainer, real_keys, reward_extra_info
 
 # ``verl_vllm_rm.online.driver`` is imported where it is used: a Ray worker whose first import is the hook
 # (an RM trainer worker unpickling its class) imports verl from it, verl then imports this module
@@ -39,6 +40,7 @@ from verl_vllm_rm.protocol.defaults import DEFAULT_SERVER_URL
 
 if TYPE_CHECKING:
     from verl_vllm_rm.online.config import OnlineRMConfig
+    from verl_vllm_rm.online.drift import DriftProbe
     from verl_vllm_rm.online.driver import OnlineRewardModel
 
 logger = logging.getLogger(__name__)
@@ -105,14 +107,6 @@ def resume_reward_model(online_rm: "OnlineRewardModel", folder: str) -> dict[str
     return online_rm.resume(rm_folder)
 
 
-def reward_extra_info(row: Any) -> dict[str, Any]:
-    """The reward manager's ``reward_extra_info`` of one trajectory, from its TransferQueue ``extra_fields``
-    row (one-element lists unwrapped)."""
-    fields = getattr(row, "data", row)
-    info = fields.get("reward_extra_info", {}) if isinstance(fields, dict) else {}
-    return {k: (v[0] if isinstance(v, (list, tuple)) and len(v) == 1 else v) for k, v in info.items()}
-
-
 def _extra_reward(row: Any, key: str) -> float:
     info = reward_extra_info(row)
     if key not in info:
@@ -125,10 +119,9 @@ def _extra_reward(row: Any, key: str) -> float:
 def read_rollout(batch: KVBatchMeta, reward_key: str) -> Rollout:
     """``uid``s, unpadded prompt+response ids and one reward per trajectory of a PPO step.
 
-    Rows verl added only to balance data-parallel ranks (tag ``is_padding``) are skipped:
-    they repeat real trajectories and would weigh their groups twice.
+    Rows verl added only to balance data-parallel ranks are skipped (:func:`real_keys`).
     """
-    keys = [key for key, tag in zip(batch.keys, batch.tags) if not tag.get("is_padding", False)]
+    keys = real_keys(batch)
     reward_field = TOKEN_REWARD_FIELD if reward_key == TOKEN_REWARD_FIELD else "extra_fields"
     data = tq.kv_batch_get(keys=keys, partition_id=batch.partition_id,
                            select_fields=["uid", "prompts", "responses", reward_field])
@@ -142,24 +135,16 @@ def read_rollout(batch: KVBatchMeta, reward_key: str) -> Rollout:
 
 
 @register_trainer(TRAINER_MODE)
-class OnlineRewardModelTrainer(get_trainer_cls("sync")):
-    """verl's synchronous v1 trainer plus one RM step (and publish) per PPO step."""
-
-    # verl picks the replay buffer, prompt refill, checkpoint contents and the
-    # ``trainer.v1.<mode>`` options by ``self.trainer_mode``; this trainer is the sync one.
-    @property
-    def trainer_mode(self) -> str:
-        return "sync"
-
-    @trainer_mode.setter
-    def trainer_mode(self, _configured: str) -> None:
-        """verl assigns ``config.trainer.v1.trainer_mode`` (our registry name); behaviour stays sync."""
+class OnlineRewardModelTrainer(RewardMetricsTrainer):
+    """Trainer mode ``vllm_rm`` (verl's sync trainer with reward metrics) plus one RM step (and publish) per
+    PPO step, and the RM's drift on a fixed probe set."""
 
     def init(self):
         super().init()  # verl's setup, which resumes from a checkpoint (and sets global_steps) when configured
         self.online_rm = build_online_rm(self.config, self.tokenizer.pad_token_id)
         if self.global_steps > 0:
             resume_reward_model(self.online_rm, resumed_folder(self.config, self.global_steps))
+        self.drift_probe: "DriftProbe | None" = None
 
     def _save_checkpoint(self):
         # Before verl's save: it writes the latest-checkpoint tracker last, so a crash in between never
@@ -171,9 +156,21 @@ class OnlineRewardModelTrainer(get_trainer_cls("sync")):
     def step(self, metrics: dict, timing_raw: dict) -> KVBatchMeta:
         batch = super().step(metrics, timing_raw)
         with marked_timer("online_rm", timing_raw, color="purple"):
-            metrics.update(self.train_reward_model(batch))
+            self.log_reward_metrics(metrics, self.train_reward_model(batch))
         return batch
 
     def train_reward_model(self, batch: KVBatchMeta) -> dict[str, float]:
-        """One RM step on this PPO step's rollouts (publishing per ``online_rm.publish_every``)."""
-        return self.online_rm.train_on_rollout(*read_rollout(batch, self.online_rm.config.reward_key))
+        """One RM step on this PPO step's rollouts (publishing per ``online_rm.publish_every``), then the RM's
+        drift on the probe set (the first call's sequences, scored before its RM step)."""
+        rollout = read_rollout(batch, self.online_rm.config.reward_key)
+        if self.drift_probe is None:
+            self.drift_probe = make_drift_probe(self.online_rm.config, rollout[1])
+        return {**self.online_rm.train_on_rollout(*rollout), **self.drift_probe.measure()}
+
+
+def make_drift_probe(config: "OnlineRMConfig", sequences: list[list[int]]) -> "DriftProbe":
+    """The drift probe on the RM trainer's server (the first sequences of a step, scored now)."""
+    from verl_vllm_rm.http import JsonHttp
+    from verl_vllm_rm.online.drift import DriftProbe
+
+    return DriftProbe(JsonHttp(config.server_url, config.api_key), sequences)

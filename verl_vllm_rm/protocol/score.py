@@ -134,20 +134,33 @@ def finite_or_raise(values: list[float], index: int) -> list[float]:
 
 
 def score_response(
-    model: str, scores: Sequence[float], prompt_tokens: int, step_scores: Sequence[list[float]] | None = None
+    model: str, scores: Sequence[float], prompt_tokens: int, step_scores: Sequence[list[float]] | None = None,
+    version: int | None = None,
 ) -> dict[str, Any]:
-    """``{"model", "data": [{"index", "score"[, "step_scores"]}], "usage": {"prompt_tokens"}}``, in input order."""
+    """``{"model", "data": [{"index", "score"[, "step_scores"]}], "usage": {"prompt_tokens"}[, "version"]}``,
+    in input order; ``version``: the weight version (``/runtime_version``) that computed every score."""
     data: list[dict[str, Any]] = [{"index": i, "score": s} for i, s in enumerate(scores)]
     for item, steps in zip(data, step_scores or ()):
         item["step_scores"] = steps
-    return {"model": model, "data": data, "usage": {"prompt_tokens": prompt_tokens}}
+    body = {"model": model, "data": data, "usage": {"prompt_tokens": prompt_tokens}}
+    if version is not None:
+        body["version"] = version
+    return body
 
 
-def parse_score_response(body: Any, n: int) -> list[float]:
-    """The ``n`` scores of a ``/score`` answer in input order, or :class:`ScoreResponseError`.
+class Scores(list):
+    """The scores of one ``/score`` answer in input order, and ``version``: the weight version that computed
+    them (None when the server does not say)."""
+
+    version: int | None = None
+
+
+def parse_score_response(body: Any, n: int) -> Scores:
+    """The ``n`` scores of a ``/score`` answer in input order (and its weight version), or
+    :class:`ScoreResponseError`.
 
     Checks what a client reads: one object per input, each index once, finite
-    numbers (``step_scores`` too, when present).
+    numbers (``step_scores`` too, when present), an integer ``version`` when present.
     """
     if not isinstance(body, dict) or not isinstance(body.get("data"), list):
         raise ScoreResponseError(f"malformed /score response (no 'data' list): {preview(body)}")
@@ -169,4 +182,9 @@ def parse_score_response(body: Any, n: int) -> list[float]:
         if not isinstance(steps, list) or not all(_is_number(v) for v in steps):
             raise ScoreResponseError(f"/score returned bad step_scores {preview(steps)} for input {idx}")
         scores[idx] = float(score)
-    return scores  # type: ignore[return-value]
+    version = body.get("version")
+    if version is not None and not is_int(version):
+        raise ScoreResponseError(f"/score returned a non-integer weight version {preview(version)}")
+    result = Scores(scores)
+    result.version = version
+    return result

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from verl_vllm_rm import http
-from verl_vllm_rm.protocol.score import ScoreResponseError, parse_score_response
+from verl_vllm_rm.protocol.score import ScoreResponseError, Scores, parse_score_response
 from verl_vllm_rm.scoring.batching import split_by_budget
 from verl_vllm_rm.scoring.options import ClientOptions, parse_options
 
@@ -60,7 +60,7 @@ class _LoopState:
     semaphore: asyncio.Semaphore
 
 
-def _validate_scores(body: Any, n: int) -> list[float]:
+def _validate_scores(body: Any, n: int) -> Scores:
     try:
         return parse_score_response(body, n)
     except ScoreResponseError as e:
@@ -106,11 +106,13 @@ class VLLMRewardClient:
                                         for r in ranges))
         return [s for chunk in chunks for s in chunk]
 
-    async def score_request(self, chunk: Sequence[ScoreInput], *, normalize: bool = False) -> list[float]:
-        """Score ``chunk`` in ONE ``/score`` request (retried as a whole): the caller keeps it within budget."""
+    async def score_request(self, chunk: Sequence[ScoreInput], *, normalize: bool = False) -> Scores:
+        """Score ``chunk`` in ONE ``/score`` request (retried as a whole): the caller keeps it within budget.
+
+        The scores carry ``version``, the server's weight version that computed them."""
         chunk = list(chunk)
         if not chunk:
-            return []
+            return Scores()
         if not (all(isinstance(x, str) for x in chunk) or all(isinstance(x, list) for x in chunk)):
             raise TypeError("a /score request takes all strings or all token-id lists")
         payload: dict[str, Any] = {"input": chunk, "normalize": normalize}

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import time
 from collections import Counter
 from typing import Any
 
@@ -62,7 +63,7 @@ class VLLMRewardManager(RewardManagerBase):
         self.compute_score = compute_score or default_compute_score
         self.client = VLLMRewardClient(options=self.options.client_options())
         self.batcher = GroupBatcher(
-            lambda ids: self.client.score_request(ids, normalize=self.options.normalize),
+            self._score_chunk,
             coalesce_s=self.options.coalesce_ms / 1000.0,
             max_seqs=self.options.max_batch_seqs,
             max_tokens=self.options.max_batch_tokens,
@@ -116,8 +117,15 @@ class VLLMRewardManager(RewardManagerBase):
         self.loop.run_until_complete(self.client.close())
 
     # -- parts ----------------------------------------------------------------------
+    async def _score_chunk(self, ids: list) -> list[tuple[float, int, float]]:
+        """One /score request: per item (score, weight version that computed it, time the answer came)."""
+        scores = await self.client.score_request(ids, normalize=self.options.normalize)
+        version, done = -1 if scores.version is None else scores.version, time.perf_counter()
+        return [(score, version, done) for score in scores]
+
     async def _score_sample(self, sample: Sample) -> dict:
         rm_input = await self._rm_input(sample)
+        submitted = time.perf_counter()
         rm_score_future = self.batcher.submit(rm_input.group_key, rm_input.token_ids)
         pairwise = self.options.pairwise == "always" or (self.options.pairwise == "auto" and sample.validate)
         ref_task = asyncio.ensure_future(self._reference_score(sample, rm_input)) if pairwise else None
@@ -128,7 +136,7 @@ class VLLMRewardManager(RewardManagerBase):
         verifiable, extras = await self._verifiable(sample, text) if needs_verifiable else (None, {})
         rules = await rules_future if rules_future is not None else {}
         try:
-            rm_score, valid = await rm_score_future, 1.0
+            (rm_score, version, done), valid = await rm_score_future, 1.0
         except Exception as e:
             if self.options.failure_policy == "raise":
                 if ref_task is not None:
@@ -136,10 +144,12 @@ class VLLMRewardManager(RewardManagerBase):
                 raise
             self.failed += 1
             logger.warning("vllm_rm: masking sample (uid=%s) after a failed score: %s", rm_input.group_key, e)
-            rm_score, valid = 0.0, 0.0
+            rm_score, valid, version, done = 0.0, 0.0, -1, time.perf_counter()
         total = self._total(rm_score, verifiable, rules) if valid else 0.0
         info = {"score": total, "rm_score": rm_score, "rm_valid": valid,
-                "rm_prompt_tokens_dropped": float(rm_input.prompt_tokens_dropped), **rules}
+                "rm_prompt_tokens_dropped": float(rm_input.prompt_tokens_dropped),
+                "rm_tokens": float(len(rm_input.token_ids)), "rm_latency_ms": (done - submitted) * 1000.0,
+                "rm_weight_version": float(version), **rules}
         if verifiable is not None:
             info.update(verifiable_score=verifiable, **extras)
         if ref_task is not None:
@@ -211,7 +221,9 @@ class VLLMRewardManager(RewardManagerBase):
             )
         prompt_ids, ref_ids = self._render(sample, None, text)
         ids, _ = fit_to_length(prompt_ids, ref_ids, await self._max_len(), self.options.overlong_policy)
-        return await self.references.score((rm_input.group_key, text), lambda: self.batcher.submit(rm_input.group_key, ids))
+        scored = await self.references.score((rm_input.group_key, text),
+                                             lambda: self.batcher.submit(rm_input.group_key, ids))
+        return scored[0]
 
     def _total(self, rm_score: float, verifiable: float | None, rules: dict[str, float]) -> float:
         return self.rules.total({**rules, "rubric": rm_score, "verifiable": verifiable})

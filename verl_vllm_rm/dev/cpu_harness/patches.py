@@ -117,46 +117,6 @@ def _rollout_needed() -> bool:
             and set(RolloutReplicaRegistry._registry) - {BACKEND_NAME} == {"vllm", "sglang", "trtllm"})
 
 
-def _dump_reward_extra_info() -> None:
-    from verl.trainer.ppo.v1.trainer_base import PPOTrainer
-
-    original = PPOTrainer._log_rollout_data
-    if getattr(original, "_vrm_extra_info", False):
-        return
-
-    @functools.wraps(original)
-    def log_rollout_data(self, batch, timing_raw, rollout_data_dir):
-        dump = self._dump_generations
-
-        def dump_with_extra_info(*, reward_extra_infos_dict, **kwargs):
-            keys = reward_extra_infos_dict["uid"]  # verl passes the batch keys in dump order
-            import transfer_queue as tq
-
-            from verl_vllm_rm.online.trainer_mode import reward_extra_info
-
-            rows = tq.kv_batch_get(keys=keys, partition_id=batch.partition_id, select_fields=["extra_fields"])
-            infos = [reward_extra_info(row) for row in rows["extra_fields"]]
-            for name in sorted({name for info in infos for name in info}):
-                reward_extra_infos_dict.setdefault(name, [info.get(name) for info in infos])
-            return dump(reward_extra_infos_dict=reward_extra_infos_dict, **kwargs)
-
-        self._dump_generations = dump_with_extra_info
-        try:
-            return original(self, batch, timing_raw, rollout_data_dir)
-        finally:
-            del self._dump_generations
-
-    log_rollout_data._vrm_extra_info = True
-    PPOTrainer._log_rollout_data = log_rollout_data
-
-
-def _dump_extra_info_needed() -> bool:
-    from verl.trainer.ppo.v1.trainer_base import PPOTrainer
-
-    source = inspect.getsource(PPOTrainer._log_rollout_data)
-    return 'reward_extra_infos_dict = {"uid": ' in source and "self._dump_generations(" in source
-
-
 def _unpin_ref_offload() -> None:
     import dataclasses
 
@@ -226,15 +186,6 @@ PATCHES: tuple[Patch, ...] = (
             "device when none is available'; the policy is made without pinning",
         needed=_unpin_needed,
         apply=_unpin_ref_offload,
-    ),
-    Patch(
-        name="rollout-dump-extra-info",
-        verl_code="verl/trainer/ppo/v1/trainer_base.py: PPOTrainer._log_rollout_data",
-        why="the v1 trainer's rollout dump (trainer.rollout_data_dir) keeps only the text, the total score and "
-            "the uid, not the reward manager's reward_extra_info (rm_score, verifiable_score, ...), and the step "
-            "metrics have none of it; the dump gets one column per reward_extra_info key",
-        needed=_dump_extra_info_needed,
-        apply=_dump_reward_extra_info,
     ),
 )
 

@@ -1,0 +1,93 @@
+"""Per-step reward metrics from one step's per-sample ``reward_extra_info`` (the reward manager's columns).
+
+Names (README "Reward metrics and alarms" lists each with its meaning):
+``reward/<component>/{mean,std,min,max}`` for every numeric component, ``reward/rm_valid_share``,
+``reward/rm_failures``, ``reward/rm_latency_ms/{p50,p99}``, ``reward/rm_tokens``,
+``reward/rm_prompt_tokens_dropped``, ``reward/rm_weight_version/{min,max}``, and the alarms
+(:mod:`verl_vllm_rm.monitor.alarms`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from verl_vllm_rm.monitor import alarms
+from verl_vllm_rm.rewards.compose import component_stats
+
+#: Columns about the RM request, not reward components: each has its own metric.
+BOOKKEEPING = ("rm_valid", "rm_latency_ms", "rm_tokens", "rm_weight_version", "rm_prompt_tokens_dropped")
+#: Components that do not exist for a sample whose RM score failed (masked): their stats skip it.
+NEEDS_RM = ("rm_score", "score")
+
+
+@dataclass
+class StepRewards:
+    """One PPO step's samples: prompt group (verl's ``uid``), response length, and the manager's columns."""
+
+    groups: np.ndarray
+    response_length: np.ndarray
+    columns: dict[str, np.ndarray]
+
+    @classmethod
+    def from_rows(cls, groups: Sequence[Any], response_length: Sequence[int],
+                  infos: Sequence[Mapping[str, Any]]) -> "StepRewards":
+        """From per-sample ``reward_extra_info`` dicts: numeric keys become float columns (NaN where a row
+        lacks one or holds None, e.g. ``win`` without a reference); keys holding anything else (text, lists)
+        are left out."""
+        names = {k for info in infos for k, v in info.items() if _is_number(v)}
+        numeric = [k for k in sorted(names) if all(info.get(k) is None or _is_number(info[k]) for info in infos)]
+        columns = {k: np.array([np.nan if info.get(k) is None else float(info[k]) for info in infos])
+                   for k in numeric}
+        return cls(np.asarray([str(g) for g in groups]), np.asarray(response_length, dtype=np.float64), columns)
+
+    def __len__(self) -> int:
+        return len(self.groups)
+
+    @property
+    def valid(self) -> np.ndarray:
+        if "rm_valid" not in self.columns:
+            raise KeyError("no rm_valid column: these rewards are not from reward.reward_manager.name=vllm_rm")
+        return self.columns["rm_valid"] == 1.0
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float, np.integer, np.floating, bool, np.bool_))
+
+
+def step_metrics(step: StepRewards, normalized: bool) -> dict[str, float]:
+    """Every reward metric and alarm of one step (``normalized``: the RM returns sigmoid probabilities)."""
+    cols, valid = step.columns, step.valid
+    out = component_stats({name: values[valid] if name in NEEDS_RM else values
+                           for name, values in cols.items() if name not in BOOKKEEPING})
+    out["reward/rm_valid_share"] = float(valid.mean()) if len(step) else 0.0
+    out["reward/rm_failures"] = float((~valid).sum())
+    for name in ("rm_tokens", "rm_prompt_tokens_dropped"):
+        if name in cols:
+            out[f"reward/{name}"] = float(np.nansum(cols[name]))
+    if "rm_latency_ms" in cols and len(step):
+        p50, p99 = np.percentile(cols["rm_latency_ms"], [50, 99])
+        out.update({"reward/rm_latency_ms/p50": float(p50), "reward/rm_latency_ms/p99": float(p99)})
+    if "rm_weight_version" in cols and valid.any():
+        versions = cols["rm_weight_version"][valid]
+        out.update({"reward/rm_weight_version/min": float(versions.min()),
+                    "reward/rm_weight_version/max": float(versions.max())})
+    out.update(alarm_metrics(step, normalized))
+    return out
+
+
+def alarm_metrics(step: StepRewards, normalized: bool) -> dict[str, float]:
+    """The alarms a single step can compute (drift needs the run's probe set: ``alarms.drift``)."""
+    cols, valid = step.columns, step.valid
+    rm = cols["rm_score"][valid]
+    values = {
+        "alarm/length_hacking": alarms.length_correlation(rm, step.response_length[valid]),
+        "alarm/dead_groups": alarms.dead_groups(step.groups, cols["score"]) if "score" in cols else None,
+        "alarm/saturation": alarms.saturation(rm, normalized),
+    }
+    if "verifiable_score" in cols:
+        values["alarm/verifiable_disagreement"] = alarms.verifiable_disagreement(
+            step.groups[valid], rm, cols["verifiable_score"][valid])
+    return {k: v for k, v in values.items() if v is not None}

@@ -1,0 +1,126 @@
+"""Trainer mode ``vllm_rm``: verl's synchronous v1 trainer plus reward metrics and alarms every step.
+
+verl turns ``reward_extra_info`` into metrics only in validation. This trainer reads each
+step's per-sample ``reward_extra_info`` from TransferQueue after verl's step, logs
+``reward/*`` and ``alarm/*`` (:mod:`verl_vllm_rm.monitor`) in verl's own logger (console,
+file, wandb, tensorboard), warns once per crossed alarm, and gives the rollout dump
+(``trainer.rollout_data_dir``) one column per reward component. Select it with one override::
+
+    python -m verl.trainer.main_ppo ... reward.reward_manager.name=vllm_rm trainer.v1.trainer_mode=vllm_rm
+
+It is registered by this package's ``verl.plugins`` entry point, which ``import verl`` loads
+in every process, so stock ``main_ppo`` finds it with no other setting.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+import transfer_queue as tq
+from omegaconf import OmegaConf
+from transfer_queue import KVBatchMeta
+from verl.trainer.ppo.v1 import get_trainer_cls, register_trainer
+from verl.utils.debug import marked_timer
+
+from verl_vllm_rm.monitor.alarms import warnings
+from verl_vllm_rm.monitor.metrics import StepRewards, step_metrics
+from verl_vllm_rm.options import ConfigError
+
+logger = logging.getLogger(__name__)
+
+TRAINER_MODE = "vllm_rm"
+
+
+def reward_extra_info(row: Any) -> dict[str, Any]:
+    """The reward manager's ``reward_extra_info`` of one trajectory, from its TransferQueue ``extra_fields``
+    row (one-element lists unwrapped)."""
+    fields = getattr(row, "data", row)
+    info = fields.get("reward_extra_info", {}) if isinstance(fields, dict) else {}
+    return {k: (v[0] if isinstance(v, (list, tuple)) and len(v) == 1 else v) for k, v in info.items()}
+
+
+def real_keys(batch: KVBatchMeta) -> list[str]:
+    """The step's trajectory keys without the rows verl adds only to balance data-parallel ranks (tag
+    ``is_padding``): they repeat real trajectories and would count twice."""
+    return [key for key, tag in zip(batch.keys, batch.tags) if not tag.get("is_padding", False)]
+
+
+def read_step_rewards(batch: KVBatchMeta) -> tuple[list[str], StepRewards]:
+    """The step's trajectory keys and their rewards (group, response length, reward_extra_info columns)."""
+    keys = real_keys(batch)
+    data = tq.kv_batch_get(keys=keys, partition_id=batch.partition_id,
+                           select_fields=["uid", "responses", "extra_fields"])
+    infos = [reward_extra_info(row) for row in data["extra_fields"]]
+    if not all("rm_valid" in info for info in infos):
+        raise ConfigError(f"trainer mode {TRAINER_MODE!r} reads the rewards of reward.reward_manager.name=vllm_rm "
+                          "and this run's rollouts have none: set reward.reward_manager.name=vllm_rm, or drop "
+                          f"trainer.v1.trainer_mode={TRAINER_MODE}")
+    lengths = data["responses"].offsets().diff().tolist()
+    return keys, StepRewards.from_rows(list(data["uid"]), lengths, infos)
+
+
+def dump_columns(dump_keys: list[str], keys: list[str], rewards: StepRewards) -> dict[str, list]:
+    """Per-row columns for verl's rollout dump, in its row order (``dump_keys``); None where a row is not
+    one of the step's real trajectories or lacks the value."""
+    row_of = {key: i for i, key in enumerate(keys)}
+    rows = [row_of.get(key) for key in dump_keys]
+
+    def column(values: np.ndarray) -> list:
+        return [None if i is None or np.isnan(values[i]) else float(values[i]) for i in rows]
+
+    out = {name: column(values) for name, values in rewards.columns.items()}
+    out["response_length"] = column(rewards.response_length)
+    out["group"] = [None if i is None else str(rewards.groups[i]) for i in rows]
+    return out
+
+
+@register_trainer(TRAINER_MODE)
+class RewardMetricsTrainer(get_trainer_cls("sync")):
+    """verl's synchronous v1 trainer; each step also logs the reward metrics and alarms."""
+
+    # verl picks the replay buffer, prompt refill, checkpoint contents and the
+    # ``trainer.v1.<mode>`` options by ``self.trainer_mode``; this trainer is the sync one.
+    @property
+    def trainer_mode(self) -> str:
+        return "sync"
+
+    @trainer_mode.setter
+    def trainer_mode(self, _configured: str) -> None:
+        """verl assigns ``config.trainer.v1.trainer_mode`` (our registry name); behaviour stays sync."""
+
+    def init(self):
+        super().init()
+        self.rm_normalized = bool(OmegaConf.select(self.config, "reward.reward_kwargs.normalize", default=False))
+        self.step_rewards: tuple[list[str], StepRewards] | None = None
+        self._dumping_rollouts = False
+
+    def step(self, metrics: dict, timing_raw: dict) -> KVBatchMeta:
+        batch = super().step(metrics, timing_raw)
+        with marked_timer("reward_metrics", timing_raw, color="yellow"):
+            self.step_rewards = read_step_rewards(batch)
+            self.log_reward_metrics(metrics, step_metrics(self.step_rewards[1], self.rm_normalized))
+        return batch
+
+    def log_reward_metrics(self, metrics: dict, new: dict[str, float]) -> None:
+        """Add ``new`` to the step's metrics, with one warning line per alarm it trips."""
+        metrics.update(new)
+        for line in warnings(new, self.global_steps):
+            logger.warning(line)
+
+    # verl's rollout dump keeps only the text, the total score and the trajectory key: while verl writes
+    # it, each row also gets this step's reward components (matched by the key verl passes as "uid").
+    def _log_rollout_data(self, batch, timing_raw, rollout_data_dir):
+        self._dumping_rollouts = True
+        try:
+            return super()._log_rollout_data(batch, timing_raw, rollout_data_dir)
+        finally:
+            self._dumping_rollouts = False
+
+    def _dump_generations(self, inputs, outputs, gts, scores, reward_extra_infos_dict, dump_path):
+        if self._dumping_rollouts and self.step_rewards is not None:
+            keys, rewards = self.step_rewards
+            reward_extra_infos_dict = {**dump_columns(list(reward_extra_infos_dict["uid"]), keys, rewards),
+                                       **reward_extra_infos_dict}
+        return super()._dump_generations(inputs, outputs, gts, scores, reward_extra_infos_dict, dump_path)
