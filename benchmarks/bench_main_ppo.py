@@ -147,8 +147,9 @@ def config_overrides(name: str, cfg, inputs, server_url: str, poll_interval: flo
         return base + timed
     if name == "naive":
         floor = [o for o in base if not o.startswith("+reward.reward_kwargs.")]
-        floor = ["reward.reward_manager.name=naive" if o == "reward.reward_manager.name=vllm_rm" else o for o in floor]
-        return floor + timed
+        swap = {"reward.reward_manager.name=vllm_rm": "reward.reward_manager.name=naive",
+                "trainer.v1.trainer_mode=vllm_rm": "trainer.v1.trainer_mode=sync"}  # its metrics read vllm_rm's
+        return [swap.get(o, o) for o in floor] + timed
     raise ValueError(f"unknown configuration {name!r}; choose from {CONFIGS}")
 
 

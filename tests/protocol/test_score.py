@@ -166,10 +166,21 @@ def test_score_response_layout():
 
 
 def test_parse_score_response_reads_what_the_server_builds():
-    body = json.loads(json.dumps(score_response("rm", [0.5, -1.25, 3], 9, step_scores=[[1.0], [], [2, 3]])))
-    assert parse_score_response(body, 3) == [0.5, -1.25, 3.0]
+    body = json.loads(json.dumps(score_response("rm", [0.5, -1.25, 3], 9, step_scores=[[1.0], [], [2, 3]],
+                                                version=4)))
+    assert body["version"] == 4
+    scores = parse_score_response(body, 3)
+    assert scores == [0.5, -1.25, 3.0] and scores.version == 4
     shuffled = {"data": [{"index": 1, "score": 2}, {"index": 0, "score": 1}]}
     assert parse_score_response(shuffled, 2) == [1.0, 2.0]
+    assert parse_score_response(shuffled, 2).version is None  # a server that does not say
+
+
+@pytest.mark.parametrize("version", ["3", 1.5, True, [1]])
+def test_a_non_integer_weight_version_is_an_error(version):
+    body = {"data": [{"index": 0, "score": 1.0}], "version": version}
+    with pytest.raises(ScoreResponseError, match="non-integer weight version"):
+        parse_score_response(body, 1)
 
 
 def _answer(*items) -> dict:

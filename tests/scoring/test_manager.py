@@ -31,7 +31,12 @@ def test_rewards_equal_transformers_at_last_valid_token(load_manager, rm_server,
     expected = torch.tensor(expected_scores(hf_model, grpo_groups))
     assert torch.allclose(picked, expected, atol=1e-4)
     assert torch.count_nonzero(tensor) == len(data)  # nothing but the last valid token is set
-    assert out["reward_extra_info"]["rm_valid"] == [1.0] * len(data)
+    info = out["reward_extra_info"]
+    assert info["rm_valid"] == [1.0] * len(data)
+    # what the step metrics read: tokens sent, the server's weight version, the time to each score
+    assert info["rm_tokens"] == [float(len(row_token_ids(g, r))) for g, r in rows_in_order(grpo_groups)]
+    assert info["rm_weight_version"] == [0.0] * len(data)
+    assert all(0.0 < ms < 60_000 for ms in info["rm_latency_ms"])
 
 
 def test_run_single_matches_and_groups_into_one_request(load_manager, fault_proxy, verl_config, tokenizer, hf_model, grpo_groups):
@@ -82,7 +87,9 @@ def test_mask_policy_flags_and_counts_failures(load_manager, dead_url, verl_conf
     mgr = load_manager(cfg, tokenizer)
     data = build_batch(grpo_groups, tokenizer.pad_token_id)
     out = mgr(data, return_dict=True)
-    assert out["reward_extra_info"]["rm_valid"] == [0.0] * len(data)
+    info = out["reward_extra_info"]
+    assert info["rm_valid"] == [0.0] * len(data) and info["rm_weight_version"] == [-1.0] * len(data)
+    assert all(ms > 0.0 for ms in info["rm_latency_ms"])  # the time until the failure
     assert mgr.failed == len(data)
 
 

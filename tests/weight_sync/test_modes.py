@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import requests
 import torch
 from sync_helpers import assert_parity, load_rm, max_diff, reset_server, runtime_version
 
@@ -28,6 +29,9 @@ def test_bt_steps_publish_and_score_like_the_trainer(mode, ws_server, tiny_rm, p
             result = pub.publish(model, version, mode)
             assert result.num_params == EXPECTED_PARAMS[mode]
             assert runtime_version(ws_server.url) == version
+            # every /score answer names the weights that computed it
+            assert requests.post(f"{ws_server.url}/score", json={"input": probe_ids[:1]},
+                                 timeout=60).json()["version"] == version
             scores = assert_parity(ws_server.url, model, probe_ids)
             assert max_diff(scores, previous) > 1e-3, "the step did not change the served scores"
             previous = scores
