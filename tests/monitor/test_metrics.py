@@ -52,3 +52,12 @@ def test_rewards_not_from_vllm_rm_are_named():
     step = StepRewards.from_rows(["a"], [1], [{"score": 1.0}])
     with pytest.raises(KeyError, match="reward_manager.name=vllm_rm"):
         step_metrics(step, normalized=False)
+
+
+def test_a_step_whose_every_rm_score_failed_still_reports():
+    """failure_policy=mask and the server down for a whole step: the health metrics say so, nothing raises."""
+    infos = [dict(row, rm_valid=0.0, rm_score=0.0, score=0.0, rm_weight_version=-1.0) for row in rows()]
+    m = step_metrics(StepRewards.from_rows(["a", "a", "b", "b"], [5, 6, 7, 8], infos), normalized=False)
+    assert m["reward/rm_valid_share"] == 0.0 and m["reward/rm_failures"] == 4.0
+    assert np.isnan(m["reward/rm_score/mean"]) and "reward/rm_weight_version/max" not in m
+    assert m["alarm/dead_groups"] == 1.0 and "alarm/saturation" not in m and "alarm/length_hacking" not in m
