@@ -54,7 +54,8 @@ def test_combine_shorthand_adds_only_the_verifiable_keys(load_manager, rm_server
     """``combine`` is a composition of rubric and verifiable: no rule keys, verifiable ones unless replace."""
     mgr = load_manager(verl_config(rm_server.url, combine=mode), tokenizer)
     info = mgr(build_batch(grpo_groups, tokenizer.pad_token_id), return_dict=True)["reward_extra_info"]
-    keys = {"score", "rm_score", "rm_valid", "rm_prompt_tokens_dropped"}
+    keys = {"score", "rm_score", "rm_valid", "rm_prompt_tokens_dropped", "rm_tokens", "rm_latency_ms",
+            "rm_weight_version"}
     assert set(info) == (keys if mode == "replace" else keys | {"verifiable_score"})
 
 

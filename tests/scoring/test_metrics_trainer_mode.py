@@ -21,14 +21,34 @@ RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "grpo_math_rm_weighte
 pytestmark = pytest.mark.ray
 
 
-def test_stock_verl_finds_trainer_mode_vllm_rm_and_it_behaves_as_sync(ray_cluster, compose_config):
-    import ray
-
+@pytest.fixture(scope="module")
+def recipe_overrides() -> list[str]:
     run_env = dict(os.environ, VERL_VLLM_RM_DRY_RUN="1", RM_PATH="/models/rm")
     overrides = subprocess.run(["bash", str(RECIPE)], env=run_env, capture_output=True, text=True,
                                check=True).stdout.splitlines()
     assert "trainer.v1.trainer_mode=vllm_rm" in overrides
-    config = compose_config(overrides)
+    return overrides
+
+
+# separate_async runs the rollout on GPUs of its own, synced over a real checkpoint engine, once per mini-batch
+SEPARATE = ["trainer.v1.separate_async.parameter_sync_step=4", "actor_rollout_ref.rollout.nnodes=1",
+            "actor_rollout_ref.rollout.n_gpus_per_node=1", "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl"]
+
+
+@pytest.mark.parametrize(("mode", "extra", "built"), [
+    ("vllm_rm", [], ("RewardMetricsPPOTrainerSync", "ReplayBuffer", "sync")),
+    ("vllm_rm_colocate_async", [], ("RewardMetricsPPOTrainerColocateAsync", "ReplayBufferAsync", "colocate_async")),
+    ("vllm_rm_separate_async", SEPARATE,
+     ("RewardMetricsPPOTrainerSeparateAsync", "ReplayBufferAsync", "separate_async")),
+])
+def test_stock_verl_finds_the_trainer_mode_and_it_behaves_as_its_base(ray_cluster, compose_config, recipe_overrides,
+                                                                      mode, extra, built):
+    """Built as main_ppo's task runner builds it, from the recipe's config, in a worker with only the entry point:
+    verl keys its replay buffer, refill and checkpoints off ``trainer_mode``, which stays the base mode's."""
+    import ray
+
+    config = compose_config([o if o != "trainer.v1.trainer_mode=vllm_rm" else f"trainer.v1.trainer_mode={mode}"
+                             for o in recipe_overrides] + extra)
 
     @ray.remote(runtime_env={"env_vars": {"VERL_USE_EXTERNAL_MODULES": ""}})
     def build(config):
@@ -38,7 +58,18 @@ def test_stock_verl_finds_trainer_mode_vllm_rm_and_it_behaves_as_sync(ray_cluste
         trainer = get_trainer_cls(config.trainer.v1.trainer_mode)(config)
         return type(trainer).__name__, type(trainer.replay_buffer).__name__, trainer.trainer_mode
 
-    assert ray.get(build.remote(config)) == ("RewardMetricsTrainer", "ReplayBuffer", "sync")
+    assert ray.get(build.remote(config)) == built
+
+
+def test_every_mode_of_verls_is_covered():
+    from verl.trainer.ppo.v1 import get_trainer_cls
+
+    from verl_vllm_rm.scoring.trainer_mode import TRAINER_MODES, RewardMetrics
+
+    assert sorted(TRAINER_MODES.values()) == ["colocate_async", "separate_async", "sync"]
+    for name, base in TRAINER_MODES.items():
+        cls = get_trainer_cls(name)
+        assert cls.__mro__[1:3] == (RewardMetrics, get_trainer_cls(base)) and cls.base_mode == base
 
 
 def manager_info(score: float, valid: float = 1.0) -> dict:

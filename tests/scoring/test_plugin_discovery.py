@@ -82,4 +82,4 @@ def test_trainer_mode_is_registered_when_verls_trainer_is_imported_not_before():
     proc = subprocess.run([sys.executable, "-c", TRAINER_MODE_PROBE], env=env, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert json.loads(proc.stdout.splitlines()[-1]) == [False, "RewardMetricsTrainer", "SourceFileLoader"]
+    assert json.loads(proc.stdout.splitlines()[-1]) == [False, "RewardMetricsPPOTrainerSync", "SourceFileLoader"]

@@ -1,4 +1,4 @@
-"""Trainer mode ``vllm_rm``: verl's synchronous v1 trainer plus reward metrics and alarms every step.
+"""Trainer mode ``vllm_rm``: verl's v1 trainer plus reward metrics and alarms every step.
 
 verl turns ``reward_extra_info`` into metrics only in validation. This trainer reads each
 step's per-sample ``reward_extra_info`` from TransferQueue after verl's step, logs
@@ -8,8 +8,9 @@ file, wandb, tensorboard), warns once per crossed alarm, and gives the rollout d
 
     python -m verl.trainer.main_ppo ... reward.reward_manager.name=vllm_rm trainer.v1.trainer_mode=vllm_rm
 
-It is registered by this package's ``verl.plugins`` entry point, which ``import verl`` loads
-in every process, so stock ``main_ppo`` finds it with no other setting.
+``vllm_rm`` is verl's ``sync`` mode; ``vllm_rm_colocate_async`` and ``vllm_rm_separate_async`` are
+verl's asynchronous modes with the same additions. They are registered by this package's
+``verl.plugins`` entry point, so stock ``main_ppo`` finds them with no other setting.
 """
 
 from __future__ import annotations
@@ -76,19 +77,20 @@ def dump_columns(dump_keys: list[str], keys: list[str], rewards: StepRewards) ->
     return out
 
 
-@register_trainer(TRAINER_MODE)
-class RewardMetricsTrainer(get_trainer_cls("sync")):
-    """verl's synchronous v1 trainer; each step also logs the reward metrics and alarms."""
+class RewardMetrics:
+    """The reward metrics and alarms, on top of one of verl's v1 trainers (``base_mode``)."""
+
+    base_mode = "sync"
 
     # verl picks the replay buffer, prompt refill, checkpoint contents and the
-    # ``trainer.v1.<mode>`` options by ``self.trainer_mode``; this trainer is the sync one.
+    # ``trainer.v1.<mode>`` options by ``self.trainer_mode``: the base trainer's mode.
     @property
     def trainer_mode(self) -> str:
-        return "sync"
+        return self.base_mode
 
     @trainer_mode.setter
     def trainer_mode(self, _configured: str) -> None:
-        """verl assigns ``config.trainer.v1.trainer_mode`` (our registry name); behaviour stays sync."""
+        """verl assigns ``config.trainer.v1.trainer_mode`` (our registry name); behaviour stays the base's."""
 
     def init(self):
         super().init()
@@ -124,3 +126,18 @@ class RewardMetricsTrainer(get_trainer_cls("sync")):
             reward_extra_infos_dict = {**dump_columns(list(reward_extra_infos_dict["uid"]), keys, rewards),
                                        **reward_extra_infos_dict}
         return super()._dump_generations(inputs, outputs, gts, scores, reward_extra_infos_dict, dump_path)
+
+
+def with_reward_metrics(base_mode: str) -> type:
+    """verl's v1 trainer ``base_mode`` with :class:`RewardMetrics` (the class registered as ``vllm_rm[_<mode>]``)."""
+    base = get_trainer_cls(base_mode)
+    doc = f"verl's {base_mode} v1 trainer; each step also logs the reward metrics and alarms."
+    return type(f"RewardMetrics{base.__name__}", (RewardMetrics, base), {"base_mode": base_mode, "__doc__": doc})
+
+
+#: ``trainer.v1.trainer_mode`` -> verl's mode it adds the metrics to.
+TRAINER_MODES = {TRAINER_MODE: "sync", f"{TRAINER_MODE}_colocate_async": "colocate_async",
+                 f"{TRAINER_MODE}_separate_async": "separate_async"}
+for _name, _base in TRAINER_MODES.items():
+    register_trainer(_name)(with_reward_metrics(_base))
+RewardMetricsTrainer = get_trainer_cls(TRAINER_MODE)  # the sync one, which vllm_rm_online extends
