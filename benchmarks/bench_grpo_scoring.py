@@ -99,7 +99,7 @@ def run_ours(url, model, tokenizer, data, settle_s: float | None = None) -> floa
 
     mgr = load_manager(tokenizer, url, model, {"num_examine": 0})
     try:
-        mgr.loop.run_until_complete(mgr._max_len())  # connection + max_model_len, outside the timing
+        mgr.loop.run_until_complete(mgr.warm_up())  # connection + max_model_len, outside the timing
         _settle(settle_s)
         HTTP.total = 0.0
         t0 = time.perf_counter()
@@ -140,7 +140,7 @@ def run_per_row(url, model, data, floor: bool = False, settle_s: float | None = 
     mgr = worker.reward_manager
     try:
         if not floor:
-            worker.loop.run_until_complete(mgr._max_len())  # as in (a): outside the timing
+            worker.loop.run_until_complete(mgr.warm_up())  # as in (a): outside the timing
         _settle(settle_s)
         HTTP.total = 0.0
         t0 = time.perf_counter()

@@ -88,7 +88,7 @@ def main(argv: list[str]) -> None:
         "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         "rss_after_warmup_mib": round(rss[warm], 1), "rss_mid_mib": round(rss[mid], 1), "rss_end_mib": round(rss[-1], 1),
         "growth_after_warmup_mib": round(rss[-1] - rss[warm], 1), "growth_second_half_mib": round(rss[-1] - rss[mid], 1),
-        "failed": mgr.failed, "requests": mgr.batcher.requests_sent,
+        "failed": mgr.failed, "requests": mgr.rm.batcher.requests_sent,
     }), flush=True)
 
 

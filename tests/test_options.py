@@ -159,6 +159,25 @@ def test_config_error_is_a_value_error():
     assert issubclass(ConfigError, ValueError)
 
 
+@dataclass(frozen=True)
+class Lists:
+    bands: tuple[Band, ...] = ()
+    raw: tuple[dict, ...] = ()
+
+
+def test_a_list_of_sections_checks_each_with_its_index_in_the_path():
+    got = build(Lists, {"bands": [{"low": 1}, {}], "raw": [{"a": 1}]}, "lists")
+    assert got.bands == (Band(low=1), Band()) and got.raw == ({"a": 1},)
+    with pytest.raises(ConfigError, match=r"^unknown lists\.bands\[1\] option\(s\) \['lo'\]; .*did you mean 'low'"):
+        build(Lists, {"bands": [{}, {"lo": 1}]}, "lists")
+    with pytest.raises(ConfigError, match=r"^lists\.bands\[0\]: high must be >= low"):
+        build(Lists, {"bands": [{"low": 5, "high": 1}]}, "lists")
+    with pytest.raises(ConfigError, match=r"^lists\.bands must be a list of mappings of options \(low, high\)"):
+        build(Lists, {"bands": {"low": 1}}, "lists")
+    with pytest.raises(ConfigError, match=r"^lists\.raw\[0\] must be a mapping, got 3$"):
+        build(Lists, {"raw": [3]}, "lists")
+
+
 def test_an_unsupported_annotation_is_a_programming_error():
     @dataclass
     class Odd:
@@ -182,6 +201,40 @@ def test_reward_kwargs_report_nested_reward_paths():
         parse_options({"rewards": {}, "combine": "add"})
     with pytest.raises(ConfigError, match=r"^reward_kwargs: max_batch_seqs must be > 0, got 0$"):
         parse_options({"max_batch_seqs": 0})
+
+
+def test_reward_models_inherit_the_top_level_options_and_routes_name_known_ones():
+    from verl_vllm_rm.scoring.options import parse_options
+
+    opts = parse_options({"server_url": "http://a:1", "failure_policy": "mask", "max_retries": 1,
+                          "reward_models": [{"name": "helpful"}, {"name": "safety", "server_url": ["http://b:1"],
+                                                                  "failure_policy": "raise"}],
+                          "routes": [{"data_source": "math/*", "reward_models": ["safety"], "ensemble": "min"}]})
+    helpful, safety = opts.reward_model_options()
+    assert (helpful.server_url, helpful.failure_policy, helpful.max_retries) == (["http://a:1"], "mask", 1)
+    assert (safety.server_url, safety.failure_policy, safety.max_retries) == (["http://b:1"], "raise", 1)
+    assert opts.route_models(opts.routes[0]) == ("safety",)
+    single = parse_options({"server_url": "http://a:1"})
+    assert [rm.name for rm in single.reward_model_options()] == ["rm"]
+    assert single.route_models(single.route_options()[0]) == ("rm",) and single.route_options()[0].data_source == ["*"]
+
+
+@pytest.mark.parametrize(("raw", "message"), [
+    ({"reward_models": [{"server_url": "http://b:1"}]}, r"reward_models\[0\] needs a name"),
+    ({"reward_models": [{"name": "Helpful"}]}, r"reward model name 'Helpful' must match"),
+    ({"reward_models": [{"name": "a", "whiten": "zscore"}]}, r"reward_models\[0\]\.whiten='zscore' is not one of"),
+    ({"reward_models": [{"name": "a", "sever_url": "x"}]}, r"unknown reward_models\[0\] option.*'server_url'"),
+    ({"reward_models": [{"name": "a"}, {"name": "a"}]}, r"names must be unique, got \['a', 'a'\]"),
+    ({"routes": [{"data_source": "x", "reward_models": ["b"]}]}, r"routes\[0\]\.reward_models names \['b'\], which are"),
+    ({"routes": [{"data_source": "x", "reward_models": []}]}, r"routes\[0\] .*composes 'rubric'.*no reward model"),
+    ({"routes": [{"reward_models": []}]}, r"missing required reward_kwargs\.routes\[0\] option\(s\) \['data_source'\]"),
+    ({"routes": [{"data_source": "x", "uncertainty_penalty": -1}]}, r"uncertainty_penalty must be >= 0"),
+])
+def test_reward_model_and_route_errors_name_the_entry(raw, message):
+    from verl_vllm_rm.scoring.options import parse_options
+
+    with pytest.raises(ConfigError, match=message):
+        parse_options(raw)
 
 
 def test_reward_kwargs_defaults_come_from_the_protocol(monkeypatch):

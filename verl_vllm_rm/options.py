@@ -17,7 +17,8 @@ Supported annotations: ``bool``, ``int``, ``float`` (``bool`` is not a number; a
 ``int`` is stored as ``float``), ``str``, ``Any``, ``X | None``, ``Literal[...]``,
 ``list[S]`` (one ``S`` or a non-empty list of them), ``tuple[S, ...]``,
 ``dict``/``Mapping[K, V]`` and nested dataclasses (sections, checked
-recursively), with ``S`` a scalar type.
+recursively), with ``S`` a scalar type; ``tuple[X, ...]`` also takes a list of
+sections (``X`` a dataclass) or of plain mappings (``X`` is ``dict``).
 """
 
 from __future__ import annotations
@@ -106,12 +107,21 @@ def _inner(tp: Any) -> Any:
 
 def _scalar_item(tp: Any) -> type:
     """The item type of ``list[S]`` / ``tuple[S, ...]``, which must be a scalar."""
-    args = typing.get_args(tp)
-    ok = (len(args) == 1 or (len(args) == 2 and args[1] is Ellipsis)) and args[0] in _SCALARS
-    if not ok:
+    item = _item(tp)
+    if item not in _SCALARS:
         raise TypeError(f"unsupported option annotation {tp!r}: use list[S] or tuple[S, ...] with S in "
                         f"{[t.__name__ for t in _SCALARS]}")
-    return args[0]
+    return item
+
+
+def _item(tp: Any) -> Any:
+    """The item type of ``list[X]`` / ``tuple[X, ...]``: a scalar, or (tuples only) a dataclass or ``dict``."""
+    args, origin = typing.get_args(tp), typing.get_origin(tp)
+    item = args[0] if len(args) == 1 or (len(args) == 2 and args[1] is Ellipsis) else None
+    if item in _SCALARS or (origin is tuple and (item is dict or dataclasses.is_dataclass(item))):
+        return item
+    raise TypeError(f"unsupported option annotation {tp!r}: use list[S] or tuple[S, ...] with S in "
+                    f"{[t.__name__ for t in _SCALARS]}, or tuple[X, ...] with X a dataclass or dict")
 
 
 def _noun(tp: Any) -> str:
@@ -120,6 +130,8 @@ def _noun(tp: Any) -> str:
         return _SCALARS[tp][1]
     if tp is Any:
         return "values"
+    if dataclasses.is_dataclass(tp):
+        return f"mappings of options ({', '.join(f.name for f in dataclasses.fields(tp) if f.init)})"
     return "mappings" if tp is dict or typing.get_origin(tp) in (dict, Mapping) else _describe(tp)
 
 
@@ -134,7 +146,8 @@ def _describe(tp: Any) -> str:
         item = _scalar_item(tp)
         return f"{_SCALARS[item][0]} or a non-empty list of {_SCALARS[item][1]}"
     if origin is tuple:
-        return f"a list of {_SCALARS[_scalar_item(tp)][1]}"
+        item = _item(tp)
+        return f"a list of {_SCALARS[item][1] if item in _SCALARS else _noun(item)}"
     if tp is dict or origin in (dict, Mapping):
         return f"a mapping of {_noun(args[0])} to {_noun(args[1])}" if args else "a mapping"
     if dataclasses.is_dataclass(tp):
@@ -169,7 +182,7 @@ def _check(value: Any, tp: Any, path: str, shown: Any = None) -> Any:
             raise wrong()
         return build(tp, value, path)
     if origin in (list, tuple):
-        item = _scalar_item(tp)
+        item = _item(tp)
         items = [value] if origin is list and _is_scalar(value, item) else value
         if not isinstance(items, (list, tuple)) or (origin is list and not items):
             raise wrong()

@@ -61,3 +61,16 @@ def test_a_step_whose_every_rm_score_failed_still_reports():
     assert m["reward/rm_valid_share"] == 0.0 and m["reward/rm_failures"] == 4.0
     assert np.isnan(m["reward/rm_score/mean"]) and "reward/rm_weight_version/max" not in m
     assert m["alarm/dead_groups"] == 1.0 and "alarm/saturation" not in m and "alarm/length_hacking" not in m
+
+
+def test_samples_routed_to_no_reward_model_are_neither_valid_nor_failed():
+    """A route without RMs (rm_valid None): its samples count in score and rule stats, not in the RM's health."""
+    no_rm = {"score": 1.0, "rm_score": None, "rm_valid": None, "rm_latency_ms": None, "rm_tokens": 0.0,
+             "rm_weight_version": None, "rm_prompt_tokens_dropped": 0.0, "format": 1.0, "verifiable_pred": "0"}
+    step = StepRewards.from_rows(["a", "a", "b", "b", "c", "c"], [5, 6, 7, 8, 9, 9], rows() + [no_rm, no_rm])
+    m = step_metrics(step, normalized=False)
+    assert m["reward/rm_valid_share"] == 0.75 and m["reward/rm_failures"] == 1.0
+    assert m["reward/rm_score/mean"] == pytest.approx(np.mean([0.5, -1.5, 2.0]))
+    assert m["reward/score/mean"] == pytest.approx(np.mean([1.5, -0.5, 2.0, 1.0, 1.0]))  # the masked one is left out
+    assert m["reward/rm_latency_ms/p50"] == pytest.approx(25.0)
+    assert m["alarm/dead_groups"] == pytest.approx(1 / 3)  # group c: both 1.0

@@ -251,13 +251,13 @@ def test_a_failed_step_leaves_no_request_behind(load_manager, fault_proxy, verl_
     with pytest.raises(RewardServerError, match="HTTP 400"):
         mgr(build_batch(grpo_groups, tokenizer.pad_token_id))
     assert len(started) == 2, started
-    assert mgr.batcher.in_flight == 0
+    assert mgr.rm.batcher.in_flight == 0
     assert [t for t in asyncio.all_tasks(mgr.loop) if not t.done()] == []  # nothing can send later
     mgr.close()  # the client's connections end: whatever the proxy was sent has arrived
     wait_until(lambda: fault_proxy.open_connections() == 0, what="the proxy to see the connections close")
     assert 1 <= len(fault_proxy.requests) <= len(started)
     mgr.loop.run_until_complete(asyncio.sleep(0))  # the loop runs again, as at the next step
-    assert len(started) == 2 and mgr.batcher.in_flight == 0
+    assert len(started) == 2 and mgr.rm.batcher.in_flight == 0
 
 
 def test_failed_length_probe_is_asked_again(load_manager, fault_proxy, verl_config, tokenizer, hf_model, grpo_groups):

@@ -54,7 +54,7 @@ def test_run_single_matches_and_groups_into_one_request(load_manager, fault_prox
     expected = np.array(expected_scores(hf_model, grpo_groups))[perm]
     assert np.allclose([o["reward_score"] for o in outs], expected, atol=1e-4)
     score_requests = [r for r in fault_proxy.requests if r["path"] == "/score"]
-    assert len(score_requests) == 1 and mgr.batcher.requests_sent == 1
+    assert len(score_requests) == 1 and mgr.rm.batcher.requests_sent == 1
     sent = json.loads(score_requests[0]["body"])["input"]
     uids = [shuffled.non_tensor_batch["uid"][i] for i in range(len(shuffled))]
     sent_group_of = {tuple(row_token_ids(g, r)): id(g) for g, r in rows_in_order(grpo_groups)}
@@ -149,7 +149,7 @@ def test_chat_template_without_the_raw_chat_names_the_setting(load_manager, rm_s
     assert "raw_prompt" not in data.non_tensor_batch  # what verl's dataset gives without return_raw_chat
     with pytest.raises(ValueError, match=r"input_format=chat_template needs the raw chat: set data\.return_raw_chat=True"):
         mgr(data)
-    assert mgr.batcher.requests_sent == 0
+    assert mgr.rm.batcher.requests_sent == 0
 
 
 def test_model_name_is_checked_by_the_server(load_manager, fault_proxy, verl_config, tokenizer, hf_model, grpo_groups, tiny_rm):

@@ -57,7 +57,7 @@ def test_win_rates_match_direct_computation(load_manager, fault_proxy, verl_conf
     assert info["win_and"] == [float(s >= r) for s, r in zip(scores, ref_per_row)]
     assert np.allclose(info["ref_margin"], np.array(scores) - ref_per_row, atol=1e-5)
     assert len(out["reward_tensor"]) == sum(len(g.response_ids) for g in ref_groups)  # references are not samples
-    assert mgr.references.scored == len(ref_groups)  # one reference per prompt
+    assert mgr.rm.references.scored == len(ref_groups)  # one reference per prompt
 
 
 def test_response_identical_to_reference_ties(load_manager, rm_server, verl_config, tokenizer, ref_groups):
@@ -70,7 +70,7 @@ def test_response_identical_to_reference_ties(load_manager, rm_server, verl_conf
 def test_no_win_metrics_outside_validation(load_manager, rm_server, verl_config, tokenizer, ref_groups):
     mgr = load_manager(verl_config(rm_server.url), tokenizer)
     info = mgr(build_batch(ref_groups, tokenizer.pad_token_id), return_dict=True)["reward_extra_info"]
-    assert "win" not in info and mgr.references.scored == 0
+    assert "win" not in info and mgr.rm.references.scored == 0
     forced = load_manager(verl_config(rm_server.url, pairwise="always"), tokenizer)
     assert "win" in forced(build_batch(ref_groups, tokenizer.pad_token_id), return_dict=True)["reward_extra_info"]
 

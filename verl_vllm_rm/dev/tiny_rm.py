@@ -32,7 +32,8 @@ class TinyRMSpec:
     num_key_value_heads: int = 2
     max_position_embeddings: int = 2048
     head_std: float = 0.1
-    seed: int = 0
+    seed: int = 0  # the tokenizer's corpus, and the weights unless init_seed is set
+    init_seed: int | None = None  # other weights on the same tokenizer (an ensemble's second RM)
 
 
 def build_tokenizer(spec: TinyRMSpec):
@@ -89,7 +90,7 @@ def build_tiny_rm(out_dir: str | Path, spec: TinyRMSpec = TinyRMSpec()) -> Path:
         tie_word_embeddings=False,
         torch_dtype="float32",
     )
-    torch.manual_seed(spec.seed)
+    torch.manual_seed(spec.seed if spec.init_seed is None else spec.init_seed)
     model = Qwen2ForSequenceClassification(config)
     with torch.no_grad():
         model.score.weight.normal_(0.0, spec.head_std)

@@ -19,8 +19,6 @@ from verl_vllm_rm.rewards.compose import component_stats
 
 #: Columns about the RM request, not reward components: each has its own metric.
 BOOKKEEPING = ("rm_valid", "rm_latency_ms", "rm_tokens", "rm_weight_version", "rm_prompt_tokens_dropped")
-#: Components that do not exist for a sample whose RM score failed (masked): their stats skip it.
-NEEDS_RM = ("rm_score", "score")
 
 
 @dataclass
@@ -48,9 +46,15 @@ class StepRewards:
 
     @property
     def valid(self) -> np.ndarray:
+        """Samples with an RM score (a sample whose route has no RM, ``rm_valid`` None, is not one)."""
         if "rm_valid" not in self.columns:
             raise KeyError("no rm_valid column: these rewards are not from reward.reward_manager.name=vllm_rm")
         return self.columns["rm_valid"] == 1.0
+
+    @property
+    def failed(self) -> np.ndarray:
+        """Samples whose RM score failed and was masked."""
+        return self.columns["rm_valid"] == 0.0
 
 
 def _is_number(v: Any) -> bool:
@@ -60,15 +64,17 @@ def _is_number(v: Any) -> bool:
 def step_metrics(step: StepRewards, normalized: bool) -> dict[str, float]:
     """Every reward metric and alarm of one step (``normalized``: the RM returns sigmoid probabilities)."""
     cols, valid = step.columns, step.valid
-    out = component_stats({name: values[valid] if name in NEEDS_RM else values
+    kept = {"rm_score": valid, "score": ~step.failed}  # a masked sample has no score to summarise
+    out = component_stats({name: values[kept[name]] if name in kept else values
                            for name, values in cols.items() if name not in BOOKKEEPING})
-    out["reward/rm_valid_share"] = float(valid.mean()) if len(step) else 0.0
-    out["reward/rm_failures"] = float((~valid).sum())
+    asked = valid | step.failed
+    out["reward/rm_valid_share"] = float(valid.sum() / asked.sum()) if asked.any() else 0.0
+    out["reward/rm_failures"] = float(step.failed.sum())
     for name in ("rm_tokens", "rm_prompt_tokens_dropped"):
         if name in cols:
             out[f"reward/{name}"] = float(np.nansum(cols[name]))
-    if "rm_latency_ms" in cols and len(step):
-        p50, p99 = np.percentile(cols["rm_latency_ms"], [50, 99])
+    if "rm_latency_ms" in cols and asked.any():
+        p50, p99 = np.percentile(cols["rm_latency_ms"][asked], [50, 99])
         out.update({"reward/rm_latency_ms/p50": float(p50), "reward/rm_latency_ms/p99": float(p99)})
     if "rm_weight_version" in cols and valid.any():
         versions = cols["rm_weight_version"][valid]
@@ -81,13 +87,14 @@ def step_metrics(step: StepRewards, normalized: bool) -> dict[str, float]:
 def alarm_metrics(step: StepRewards, normalized: bool) -> dict[str, float]:
     """The alarms a single step can compute (drift needs the run's probe set: ``alarms.drift``)."""
     cols, valid = step.columns, step.valid
-    rm = cols["rm_score"][valid]
-    values = {
-        "alarm/length_hacking": alarms.length_correlation(rm, step.response_length[valid]),
-        "alarm/dead_groups": alarms.dead_groups(step.groups, cols["score"]) if "score" in cols else None,
-        "alarm/saturation": alarms.saturation(rm, normalized),
-    }
-    if "verifiable_score" in cols:
-        values["alarm/verifiable_disagreement"] = alarms.verifiable_disagreement(
-            step.groups[valid], rm, cols["verifiable_score"][valid])
+    values = {"alarm/dead_groups": alarms.dead_groups(step.groups, cols["score"]) if "score" in cols else None}
+    if "rm_score" in cols:  # some sample of the step went to a reward model
+        rm = cols["rm_score"][valid]
+        values["alarm/length_hacking"] = alarms.length_correlation(rm, step.response_length[valid])
+        values["alarm/saturation"] = alarms.saturation(rm, normalized)
+        if "verifiable_score" in cols:
+            verifiable = cols["verifiable_score"][valid]
+            both = np.isfinite(verifiable)  # routes without a verifier have none
+            values["alarm/verifiable_disagreement"] = alarms.verifiable_disagreement(
+                step.groups[valid][both], rm[both], verifiable[both])
     return {k: v for k, v in values.items() if v is not None}

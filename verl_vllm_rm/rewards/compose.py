@@ -33,6 +33,14 @@ def build_gallery_rewards(config: RewardConfig) -> dict[str, GalleryReward]:
     return {name: GalleryReward(name, config.gallery.get(name)) for name in config.gallery_names}
 
 
+def rule_keys(config: RewardConfig) -> tuple[str, ...]:
+    """The keys ``compute_rule_rewards`` returns for ``config`` (its rule components and raw lengths)."""
+    enabled = set(config.enabled)
+    keys = [name for name in ("format", "length", "thought_length", "ngram") if name in enabled]
+    keys += [RESPONSE_TOKENS] * ("length" in enabled) + [THOUGHT_TOKENS] * ("thought_length" in enabled)
+    return (*keys, *(GALLERY_PREFIX + name for name in config.gallery_names))
+
+
 def compute_rule_rewards(
     config: RewardConfig,
     token_ids: Any,

@@ -1,8 +1,9 @@
 """``VLLMRewardManager``, registered in verl's reward loop as ``vllm_rm``.
 
-Thin orchestration: build each trajectory's RM input (``rm_inputs``), hand it to
-the group batcher (``batching``) that sends grouped requests through the client
-(``client``), optionally call verl's ``compute_score`` and compose the reward (``rules``).
+Thin orchestration: route each trajectory by its ``data_source`` (``routing``), send it
+to every reward model of its route at once (``reward_model``: input, grouped requests,
+scale), combine their scores (``rewards.ensemble``), optionally call verl's
+``compute_score``, and compose the reward (``rules``).
 """
 
 from __future__ import annotations
@@ -10,31 +11,28 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import math
 import time
 from collections import Counter
 from typing import Any
 
+import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from verl import DataProto
 from verl.experimental.reward_loop.reward_manager import register
 from verl.experimental.reward_loop.reward_manager.base import RewardManagerBase
 from verl.utils.reward_score import default_compute_score
-from verl_vllm_rm.scoring.batching import GroupBatcher
-from verl_vllm_rm.scoring.client import VLLMRewardClient
-from verl_vllm_rm.scoring.options import ConfigError, ManagerOptions, parse_options
+from verl_vllm_rm.rewards.compose import rule_keys
+from verl_vllm_rm.rewards.ensemble import ensemble
+from verl_vllm_rm.scoring.client import RewardServerError
 from verl_vllm_rm.scoring.legacy import warn_misrouted_config
-from verl_vllm_rm.scoring.pairwise import NO_WIN_METRICS, MissingReferenceError, ReferenceCache, reference_text, win_metrics
+from verl_vllm_rm.scoring.options import ConfigError, ManagerOptions, parse_options
+from verl_vllm_rm.scoring.pairwise import NO_WIN_METRICS, MissingReferenceError, reference_text, win_metrics
+from verl_vllm_rm.scoring.reward_model import RewardModel, Scored
+from verl_vllm_rm.scoring.routing import Route, Router
 from verl_vllm_rm.scoring.rules import RuleScorer, batch_stats, split_verifiable
-from verl_vllm_rm.scoring.rm_inputs import (
-    RMInput,
-    Sample,
-    chat_template_ids,
-    fit_to_length,
-    prompt_text,
-    rubric_template_ids,
-    samples_from_batch,
-)
+from verl_vllm_rm.scoring.rm_inputs import RMInput, Sample, samples_from_batch
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +44,7 @@ def _reward_kwargs(config: DictConfig) -> dict:
 
 @register("vllm_rm")
 class VLLMRewardManager(RewardManagerBase):
-    """Scores trajectories with a vLLM-served reward model; options in ``reward.reward_kwargs``."""
+    """Scores trajectories with vLLM-served reward models; options in ``reward.reward_kwargs``."""
 
     def __init__(
         self,
@@ -61,26 +59,18 @@ class VLLMRewardManager(RewardManagerBase):
         warn_misrouted_config(config)
         self.options: ManagerOptions = parse_options(_reward_kwargs(config))
         self.compute_score = compute_score or default_compute_score
-        self.client = VLLMRewardClient(options=self.options.client_options())
-        self.batcher = GroupBatcher(
-            self._score_chunk,
-            coalesce_s=self.options.coalesce_ms / 1000.0,
-            max_seqs=self.options.max_batch_seqs,
-            max_tokens=self.options.max_batch_tokens,
-        )
-        self.rm_tokenizer = None
-        if self.options.rm_tokenizer_path:
-            from transformers import AutoTokenizer
-
-            self.rm_tokenizer = AutoTokenizer.from_pretrained(self.options.rm_tokenizer_path)
+        coalesce_s = self.options.coalesce_ms / 1000.0
         try:
-            self.rules = RuleScorer(self.options.reward_config(), tokenizer)
+            rm_options = self.options.reward_model_options()
+            self.router = Router(self.options, tokenizer)
         except ValueError as e:
-            raise ConfigError(f"reward_kwargs.rewards: {e}") from e
+            raise ConfigError(str(e)) from e
+        self.reward_models = {o.name: RewardModel(o, tokenizer, coalesce_s=coalesce_s) for o in rm_options}
+        #: per-RM keys in reward_extra_info: with several RMs, or a whitened one
+        self.per_member = len(self.reward_models) > 1 or any(o.whiten != "none" for o in rm_options)
+        self.info_keys = self._info_keys()
         self.last_batch_stats: dict[str, float] = {}
-        self._max_length: asyncio.Future | None = None  # of the server's max_model_len
         self._examined: Counter = Counter()
-        self.references = ReferenceCache()
         self.failed = 0
         self.references_missing = 0
 
@@ -98,7 +88,8 @@ class VLLMRewardManager(RewardManagerBase):
             except BaseException:  # the step fails: stop its other requests instead of leaving them queued
                 for task in tasks:
                     task.cancel()
-                await asyncio.gather(*tasks, self.batcher.cancel_in_flight(), return_exceptions=True)
+                cancels = [rm.batcher.cancel_in_flight() for rm in self.reward_models.values()]
+                await asyncio.gather(*tasks, *cancels, return_exceptions=True)
                 raise
 
         outputs = self.loop.run_until_complete(score_all())
@@ -112,132 +103,156 @@ class VLLMRewardManager(RewardManagerBase):
             "reward_extra_info": {k: [o["reward_extra_info"][k] for o in outputs] for k in keys},
         }
 
+    @property
+    def rm(self) -> RewardModel:
+        """The one reward model of a single-RM run."""
+        if len(self.reward_models) != 1:
+            raise AttributeError(f"this run has {len(self.reward_models)} reward models: use reward_models[name]")
+        return next(iter(self.reward_models.values()))
+
+    async def warm_up(self) -> None:
+        """Connect to every RM's server and read its ``max_model_len`` (otherwise done by the first sample)."""
+        await asyncio.gather(*(rm.max_len() for rm in self.reward_models.values()))
+
     def close(self) -> None:
         """Close this manager's HTTP sessions (verl keeps managers for the whole run)."""
-        self.loop.run_until_complete(self.client.close())
+        async def close_all() -> None:
+            await asyncio.gather(*(rm.close() for rm in self.reward_models.values()))
+
+        self.loop.run_until_complete(close_all())
 
     # -- parts ----------------------------------------------------------------------
-    async def _score_chunk(self, ids: list) -> list[tuple[float, int, float]]:
-        """One /score request: per item (score, weight version that computed it, time the answer came)."""
-        scores = await self.client.score_request(ids, normalize=self.options.normalize)
-        version, done = -1 if scores.version is None else scores.version, time.perf_counter()
-        return [(score, version, done) for score in scores]
+    def _info_keys(self) -> tuple[str, ...]:
+        """Every ``reward_extra_info`` key a sample can get: each sample gets all of them (None where its route
+        has no such value), because verl builds its columns from the first sample's keys."""
+        keys = ["score", "rm_score", "rm_valid", "rm_prompt_tokens_dropped", "rm_tokens", "rm_latency_ms",
+                "rm_weight_version"]
+        if self.per_member:
+            keys.append("rm_ensemble_std")
+            for name, rm in self.reward_models.items():
+                keys += [f"rm_score_{name}", f"rm_valid_{name}"]
+                keys += [f"rm_scaled_{name}"] if rm.whitening is not None else []
+        for rules in self.router.rule_scorers:
+            keys += [k for k in rule_keys(rules.config) if k not in keys]
+        if any(rules.needs_verifiable for rules in self.router.rule_scorers):
+            keys.append("verifiable_score")
+        return tuple(keys)
 
     async def _score_sample(self, sample: Sample) -> dict:
-        rm_input = await self._rm_input(sample)
+        route = self.router.route(sample.fields.get("data_source", ""))
+        members = [self.reward_models[name] for name in route.reward_models]
+        rm_inputs = await asyncio.gather(*(rm.rm_input(sample) for rm in members))
         submitted = time.perf_counter()
-        rm_score_future = self.batcher.submit(rm_input.group_key, rm_input.token_ids)
+        futures = [rm.submit(rm_input) for rm, rm_input in zip(members, rm_inputs)]
         pairwise = self.options.pairwise == "always" or (self.options.pairwise == "auto" and sample.validate)
-        ref_task = asyncio.ensure_future(self._reference_score(sample, rm_input)) if pairwise else None
-        needs_verifiable = self.rules.needs_verifiable
-        needs_text = needs_verifiable or self.rules.has_rules
+        ref_task = asyncio.ensure_future(self._reference_score(sample, members, rm_inputs)) if pairwise and members \
+            else None
+        rules = route.rules
+        needs_text = rules.needs_verifiable or rules.has_rules
         text = self.tokenizer.decode(sample.response_ids, skip_special_tokens=True) if needs_text else ""
-        rules_future = self._rule_components(sample, text) if self.rules.has_rules else None
-        verifiable, extras = await self._verifiable(sample, text) if needs_verifiable else (None, {})
-        rules = await rules_future if rules_future is not None else {}
+        rules_future = self._rule_components(rules, sample, text) if rules.has_rules else None
+        verifiable, extras = await self._verifiable(sample, text) if rules.needs_verifiable else (None, {})
+        components = await rules_future if rules_future is not None else {}
         try:
-            (rm_score, version, done), valid = await rm_score_future, 1.0
-        except Exception as e:
-            if self.options.failure_policy == "raise":
-                if ref_task is not None:
-                    ref_task.cancel()
-                raise
+            answers = [await self._member_answer(rm, future, rm_input)
+                       for rm, future, rm_input in zip(members, futures, rm_inputs)]
+        except BaseException:
+            if ref_task is not None:
+                ref_task.cancel()
+            raise
+        info = dict.fromkeys(self.info_keys)
+        info.update(self._rm_info(route, members, rm_inputs, answers, submitted))
+        valid = info["rm_valid"] != 0.0
+        if not valid:
             self.failed += 1
-            logger.warning("vllm_rm: masking sample (uid=%s) after a failed score: %s", rm_input.group_key, e)
-            rm_score, valid, version, done = 0.0, 0.0, -1, time.perf_counter()
-        total = self._total(rm_score, verifiable, rules) if valid else 0.0
-        info = {"score": total, "rm_score": rm_score, "rm_valid": valid,
-                "rm_prompt_tokens_dropped": float(rm_input.prompt_tokens_dropped),
-                "rm_tokens": float(len(rm_input.token_ids)), "rm_latency_ms": (done - submitted) * 1000.0,
-                "rm_weight_version": float(version), **rules}
+        total = rules.total({**components, "rubric": info["rm_score"], "verifiable": verifiable}) if valid else 0.0
+        info.update(score=total, **components)
         if verifiable is not None:
             info.update(verifiable_score=verifiable, **extras)
+        if pairwise and ref_task is None:  # a route without RMs: no win rate, same keys as the others
+            info.update(NO_WIN_METRICS)
         if ref_task is not None:
             try:
                 reference = await ref_task
             except MissingReferenceError:
                 raise
             except Exception:  # the reference's score failed like the sample's would: same policy
-                if self.options.failure_policy == "raise":
+                if any(rm.options.failure_policy == "raise" for rm in members):
                     raise
                 reference = None
-            info.update(win_metrics(rm_score, reference) if valid and reference is not None else NO_WIN_METRICS)
+            info.update(win_metrics(info["rm_score"], reference) if valid and reference is not None
+                        else NO_WIN_METRICS)
         self._maybe_print(sample, info)
         return {"reward_score": total, "reward_extra_info": info}
 
-    async def _max_len(self) -> int:
-        """The option, else the server's ``max_model_len``: asked once, shared by all concurrent callers; a
-        failed probe is asked again by the next caller, not kept for the whole run."""
-        if self.options.max_length is not None:
-            return self.options.max_length
-        probe = self._max_length
-        if probe is None:
-            probe = self._max_length = asyncio.ensure_future(self._server_max_len())
-        elif probe.done() and probe.exception() is None:
-            return probe.result()
+    async def _member_answer(self, rm: RewardModel, future: asyncio.Future, rm_input: RMInput) -> Scored | None:
+        """One RM's answer; ``None`` when it failed and its failure policy masks it."""
         try:
-            return await asyncio.shield(probe)
-        except Exception:
-            if self._max_length is probe:
-                self._max_length = None
-            raise
+            return await future
+        except Exception as e:
+            if rm.options.failure_policy == "raise":
+                if len(self.reward_models) > 1:
+                    raise RewardServerError(f"reward model {rm.name!r} failed (its failure_policy is raise; "
+                                            f"failure_policy=mask drops it from the ensemble instead): {e}") from e
+                raise
+            rm.failed += 1
+            logger.warning("vllm_rm: masking reward model %r for sample uid=%s after a failed score: %s",
+                           rm.name, rm_input.group_key, e)
+            return None
 
-    async def _server_max_len(self) -> int:
-        return int((await self.client.health())["max_model_len"])
+    def _rm_info(self, route: Route, members: list[RewardModel], rm_inputs: list[RMInput], answers: list[Scored | None],
+                 submitted: float) -> dict[str, Any]:
+        """The RM part of ``reward_extra_info``: the ensemble (``rm_score``), each member's raw score, and the
+        request's bookkeeping. A route without RMs gets None (no RM asked, nothing failed)."""
+        info: dict[str, Any] = {"rm_prompt_tokens_dropped": float(sum(i.prompt_tokens_dropped for i in rm_inputs)),
+                                "rm_tokens": float(sum(len(i.token_ids) for i in rm_inputs))}
+        if not members:
+            return info
+        present = [a for a in answers if a is not None]
+        scaled = [math.nan if a is None else rm.scale(a.score) for rm, a in zip(members, answers)]
+        value, std = ensemble(np.array([scaled]), route.options.ensemble, route.options.uncertainty_penalty)
+        valid = bool(present)
+        info.update(rm_score=float(value[0]) if valid else 0.0, rm_valid=float(valid),
+                    rm_latency_ms=(max((a.done for a in present), default=time.perf_counter()) - submitted) * 1000.0,
+                    rm_weight_version=float(min(a.version for a in present)) if valid else -1.0)
+        if self.per_member:
+            info["rm_ensemble_std"] = float(std[0]) if valid else None
+            for rm, answer, x in zip(members, answers, scaled):
+                info[f"rm_score_{rm.name}"] = None if answer is None else answer.score
+                info[f"rm_valid_{rm.name}"] = float(answer is not None)
+                if rm.whitening is not None:
+                    info[f"rm_scaled_{rm.name}"] = None if answer is None else x
+        return info
 
-    def _render(self, sample: Sample, response_ids: list[int] | None, response_text: str | None):
-        """(prompt part, response part) ids of the RM input for a response given as ids or text."""
-        opts = self.options
-        if opts.rubric_template is not None or opts.input_format == "chat_template":
-            if response_text is None:
-                response_text = self.tokenizer.decode(response_ids, skip_special_tokens=True)
-            if opts.rubric_template is not None:
-                return rubric_template_ids(self.rm_tokenizer or self.tokenizer, opts.rubric_template,
-                                           opts.rubric_principles, prompt_text(self.tokenizer, sample), response_text)
-            messages = sample.fields.get("raw_prompt")
-            if messages is None:
-                raise ValueError("input_format=chat_template needs the raw chat: set data.return_raw_chat=True")
-            return chat_template_ids(self.rm_tokenizer, list(messages), response_text)
-        if response_ids is None:
-            response_ids = self.tokenizer(response_text, add_special_tokens=False).input_ids
-        return sample.prompt_ids, response_ids
-
-    async def _rm_input(self, sample: Sample) -> RMInput:
-        prompt_ids, response_ids = self._render(sample, sample.response_ids, None)
-        ids, dropped = fit_to_length(prompt_ids, response_ids, await self._max_len(), self.options.overlong_policy)
-        return RMInput(ids, sample.group_key, dropped)
-
-    async def _reference_score(self, sample: Sample, rm_input: RMInput) -> float | None:
-        """The RM score of the prompt's reference answer (scored once per prompt; None when skipped)."""
+    async def _reference_score(self, sample: Sample, members: list[RewardModel],
+                               rm_inputs: list[RMInput]) -> float | None:
+        """The route's ensemble score of the prompt's reference answer, each member's scored once per prompt
+        (None when skipped). Whitened members use their current scale; a reference never updates it."""
         text = reference_text(sample.fields, self.options.reference_source)
         if text is None:
             if self.options.missing_reference == "skip":
                 self.references_missing += 1
                 return None
             raise MissingReferenceError(
-                f"sample uid={rm_input.group_key[1]} has no reference answer in "
+                f"sample uid={rm_inputs[0].group_key[1]} has no reference answer in "
                 f"reference_source={self.options.reference_source!r}; add it to the data, choose another "
                 "reward_kwargs.reference_source, or set reward_kwargs.missing_reference=skip"
             )
-        prompt_ids, ref_ids = self._render(sample, None, text)
-        ids, _ = fit_to_length(prompt_ids, ref_ids, await self._max_len(), self.options.overlong_policy)
-        scored = await self.references.score((rm_input.group_key, text),
-                                             lambda: self.batcher.submit(rm_input.group_key, ids))
-        return scored[0]
+        route = self.router.route(sample.fields.get("data_source", ""))
+        raw = await asyncio.gather(*(rm.reference_score(sample, i, text) for rm, i in zip(members, rm_inputs)))
+        scaled = [rm.scale(x, sample=False) for rm, x in zip(members, raw)]
+        return float(ensemble(np.array([scaled]), route.options.ensemble, route.options.uncertainty_penalty)[0][0])
 
-    def _total(self, rm_score: float, verifiable: float | None, rules: dict[str, float]) -> float:
-        return self.rules.total({**rules, "rubric": rm_score, "verifiable": verifiable})
-
-    def _rule_components(self, sample: Sample, text: str) -> asyncio.Future:
+    def _rule_components(self, rules: RuleScorer, sample: Sample, text: str) -> asyncio.Future:
         """The rule components, as a future: computed inline, or in a thread when rm-gallery rewards run."""
-        if not self.rules.gallery:  # vectorised numpy on one row: cheaper inline than in a thread
+        if not rules.gallery:  # vectorised numpy on one row: cheaper inline than in a thread
             done = self.loop.create_future()
-            done.set_result(self.rules.components(sample.response_ids, text, "", None))
+            done.set_result(rules.components(sample.response_ids, text, "", None))
             return done
         prompt = self.tokenizer.decode(sample.prompt_ids, skip_special_tokens=True)
         reference = reference_text(sample.fields, self.options.reference_source)
         # rm-gallery rewards (LLM judges) may block on HTTP: keep them off the event loop
-        return self.loop.run_in_executor(None, self.rules.components, sample.response_ids, text, prompt, reference)
+        return self.loop.run_in_executor(None, rules.components, sample.response_ids, text, prompt, reference)
 
     async def _verifiable(self, sample: Sample, text: str) -> tuple[float, dict]:
         kwargs = dict(

@@ -10,22 +10,25 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping
 
 from verl_vllm_rm.options import ConfigError, build
 from verl_vllm_rm.protocol.defaults import API_KEY_ENV, DEFAULT_SERVER_URL
 from verl_vllm_rm.rewards.config import CombineMode, RewardConfig
+from verl_vllm_rm.rewards.ensemble import EnsembleMethod
 from verl_vllm_rm.scoring.pairwise import validate_reference_source
 from verl_vllm_rm.scoring.rm_inputs import check_rubric_template
 
-__all__ = ["ClientOptions", "ConfigError", "ManagerOptions", "parse_options"]
+__all__ = ["ClientOptions", "ConfigError", "ManagerOptions", "RewardModelOptions", "RouteOptions", "parse_options"]
 
 InputFormat = Literal["token_ids", "chat_template"]
 OverlongPolicy = Literal["truncate_prompt_left", "error"]
 FailurePolicy = Literal["raise", "mask"]
 PairwiseMode = Literal["auto", "always", "never"]
 MissingReference = Literal["raise", "skip"]
+Whiten = Literal["none", "running"]
 
 
 @dataclass(frozen=True)
@@ -56,44 +59,41 @@ class ClientOptions:
                 raise ValueError(f"server_url entry {url!r} must start with http:// or https://")
 
 
-@dataclass(frozen=True)
-class ManagerOptions(ClientOptions):
-    """All options of ``reward.reward_manager.name=vllm_rm`` (see README, "Configuration")."""
+#: A reward model's name: it becomes part of ``reward_extra_info`` keys (``rm_score_<name>``) and metric names.
+RM_NAME = re.compile(r"[a-z][a-z0-9_]{0,31}")
+#: The name of the one RM that the top-level options describe when ``reward_models`` is not given.
+DEFAULT_RM_NAME = "rm"
 
+
+@dataclass(frozen=True)
+class RewardModelOptions(ClientOptions):
+    """One reward model: where it is served, how its input is built, how its score is read.
+
+    The top-level ``reward_kwargs`` options of these names describe the one RM of a single-RM
+    run and are the defaults of every entry of ``reward_kwargs.reward_models``.
+    """
+
+    name: str = DEFAULT_RM_NAME
     input_format: InputFormat = "token_ids"
     rm_tokenizer_path: str | None = None
     max_length: int | None = None
     overlong_policy: OverlongPolicy = "truncate_prompt_left"
     failure_policy: FailurePolicy = "raise"
-    combine: CombineMode = "replace"
-    alpha: float = 0.5
     normalize: bool = False
-    coalesce_ms: float = 5.0
-    num_examine: int = 1
+    whiten: Whiten = "none"
     rubric_template: str | None = None
     rubric_principles: list[str] = field(default_factory=lambda: ["helpfulness", "harmlessness", "honesty"])
-    rewards: RewardConfig | None = None
-    pairwise: PairwiseMode = "auto"
-    reference_source: str = "ground_truth"
-    missing_reference: MissingReference = "raise"
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _check_bounds(self, non_negative=("coalesce_ms", "num_examine"))
+        if not RM_NAME.fullmatch(self.name):
+            raise ValueError(f"reward model name {self.name!r} must match {RM_NAME.pattern} (it names metrics)")
         if self.max_length is not None and self.max_length <= 0:
             raise ValueError(f"max_length must be > 0, got {self.max_length}")
-        if not 0.0 <= self.alpha <= 1.0:
-            raise ValueError(f"alpha must be in [0, 1], got {self.alpha}")
-        validate_reference_source(self.reference_source)
         if self.rubric_template is not None:
             if self.input_format == "chat_template":
                 raise ValueError("rubric_template replaces input_format=chat_template; use one of them")
             check_rubric_template(self.rubric_template)
-        if self.rewards is not None and self.combine != "replace":
-            raise ValueError(
-                f"combine={self.combine!r} and rewards are exclusive: with a rewards composition, put "
-                "'verifiable' in rewards.components and give it a weight (or in rewards.gate to multiply by it)"
-            )
         if self.input_format == "chat_template" and not self.rm_tokenizer_path:
             raise ValueError(
                 "input_format=chat_template needs reward_kwargs.rm_tokenizer_path "
@@ -103,6 +103,88 @@ class ManagerOptions(ClientOptions):
     def client_options(self) -> ClientOptions:
         names = {f.name for f in dataclasses.fields(ClientOptions)}
         return ClientOptions(**{n: getattr(self, n) for n in names})
+
+
+@dataclass(frozen=True)
+class RouteOptions:
+    """Which scorers a sample gets, by its ``data_source`` (first matching route wins)."""
+
+    data_source: list[str]  # exact names or fnmatch globs ("math/*", "*")
+    reward_models: tuple[str, ...] | None = None  # names from reward_models; None: all of them; []: none
+    ensemble: EnsembleMethod = "mean"
+    uncertainty_penalty: float = 1.0  # lambda of ensemble=mean_minus_std
+    rewards: RewardConfig | None = None  # the route's composition; None: the manager's (rewards/combine)
+
+    def __post_init__(self) -> None:
+        if self.uncertainty_penalty < 0:
+            raise ValueError(f"uncertainty_penalty must be >= 0, got {self.uncertainty_penalty}")
+
+
+@dataclass(frozen=True)
+class ManagerOptions(RewardModelOptions):
+    """All options of ``reward.reward_manager.name=vllm_rm`` (see README, "Configuration")."""
+
+    reward_models: tuple[dict, ...] = ()
+    routes: tuple[RouteOptions, ...] = ()
+    combine: CombineMode = "replace"
+    alpha: float = 0.5
+    coalesce_ms: float = 5.0
+    num_examine: int = 1
+    rewards: RewardConfig | None = None
+    pairwise: PairwiseMode = "auto"
+    reference_source: str = "ground_truth"
+    missing_reference: MissingReference = "raise"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_bounds(self, non_negative=("coalesce_ms", "num_examine"))
+        if not 0.0 <= self.alpha <= 1.0:
+            raise ValueError(f"alpha must be in [0, 1], got {self.alpha}")
+        validate_reference_source(self.reference_source)
+        if self.rewards is not None and self.combine != "replace":
+            raise ValueError(
+                f"combine={self.combine!r} and rewards are exclusive: with a rewards composition, put "
+                "'verifiable' in rewards.components and give it a weight (or in rewards.gate to multiply by it)"
+            )
+        names = [rm.name for rm in self.reward_model_options()]
+        if len(set(names)) != len(names):
+            raise ValueError(f"reward_models names must be unique, got {names}")
+        for i, route in enumerate(self.route_options()):
+            unknown = [n for n in route.reward_models or () if n not in names]
+            if unknown:
+                raise ValueError(f"routes[{i}].reward_models names {unknown}, which are not in reward_models "
+                                 f"(names: {names})")
+            composition = route.rewards or self.reward_config()
+            if "rubric" in composition.enabled and not self.route_models(route):
+                raise ValueError(f"routes[{i}] (data_source {route.data_source}) composes 'rubric' (the reward "
+                                 "models' score) but scores with no reward model: list some in its reward_models "
+                                 "or drop 'rubric' from its rewards")
+
+    def reward_model_options(self) -> tuple[RewardModelOptions, ...]:
+        """The run's reward models: each ``reward_models`` entry over the top-level options, or the top-level
+        options alone (one RM named ``rm``)."""
+        if not self.reward_models:
+            return (self.single_rm(),)
+        inherited = {f.name: getattr(self, f.name) for f in dataclasses.fields(RewardModelOptions)}
+        out = []
+        for i, entry in enumerate(self.reward_models):
+            if "name" not in entry:
+                raise ValueError(f"reward_models[{i}] needs a name (it names the RM in routes and metrics)")
+            out.append(build(RewardModelOptions, {**inherited, **entry}, f"reward_models[{i}]"))
+        return tuple(out)
+
+    def single_rm(self) -> RewardModelOptions:
+        return RewardModelOptions(**{f.name: getattr(self, f.name) for f in dataclasses.fields(RewardModelOptions)})
+
+    def route_options(self) -> tuple[RouteOptions, ...]:
+        """The routes; without ``routes``, one route sending every data_source to every RM."""
+        return self.routes or (RouteOptions(data_source=["*"]),)
+
+    def route_models(self, route: RouteOptions) -> tuple[str, ...]:
+        """The RM names a route scores with (``None`` in the route: all of them)."""
+        if route.reward_models is not None:
+            return tuple(route.reward_models)
+        return tuple(rm.name for rm in self.reward_model_options())
 
     def reward_config(self) -> RewardConfig:
         """The reward composition: ``rewards`` when given, else the one ``combine``/``alpha`` stand for."""

@@ -1,0 +1,71 @@
+"""Which scorers a sample gets, by its ``data_source``: ``reward_kwargs.routes``.
+
+Routes are tried in order; the first whose ``data_source`` patterns (exact names or
+``fnmatch`` globs: ``math/*``, ``*``) match the sample's ``data_source`` decides its
+reward models, their ensemble and its reward composition. A ``data_source`` that no
+route matches is an error naming it and the routes (add a ``"*"`` route as the last one
+to catch the rest). Without ``routes`` every sample goes to every RM.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+from typing import Any
+
+from verl_vllm_rm.scoring.options import ManagerOptions, RouteOptions
+from verl_vllm_rm.scoring.rules import RuleScorer
+
+
+class UnroutedDataSourceError(KeyError):
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0])
+
+
+@dataclass
+class Route:
+    """A route as the manager uses it: its RMs (names, in order), ensemble, and its composition's scorer."""
+
+    options: RouteOptions
+    reward_models: tuple[str, ...]
+    rules: RuleScorer
+
+    @property
+    def ensemble(self) -> str:
+        return self.options.ensemble
+
+
+class Router:
+    def __init__(self, options: ManagerOptions, tokenizer: Any):
+        self.routes: list[Route] = []
+        scorers: list[RuleScorer] = []  # routes with equal compositions share one scorer
+        for i, route in enumerate(options.route_options()):
+            config = route.rewards or options.reward_config()
+            rules = next((s for s in scorers if s.config == config), None)
+            if rules is None:
+                try:
+                    rules = RuleScorer(config, tokenizer)
+                except ValueError as e:
+                    where = f"routes[{i}].rewards" if route.rewards is not None else "rewards"
+                    raise ValueError(f"reward_kwargs.{where}: {e}") from e
+                scorers.append(rules)
+            self.routes.append(Route(route, options.route_models(route), rules))
+        self._by_source: dict[str, Route] = {}
+
+    def route(self, data_source: str) -> Route:
+        found = self._by_source.get(data_source)
+        if found is None:
+            found = next((r for r in self.routes
+                          if any(fnmatchcase(data_source, p) for p in r.options.data_source)), None)
+            if found is None:
+                patterns = [r.options.data_source for r in self.routes]
+                raise UnroutedDataSourceError(
+                    f"data_source {data_source!r} matches no route of reward_kwargs.routes (data_source patterns: "
+                    f"{patterns}); add a route for it, or a last route with data_source ['*']")
+            self._by_source[data_source] = found
+        return found
+
+    @property
+    def rule_scorers(self) -> list[RuleScorer]:
+        """Each distinct composition's scorer once."""
+        return list({id(r.rules): r.rules for r in self.routes}.values())
