@@ -149,10 +149,12 @@ def score_response(
 
 
 class Scores(list):
-    """The scores of one ``/score`` answer in input order, and ``version``: the weight version that computed
-    them (None when the server does not say)."""
+    """The scores of one ``/score`` answer in input order, ``version``: the weight version that computed
+    them (None when the server does not say), and ``steps``: each input's step scores (None when the server
+    is not in step mode)."""
 
     version: int | None = None
+    steps: list[list[float]] | None = None
 
 
 def parse_score_response(body: Any, n: int) -> Scores:
@@ -168,6 +170,8 @@ def parse_score_response(body: Any, n: int) -> Scores:
     if len(data) != n:
         raise ScoreResponseError(f"/score returned {len(data)} scores for {n} inputs")
     scores: list[float | None] = [None] * n
+    step_scores: list[list[float]] = [[] for _ in range(n)]
+    stepped = False
     for item in data:
         if not isinstance(item, dict):
             raise ScoreResponseError(f"/score returned a non-object item {preview(item)}")
@@ -182,9 +186,12 @@ def parse_score_response(body: Any, n: int) -> Scores:
         if not isinstance(steps, list) or not all(_is_number(v) for v in steps):
             raise ScoreResponseError(f"/score returned bad step_scores {preview(steps)} for input {idx}")
         scores[idx] = float(score)
+        if "step_scores" in item:
+            stepped, step_scores[idx] = True, [float(v) for v in steps]
     version = body.get("version")
     if version is not None and not is_int(version):
         raise ScoreResponseError(f"/score returned a non-integer weight version {preview(version)}")
     result = Scores(scores)
     result.version = version
+    result.steps = step_scores if stepped else None
     return result

@@ -9,7 +9,6 @@ scale), combine their scores (``rewards.ensemble``), optionally call verl's
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 import math
 import time
@@ -17,6 +16,7 @@ from collections import Counter
 from typing import Any
 
 import numpy as np
+import torch
 from omegaconf import DictConfig, OmegaConf
 
 from verl import DataProto
@@ -25,13 +25,14 @@ from verl.experimental.reward_loop.reward_manager.base import RewardManagerBase
 from verl.utils.reward_score import default_compute_score
 from verl_vllm_rm.rewards.compose import rule_keys
 from verl_vllm_rm.rewards.ensemble import ensemble
+from verl_vllm_rm.rewards.steps import token_rewards
 from verl_vllm_rm.scoring.client import RewardServerError
 from verl_vllm_rm.scoring.legacy import warn_misrouted_config
 from verl_vllm_rm.scoring.options import ConfigError, ManagerOptions, parse_options
 from verl_vllm_rm.scoring.pairwise import NO_WIN_METRICS, MissingReferenceError, reference_text, win_metrics
-from verl_vllm_rm.scoring.reward_model import RewardModel, Scored
+from verl_vllm_rm.scoring.reward_model import RewardModel, Scored, refuse_token_level_when_streaming
 from verl_vllm_rm.scoring.routing import Route, Router
-from verl_vllm_rm.scoring.rules import RuleScorer, batch_stats, split_verifiable
+from verl_vllm_rm.scoring.rules import RuleScorer, batch_stats, verifiable_score
 from verl_vllm_rm.scoring.rm_inputs import RMInput, Sample, samples_from_batch
 
 logger = logging.getLogger(__name__)
@@ -65,6 +66,7 @@ class VLLMRewardManager(RewardManagerBase):
             self.router = Router(self.options, tokenizer)
         except ValueError as e:
             raise ConfigError(str(e)) from e
+        refuse_token_level_when_streaming(config, rm_options)
         self.reward_models = {o.name: RewardModel(o, tokenizer, coalesce_s=coalesce_s) for o in rm_options}
         #: per-RM keys in reward_extra_info: with several RMs, or a whitened one
         self.per_member = len(self.reward_models) > 1 or any(o.whiten != "none" for o in rm_options)
@@ -102,6 +104,19 @@ class VLLMRewardManager(RewardManagerBase):
             "reward_tensor": reward_tensor,
             "reward_extra_info": {k: [o["reward_extra_info"][k] for o in outputs] for k in keys},
         }
+
+    @classmethod
+    def assemble_rm_scores(cls, data: DataProto, scores: list) -> torch.Tensor:
+        """verl's placement (each scalar at the last valid response token), and token-level step rewards
+        (``step_reward=token``: a list per response) over the response's first tokens."""
+        if not any(isinstance(s, list) for s in scores):
+            return super().assemble_rm_scores(data, scores)
+        scalars = [0.0 if isinstance(s, list) else s for s in scores]
+        rm_scores = super().assemble_rm_scores(data, scalars)
+        for i, s in enumerate(scores):
+            if isinstance(s, list):
+                rm_scores[i, : len(s)] = rm_scores.new_tensor(s)
+        return rm_scores
 
     @property
     def rm(self) -> RewardModel:
@@ -141,7 +156,7 @@ class VLLMRewardManager(RewardManagerBase):
     async def _score_sample(self, sample: Sample) -> dict:
         route = self.router.route(sample.fields.get("data_source", ""))
         members = [self.reward_models[name] for name in route.reward_models]
-        rm_inputs = await asyncio.gather(*(rm.rm_input(sample) for rm in members))
+        rm_inputs = [await rm.rm_input(sample) for rm in members]  # no task each: max_len is asked once a run
         submitted = time.perf_counter()
         futures = [rm.submit(rm_input) for rm, rm_input in zip(members, rm_inputs)]
         pairwise = self.options.pairwise == "always" or (self.options.pairwise == "auto" and sample.validate)
@@ -151,7 +166,8 @@ class VLLMRewardManager(RewardManagerBase):
         needs_text = rules.needs_verifiable or rules.has_rules
         text = self.tokenizer.decode(sample.response_ids, skip_special_tokens=True) if needs_text else ""
         rules_future = self._rule_components(rules, sample, text) if rules.has_rules else None
-        verifiable, extras = await self._verifiable(sample, text) if rules.needs_verifiable else (None, {})
+        verifiable, extras = await verifiable_score(self.compute_score, self.loop, sample, text) \
+            if rules.needs_verifiable else (None, {})
         components = await rules_future if rules_future is not None else {}
         try:
             answers = [await self._member_answer(rm, future, rm_input)
@@ -165,7 +181,16 @@ class VLLMRewardManager(RewardManagerBase):
         valid = info["rm_valid"] != 0.0
         if not valid:
             self.failed += 1
-        total = rules.total({**components, "rubric": info["rm_score"], "verifiable": verifiable}) if valid else 0.0
+
+        def total_of(rm_value: float | None) -> float:
+            return rules.total({**components, "rubric": rm_value, "verifiable": verifiable})
+
+        total = total_of(info["rm_score"]) if valid else 0.0
+        reward_score: float | list[float] = total
+        if valid and route.token_level:  # each step's share of the reward on its step tag (assemble_rm_scores)
+            rm, (scored, _) = members[0], answers[0]
+            reward_score = token_rewards(sample.response_ids, rm.step_tag_id, rm.response_steps(scored, rm_inputs[0]),
+                                         total_of)
         info.update(score=total, **components)
         if verifiable is not None:
             info.update(verifiable_score=verifiable, **extras)
@@ -183,12 +208,14 @@ class VLLMRewardManager(RewardManagerBase):
             info.update(win_metrics(info["rm_score"], reference) if valid and reference is not None
                         else NO_WIN_METRICS)
         self._maybe_print(sample, info)
-        return {"reward_score": total, "reward_extra_info": info}
+        return {"reward_score": reward_score, "reward_extra_info": info}
 
-    async def _member_answer(self, rm: RewardModel, future: asyncio.Future, rm_input: RMInput) -> Scored | None:
-        """One RM's answer; ``None`` when it failed and its failure policy masks it."""
+    async def _member_answer(self, rm: RewardModel, future: asyncio.Future,
+                             rm_input: RMInput) -> tuple[Scored, float] | None:
+        """One RM's answer and its raw reward; ``None`` when it failed and its failure policy masks it."""
         try:
-            return await future
+            scored = await future
+            return scored, rm.value(scored, rm_input)
         except Exception as e:
             if rm.options.failure_policy == "raise":
                 if len(self.reward_models) > 1:
@@ -200,25 +227,29 @@ class VLLMRewardManager(RewardManagerBase):
                            rm.name, rm_input.group_key, e)
             return None
 
-    def _rm_info(self, route: Route, members: list[RewardModel], rm_inputs: list[RMInput], answers: list[Scored | None],
-                 submitted: float) -> dict[str, Any]:
+    def _rm_info(self, route: Route, members: list[RewardModel], rm_inputs: list[RMInput],
+                 answers: list[tuple[Scored, float] | None], submitted: float) -> dict[str, Any]:
         """The RM part of ``reward_extra_info``: the ensemble (``rm_score``), each member's raw score, and the
         request's bookkeeping. A route without RMs gets None (no RM asked, nothing failed)."""
         info: dict[str, Any] = {"rm_prompt_tokens_dropped": float(sum(i.prompt_tokens_dropped for i in rm_inputs)),
                                 "rm_tokens": float(sum(len(i.token_ids) for i in rm_inputs))}
         if not members:
             return info
-        present = [a for a in answers if a is not None]
-        scaled = [math.nan if a is None else rm.scale(a.score) for rm, a in zip(members, answers)]
-        value, std = ensemble(np.array([scaled]), route.options.ensemble, route.options.uncertainty_penalty)
+        present = [scored for scored, _ in filter(None, answers)]
+        scaled = [math.nan if a is None else rm.scale(a[1]) for rm, a in zip(members, answers)]
         valid = bool(present)
-        info.update(rm_score=float(value[0]) if valid else 0.0, rm_valid=float(valid),
+        if len(present) == 1:  # every ensemble of one member is that member (and std 0): skip numpy per sample
+            value, std = next(x for x, a in zip(scaled, answers) if a is not None), 0.0
+        else:
+            values, stds = ensemble(np.array([scaled]), route.options.ensemble, route.options.uncertainty_penalty)
+            value, std = float(values[0]), float(stds[0])
+        info.update(rm_score=value if valid else 0.0, rm_valid=float(valid),
                     rm_latency_ms=(max((a.done for a in present), default=time.perf_counter()) - submitted) * 1000.0,
                     rm_weight_version=float(min(a.version for a in present)) if valid else -1.0)
         if self.per_member:
-            info["rm_ensemble_std"] = float(std[0]) if valid else None
+            info["rm_ensemble_std"] = std if valid else None
             for rm, answer, x in zip(members, answers, scaled):
-                info[f"rm_score_{rm.name}"] = None if answer is None else answer.score
+                info[f"rm_score_{rm.name}"] = None if answer is None else answer[1]
                 info[f"rm_valid_{rm.name}"] = float(answer is not None)
                 if rm.whitening is not None:
                     info[f"rm_scaled_{rm.name}"] = None if answer is None else x
@@ -241,6 +272,8 @@ class VLLMRewardManager(RewardManagerBase):
         route = self.router.route(sample.fields.get("data_source", ""))
         raw = await asyncio.gather(*(rm.reference_score(sample, i, text) for rm, i in zip(members, rm_inputs)))
         scaled = [rm.scale(x, sample=False) for rm, x in zip(members, raw)]
+        if len(scaled) == 1:
+            return scaled[0]
         return float(ensemble(np.array([scaled]), route.options.ensemble, route.options.uncertainty_penalty)[0][0])
 
     def _rule_components(self, rules: RuleScorer, sample: Sample, text: str) -> asyncio.Future:
@@ -253,19 +286,6 @@ class VLLMRewardManager(RewardManagerBase):
         reference = reference_text(sample.fields, self.options.reference_source)
         # rm-gallery rewards (LLM judges) may block on HTTP: keep them off the event loop
         return self.loop.run_in_executor(None, rules.components, sample.response_ids, text, prompt, reference)
-
-    async def _verifiable(self, sample: Sample, text: str) -> tuple[float, dict]:
-        kwargs = dict(
-            data_source=sample.fields["data_source"],
-            solution_str=text,
-            ground_truth=sample.fields["reward_model"]["ground_truth"],
-            extra_info=sample.fields.get("extra_info", {}),
-        )
-        if inspect.iscoroutinefunction(self.compute_score):
-            result = await self.compute_score(**kwargs)
-        else:
-            result = await self.loop.run_in_executor(None, lambda: self.compute_score(**kwargs))
-        return split_verifiable(result)
 
     def _maybe_print(self, sample: Sample, info: dict) -> None:
         source = sample.fields.get("data_source", "unknown")

@@ -18,6 +18,7 @@ from verl_vllm_rm.options import ConfigError, build
 from verl_vllm_rm.protocol.defaults import API_KEY_ENV, DEFAULT_SERVER_URL
 from verl_vllm_rm.rewards.config import CombineMode, RewardConfig
 from verl_vllm_rm.rewards.ensemble import EnsembleMethod
+from verl_vllm_rm.rewards.steps import SCALAR_STEP_REWARDS, StepReward
 from verl_vllm_rm.scoring.pairwise import validate_reference_source
 from verl_vllm_rm.scoring.rm_inputs import check_rubric_template
 
@@ -81,6 +82,7 @@ class RewardModelOptions(ClientOptions):
     failure_policy: FailurePolicy = "raise"
     normalize: bool = False
     whiten: Whiten = "none"
+    step_reward: StepReward = "none"
     rubric_template: str | None = None
     rubric_principles: list[str] = field(default_factory=lambda: ["helpfulness", "harmlessness", "honesty"])
 
@@ -94,6 +96,13 @@ class RewardModelOptions(ClientOptions):
             if self.input_format == "chat_template":
                 raise ValueError("rubric_template replaces input_format=chat_template; use one of them")
             check_rubric_template(self.rubric_template)
+        if self.step_reward == "token" and self.whiten != "none":
+            raise ValueError("step_reward=token puts each raw step score on its token; whiten rescales one number per "
+                             "sample: use whiten=none with it, or a scalar step_reward")
+        if self.step_reward == "token" and (self.input_format != "token_ids" or self.rubric_template is not None):
+            raise ValueError("step_reward=token places step scores on the policy's own response tokens: it needs "
+                             "input_format=token_ids without rubric_template (or use a scalar step_reward: "
+                             f"{', '.join(SCALAR_STEP_REWARDS)})")
         if self.input_format == "chat_template" and not self.rm_tokenizer_path:
             raise ValueError(
                 "input_format=chat_template needs reward_kwargs.rm_tokenizer_path "
@@ -146,6 +155,7 @@ class ManagerOptions(RewardModelOptions):
                 f"combine={self.combine!r} and rewards are exclusive: with a rewards composition, put "
                 "'verifiable' in rewards.components and give it a weight (or in rewards.gate to multiply by it)"
             )
+        by_name = {rm.name: rm for rm in self.reward_model_options()}
         names = [rm.name for rm in self.reward_model_options()]
         if len(set(names)) != len(names):
             raise ValueError(f"reward_models names must be unique, got {names}")
@@ -154,6 +164,11 @@ class ManagerOptions(RewardModelOptions):
             if unknown:
                 raise ValueError(f"routes[{i}].reward_models names {unknown}, which are not in reward_models "
                                  f"(names: {names})")
+            token_level = [n for n in self.route_models(route) if by_name[n].step_reward == "token"]
+            if token_level and len(self.route_models(route)) > 1:
+                raise ValueError(f"routes[{i}] ensembles {list(self.route_models(route))}, and {token_level} gives "
+                                 "token-level step rewards, which do not ensemble: give it a route of its own or a "
+                                 f"scalar step_reward ({', '.join(SCALAR_STEP_REWARDS)})")
             composition = route.rewards or self.reward_config()
             if "rubric" in composition.enabled and not self.route_models(route):
                 raise ValueError(f"routes[{i}] (data_source {route.data_source}) composes 'rubric' (the reward "

@@ -12,12 +12,13 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 from verl_vllm_rm.rewards.ensemble import RunningWhitening
+from verl_vllm_rm.rewards.steps import aggregate_steps, response_steps
 from verl_vllm_rm.scoring.batching import GroupBatcher
 from verl_vllm_rm.scoring.client import VLLMRewardClient
-from verl_vllm_rm.scoring.options import RewardModelOptions
+from verl_vllm_rm.scoring.options import ConfigError, RewardModelOptions
 from verl_vllm_rm.scoring.pairwise import ReferenceCache
 from verl_vllm_rm.scoring.rm_inputs import (
     RMInput,
@@ -31,11 +32,17 @@ from verl_vllm_rm.scoring.rm_inputs import (
 
 @dataclass(frozen=True)
 class Scored:
-    """One RM's answer for one input: the score, the weight version that computed it, when it came."""
+    """One RM's answer for one input: the score, the weight version that computed it, when it came, and the
+    step scores (a server in step mode)."""
 
     score: float
     version: int
     done: float
+    steps: list[float] | None = None
+
+
+class StepRewardError(ValueError):
+    """A process reward that cannot be read: no step tag in the response, or a server not in step mode."""
 
 
 class RewardModel:
@@ -54,24 +61,46 @@ class RewardModel:
         self.whitening = RunningWhitening() if options.whiten == "running" else None
         self.references = ReferenceCache()
         self.failed = 0
-        self._max_length: asyncio.Future | None = None  # of the server's max_model_len
+        self._health: asyncio.Future | None = None  # of the server's /health (max_model_len, step_tag_id)
+        self._max_length: int | None = options.max_length
+        self.step_tag_id: int | None = None  # known once the health probe ran (step_reward needs it)
 
     async def rm_input(self, sample: Sample) -> RMInput:
         prompt_ids, response_ids = self.render(sample, sample.response_ids, None)
         ids, dropped = fit_to_length(prompt_ids, response_ids, await self.max_len(), self.options.overlong_policy)
-        return RMInput(ids, sample.group_key, dropped)
+        return RMInput(ids, sample.group_key, dropped, len(prompt_ids) - dropped)
+
+    def value(self, scored: Scored, rm_input: RMInput) -> float:
+        """This RM's raw reward for the input: the score at the last token, or (``step_reward``) the response's
+        step scores aggregated (``token``: their sum, what the token-level rewards add up to)."""
+        method = self.options.step_reward
+        if method == "none":
+            return scored.score
+        steps = self.response_steps(scored, rm_input)
+        if not steps:
+            raise StepRewardError(
+                f"reward model {self.name!r} (step_reward={method}): the response has no step tag "
+                f"(token id {self.step_tag_id}), so it has no process reward; have the policy mark its steps (a "
+                "format reward helps), or set failure_policy=mask to mask such samples")
+        return float(sum(steps)) if method == "token" else aggregate_steps(steps, method, self.options.normalize)
+
+    def response_steps(self, scored: Scored, rm_input: RMInput) -> list[float]:
+        if scored.steps is None:
+            raise StepRewardError(f"reward model {self.name!r} has step_reward={self.options.step_reward} but its "
+                                  "server returns no step scores: start it with --step-tag-id")
+        return response_steps(scored.steps, rm_input.token_ids, rm_input.prompt_len, self.step_tag_id)
 
     def submit(self, rm_input: RMInput) -> asyncio.Future:
         """The future of this input's :class:`Scored` (grouped with its prompt group's other members)."""
         return self.batcher.submit(rm_input.group_key, rm_input.token_ids)
 
     async def reference_score(self, sample: Sample, rm_input: RMInput, text: str) -> float:
-        """The raw score of the prompt's reference answer ``text``, scored once per prompt group."""
+        """The raw reward (:meth:`value`) of the prompt's reference answer ``text``, scored once per prompt group."""
         prompt_ids, ref_ids = self.render(sample, None, text)
-        ids, _ = fit_to_length(prompt_ids, ref_ids, await self.max_len(), self.options.overlong_policy)
+        ids, dropped = fit_to_length(prompt_ids, ref_ids, await self.max_len(), self.options.overlong_policy)
         scored = await self.references.score((rm_input.group_key, text),
                                              lambda: self.batcher.submit(rm_input.group_key, ids))
-        return scored.score
+        return self.value(scored, RMInput(ids, rm_input.group_key, dropped, len(prompt_ids) - dropped))
 
     def scale(self, raw: float, *, sample: bool = True) -> float:
         """The score the ensemble uses: whitened (``whiten=running``; a sample also updates the statistics)
@@ -81,30 +110,38 @@ class RewardModel:
         return self.whitening.update_and_whiten(raw) if sample else self.whitening.whiten(raw)
 
     async def max_len(self) -> int:
-        """The option, else the server's ``max_model_len``: asked once, shared by all concurrent callers; a
-        failed probe is asked again by the next caller, not kept for the whole run."""
-        if self.options.max_length is not None:
-            return self.options.max_length
-        probe = self._max_length
-        if probe is None:
-            probe = self._max_length = asyncio.ensure_future(self._server_max_len())
-        elif probe.done() and probe.exception() is None:
-            return probe.result()
-        try:
-            return await asyncio.shield(probe)
-        except Exception:
-            if self._max_length is probe:
-                self._max_length = None
-            raise
+        """The option, else the server's ``max_model_len`` (with ``step_reward``, the health probe runs either
+        way: it also gives the step tag)."""
+        if self._max_length is None or (self.options.step_reward != "none" and self.step_tag_id is None):
+            await self.probe()
+        return self._max_length
 
-    async def _server_max_len(self) -> int:
-        return int((await self.client.health())["max_model_len"])
+    async def probe(self) -> None:
+        """Read the server's ``/health`` once, shared by all concurrent callers; a failed probe is asked again by
+        the next caller, not kept for the whole run."""
+        probe = self._health
+        if probe is None:
+            probe = self._health = asyncio.ensure_future(self.client.health())
+        try:
+            health = await asyncio.shield(probe)
+        except Exception:
+            if self._health is probe:
+                self._health = None
+            raise
+        if self.options.step_reward != "none" and health.get("step_tag_id") is None:
+            raise StepRewardError(f"reward model {self.name!r} has step_reward={self.options.step_reward}, and its "
+                                  f"server {self.client.urls} is not in step mode: start it with --step-tag-id "
+                                  "<the step token's id>, or set step_reward=none")
+        self.step_tag_id = health.get("step_tag_id")
+        if self._max_length is None:
+            self._max_length = int(health["max_model_len"])
 
     async def _score_chunk(self, ids: list) -> list[Scored]:
         """One /score request."""
         scores = await self.client.score_request(ids, normalize=self.options.normalize)
         version, done = -1 if scores.version is None else scores.version, time.perf_counter()
-        return [Scored(score, version, done) for score in scores]
+        steps = scores.steps or [None] * len(scores)
+        return [Scored(score, version, done, step) for score, step in zip(scores, steps)]
 
     def render(self, sample: Sample, response_ids: list[int] | None, response_text: str | None):
         """(prompt part, response part) ids of the RM input for a response given as ids or text."""
@@ -125,3 +162,20 @@ class RewardModel:
 
     async def close(self) -> None:
         await self.client.close()
+
+
+def refuse_token_level_when_streaming(config: Any, rm_options: Sequence[RewardModelOptions]) -> None:
+    """verl's agent loop scores each trajectory as it finishes and keeps one scalar at its last token: token-level
+    step rewards reach the reward tensor only through verl's batch path, which verl 0.9.1 takes only when its own
+    reward model is enabled on the training resources."""
+    token_level = [o.name for o in rm_options if o.step_reward == "token"]
+    reward = config.get("reward", {}) if config is not None else {}
+    rm_cfg = reward.get("reward_model", {}) or {}
+    streaming = not rm_cfg.get("enable", False) or rm_cfg.get("enable_resource_pool", False)
+    if token_level and streaming:
+        raise ConfigError(
+            f"reward model(s) {token_level} have step_reward=token, but this run scores in verl's agent loop, which "
+            "keeps only a scalar at the last token and would drop the step rewards: use a scalar step_reward "
+            "(min, last, mean, prod), or take verl's batch reward path with reward.reward_model.enable=True, "
+            "reward.reward_model.enable_resource_pool=False and reward.custom_reward_function.path set (verl then "
+            "calls this manager and places its token rewards; it also starts its own reward_model replicas)")

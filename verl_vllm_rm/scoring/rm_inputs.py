@@ -66,6 +66,7 @@ class RMInput:
     token_ids: list[int]
     group_key: Hashable
     prompt_tokens_dropped: int
+    prompt_len: int = 0  # ids before the response part (after truncation)
 
 
 def fit_to_length(prompt: list[int], response: list[int], max_length: int, policy: str) -> tuple[list[int], int]:

@@ -29,6 +29,7 @@ class Route:
     options: RouteOptions
     reward_models: tuple[str, ...]
     rules: RuleScorer
+    token_level: bool = False  # its one RM gives token-level step rewards
 
     @property
     def ensemble(self) -> str:
@@ -39,6 +40,7 @@ class Router:
     def __init__(self, options: ManagerOptions, tokenizer: Any):
         self.routes: list[Route] = []
         scorers: list[RuleScorer] = []  # routes with equal compositions share one scorer
+        rms = options.reward_model_options()
         for i, route in enumerate(options.route_options()):
             config = route.rewards or options.reward_config()
             rules = next((s for s in scorers if s.config == config), None)
@@ -49,7 +51,9 @@ class Router:
                     where = f"routes[{i}].rewards" if route.rewards is not None else "rewards"
                     raise ValueError(f"reward_kwargs.{where}: {e}") from e
                 scorers.append(rules)
-            self.routes.append(Route(route, options.route_models(route), rules))
+            names = options.route_models(route)
+            token_level = any(rm.step_reward == "token" for rm in rms if rm.name in names)
+            self.routes.append(Route(route, names, rules, token_level))
         self._by_source: dict[str, Route] = {}
 
     def route(self, data_source: str) -> Route:

@@ -8,7 +8,9 @@ manager always has one ``RuleScorer``: from ``reward_kwargs.rewards`` or from th
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+import asyncio
+import inspect
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -47,6 +49,22 @@ class RuleScorer:
     def total(self, values: Mapping[str, float | None]) -> float:
         """``sum(weight_i * component_i) * prod(gate_j)`` over the composition's components."""
         return compose(values, self.config.weights, self.config.gate)
+
+
+async def verifiable_score(compute_score: Callable, loop: asyncio.AbstractEventLoop, sample: Any,
+                           text: str) -> tuple[float, dict[str, float]]:
+    """verl's ``compute_score`` of one sample (a sync one runs in a thread: verifiers may be slow)."""
+    kwargs = dict(
+        data_source=sample.fields["data_source"],
+        solution_str=text,
+        ground_truth=sample.fields["reward_model"]["ground_truth"],
+        extra_info=sample.fields.get("extra_info", {}),
+    )
+    if inspect.iscoroutinefunction(compute_score):
+        result = await compute_score(**kwargs)
+    else:
+        result = await loop.run_in_executor(None, lambda: compute_score(**kwargs))
+    return split_verifiable(result)
 
 
 def split_verifiable(result: Any) -> tuple[float, dict[str, float]]:

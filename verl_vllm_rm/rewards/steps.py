@@ -1,0 +1,63 @@
+"""Process rewards: one response's step scores (the RM's head at each step tag) as a reward.
+
+A server started with ``--step-tag-id`` returns, per input, the score at every position
+holding that token. ``aggregate_steps`` turns a response's steps into one scalar;
+``token_rewards`` spreads a composed reward over the response so that each step's score
+lands on its step tag (token-level rewards, summing to the composed total).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Literal, Sequence
+
+import numpy as np
+
+StepReward = Literal["none", "min", "last", "mean", "prod", "token"]
+#: The scalar aggregations (``prod`` multiplies the steps' sigmoids: the chance that every step is right).
+SCALAR_STEP_REWARDS = ("min", "last", "mean", "prod")
+
+
+def aggregate_steps(steps: Sequence[float], method: str, normalized: bool) -> float:
+    """One scalar from a response's step scores; NaN when it has no step (the caller's failure policy decides).
+
+    ``normalized``: the steps are already sigmoid probabilities (``normalize: true``), so ``prod`` multiplies
+    them as they are; otherwise it multiplies their sigmoids.
+    """
+    if method not in SCALAR_STEP_REWARDS:
+        raise ValueError(f"step reward {method!r} is not one of {list(SCALAR_STEP_REWARDS)}")
+    if not steps:
+        return math.nan
+    s = np.asarray(steps, dtype=np.float64)
+    if method == "min":
+        return float(s.min())
+    if method == "last":
+        return float(s[-1])
+    if method == "mean":
+        return float(s.mean())
+    probs = s if normalized else 1.0 / (1.0 + np.exp(-s))
+    return float(np.prod(probs))
+
+
+def response_steps(steps: Sequence[float], rm_ids: Sequence[int], prompt_len: int, step_tag_id: int) -> list[float]:
+    """The step scores of the response: those after the step tags that stand in the prompt part (the first
+    ``prompt_len`` ids of the RM input), which the server scores too."""
+    in_prompt = sum(1 for t in rm_ids[:prompt_len] if t == step_tag_id)
+    return list(steps[in_prompt:])
+
+
+def token_rewards(response_ids: Sequence[int], step_tag_id: int, steps: Sequence[float],
+                  total_of: Callable[[float], float]) -> list[float]:
+    """Per-token rewards of one response: ``coef * step_i`` at the i-th step tag and the rest of the reward at the
+    last token, where ``total_of(r)`` is the composed reward with the RM component ``r`` (linear in ``r``:
+    ``coef = total_of(1) - total_of(0)``). They sum to ``total_of(sum(steps))``."""
+    positions = [i for i, t in enumerate(response_ids) if t == step_tag_id]
+    if len(positions) != len(steps):
+        raise ValueError(f"{len(steps)} step scores for {len(positions)} step tags ({step_tag_id}) in the response")
+    rest = total_of(0.0)
+    coef = total_of(1.0) - rest
+    out = [0.0] * len(response_ids)
+    for position, step in zip(positions, steps):
+        out[position] += coef * step
+    out[-1] += rest
+    return out
