@@ -16,7 +16,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Mapping, Iterator, Sequence
 
 from verl_vllm_rm.http import HttpError, free_port, get_json
 from verl_vllm_rm.protocol.defaults import PARENT_PID_ENV
@@ -81,13 +81,15 @@ def start_server(
     python: str | None = None,
     startup_timeout_s: float = 600.0,
     log_path: str | Path | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> RewardServer:
-    """Launch the server and block until ``/health`` answers ok (or raise with the log tail)."""
+    """Launch the server and block until ``/health`` answers ok (or raise with the log tail); ``env``: more
+    environment variables for the server (e.g. vLLM's ``VLLM_CPU_OMP_THREADS_BIND``)."""
     port = port or free_port()
     log = Path(log_path) if log_path else Path(tempfile.mkstemp(prefix="verl-vllm-rm-server-", suffix=".log")[1])
     cmd = [python or find_server_python(), "-m", "verl_vllm_rm.server", "--model", str(model), "--port", str(port)]
     cmd += list(extra_args)
-    env = dict(os.environ, **{PARENT_PID_ENV: str(os.getpid())})
+    env = dict(os.environ, **(env or {}), **{PARENT_PID_ENV: str(os.getpid())})
     t0 = time.monotonic()
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
