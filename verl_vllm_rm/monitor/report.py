@@ -111,8 +111,9 @@ def render_png(run: Run, path: Path) -> dict:
 
     data = plotted_series(run)
     panels = data["panels"]
-    fig, axes = plt.subplots(len(panels), 1, figsize=(7, 2.4 * len(panels)), sharex=True, squeeze=False)
+    fig, axes = plt.subplots(len(panels), 1, figsize=(9, 2.4 * len(panels)), sharex=True, squeeze=False)
     for ax, (title, series) in zip(axes[:, 0], panels.items()):
+        ax.set_prop_cycle(color=plt.get_cmap("tab20").colors)  # 20 distinct colours: components run past 10
         for name, values in series.items():
             points = [(s, v) for s, v in zip(run.steps, values) if v is not None]
             if points:
@@ -120,7 +121,7 @@ def render_png(run: Run, path: Path) -> dict:
                 ax.plot(*zip(*points), label=name, **style)
         ax.set_title(title, fontsize=9)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, loc="best")
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the axes: never over a line
     axes[-1, 0].set_xlabel("PPO step")
     axes[-1, 0].xaxis.set_major_locator(MaxNLocator(integer=True))
     fig.tight_layout()
