@@ -15,7 +15,6 @@ import time
 from collections import Counter
 from typing import Any
 
-import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
@@ -24,7 +23,6 @@ from verl.experimental.reward_loop.reward_manager import register
 from verl.experimental.reward_loop.reward_manager.base import RewardManagerBase
 from verl.utils.reward_score import default_compute_score
 from verl_vllm_rm.rewards.compose import rule_keys
-from verl_vllm_rm.rewards.ensemble import ensemble
 from verl_vllm_rm.rewards.steps import token_rewards
 from verl_vllm_rm.scoring.client import RewardServerError
 from verl_vllm_rm.scoring.legacy import warn_misrouted_config
@@ -160,8 +158,8 @@ class VLLMRewardManager(RewardManagerBase):
         submitted = time.perf_counter()
         futures = [rm.submit(rm_input) for rm, rm_input in zip(members, rm_inputs)]
         pairwise = self.options.pairwise == "always" or (self.options.pairwise == "auto" and sample.validate)
-        ref_task = asyncio.ensure_future(self._reference_score(sample, members, rm_inputs)) if pairwise and members \
-            else None
+        ref_task = asyncio.ensure_future(self._reference_score(sample, route, members, rm_inputs)) \
+            if pairwise and members else None
         rules = route.rules
         needs_text = rules.needs_verifiable or rules.has_rules
         text = self.tokenizer.decode(sample.response_ids, skip_special_tokens=True) if needs_text else ""
@@ -238,11 +236,7 @@ class VLLMRewardManager(RewardManagerBase):
         present = [scored for scored, _ in filter(None, answers)]
         scaled = [math.nan if a is None else rm.scale(a[1]) for rm, a in zip(members, answers)]
         valid = bool(present)
-        if len(present) == 1:  # every ensemble of one member is that member (and std 0): skip numpy per sample
-            value, std = next(x for x, a in zip(scaled, answers) if a is not None), 0.0
-        else:
-            values, stds = ensemble(np.array([scaled]), route.options.ensemble, route.options.uncertainty_penalty)
-            value, std = float(values[0]), float(stds[0])
+        value, std = route.combine(scaled) if valid else (0.0, 0.0)
         info.update(rm_score=value if valid else 0.0, rm_valid=float(valid),
                     rm_latency_ms=(max((a.done for a in present), default=time.perf_counter()) - submitted) * 1000.0,
                     rm_weight_version=float(min(a.version for a in present)) if valid else -1.0)
@@ -255,7 +249,7 @@ class VLLMRewardManager(RewardManagerBase):
                     info[f"rm_scaled_{rm.name}"] = None if answer is None else x
         return info
 
-    async def _reference_score(self, sample: Sample, members: list[RewardModel],
+    async def _reference_score(self, sample: Sample, route: Route, members: list[RewardModel],
                                rm_inputs: list[RMInput]) -> float | None:
         """The route's ensemble score of the prompt's reference answer, each member's scored once per prompt
         (None when skipped). Whitened members use their current scale; a reference never updates it."""
@@ -269,12 +263,8 @@ class VLLMRewardManager(RewardManagerBase):
                 f"reference_source={self.options.reference_source!r}; add it to the data, choose another "
                 "reward_kwargs.reference_source, or set reward_kwargs.missing_reference=skip"
             )
-        route = self.router.route(sample.fields.get("data_source", ""))
         raw = await asyncio.gather(*(rm.reference_score(sample, i, text) for rm, i in zip(members, rm_inputs)))
-        scaled = [rm.scale(x, sample=False) for rm, x in zip(members, raw)]
-        if len(scaled) == 1:
-            return scaled[0]
-        return float(ensemble(np.array([scaled]), route.options.ensemble, route.options.uncertainty_penalty)[0][0])
+        return route.combine([rm.scale(x, sample=False) for rm, x in zip(members, raw)])[0]
 
     def _rule_components(self, rules: RuleScorer, sample: Sample, text: str) -> asyncio.Future:
         """The rule components, as a future: computed inline, or in a thread when rm-gallery rewards run."""

@@ -9,10 +9,14 @@ to catch the rest). Without ``routes`` every sample goes to every RM.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import Any
 
+import numpy as np
+
+from verl_vllm_rm.rewards.ensemble import ensemble
 from verl_vllm_rm.scoring.options import ManagerOptions, RouteOptions
 from verl_vllm_rm.scoring.rules import RuleScorer
 
@@ -34,6 +38,15 @@ class Route:
     @property
     def ensemble(self) -> str:
         return self.options.ensemble
+
+    def combine(self, scaled: list[float]) -> tuple[float, float]:
+        """(ensemble value, std) of one sample's member scores (NaN: a masked member); at least one present.
+        One member present is its own ensemble (std 0) for every method: no numpy call per sample then."""
+        present = [x for x in scaled if not math.isnan(x)]
+        if len(present) == 1:
+            return present[0], 0.0
+        values, stds = ensemble(np.array([scaled]), self.options.ensemble, self.options.uncertainty_penalty)
+        return float(values[0]), float(stds[0])
 
 
 class Router:
