@@ -1,10 +1,14 @@
 """Trainer mode ``vllm_rm_online`` in verl's real ``main_ppo``: one RM step per PPO step, published and
-parity-probed; RM state in verl's checkpoints and a resumed run; the reward server killed mid-run."""
+parity-probed; RM state and the RM's whitening statistics in verl's checkpoints and a resumed run; the reward
+server killed mid-run."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+
+import numpy as np
 import pytest
 import torch
 from ppo_runs import direct_scores, expected_totals, generations, tiny_ppo
@@ -19,11 +23,12 @@ pytestmark = [pytest.mark.server, pytest.mark.ray]
 
 @pytest.fixture(scope="module")
 def online_runs(tmp_path_factory, tiny_rm, tiny_task, online_rm_server):
-    """2 online steps (a checkpoint each), then the same run resumed to step 3, against one server."""
+    """2 online steps (a checkpoint each), then the same run resumed to step 3, against one server; the RM's
+    scores are whitened (running statistics, two reward-loop workers)."""
     work = tmp_path_factory.mktemp("ppo_online")
     url = online_rm_server.url
     start = get_json(f"{url}/runtime_version")["version"]
-    common = dict(online="head_only", validate=False, extra_overrides=["trainer.save_freq=1"])
+    common = dict(online="head_only", validate=False, extra_overrides=["trainer.save_freq=1", "+reward.reward_kwargs.whiten=running"])
     first = tiny_ppo(work, tiny_rm, tiny_task["policy"], url, steps=2, **common)
     first["metrics"] = dict(read_metrics(work))  # the resumed run writes its own metrics file
     resumed = tiny_ppo(work, tiny_rm, tiny_task["policy"], url, steps=3, **common)
@@ -70,6 +75,24 @@ def test_rm_state_is_in_verls_checkpoint_and_the_resumed_run_continues(online_ru
     assert state["steps"] == 3 and set(state["params"]) == {"score.weight"}
     reference = sequence_scores(model, probes)
     assert max(abs(a - b) for a, b in zip(served, reference)) <= 1e-4
+
+
+def test_whitening_statistics_are_saved_with_the_rm_and_continue_in_the_resumed_run(online_runs):
+    """Each checkpoint's whitening.json (beside the RM's state) holds the running statistics of every raw RM
+    score of the run so far, merged over both reward-loop workers; the resumed run's workers started from step 2's
+    file, so step 3's counts every score of steps 1-3 once."""
+    work = online_runs[0]
+    raw = {step: [row["rm_score_rm"] for row in read_dump(work, step)] for step in (1, 2, 3)}
+    for step in (1, 2, 3):
+        path = work / "checkpoints" / f"global_step_{step}" / "online_rm" / "whitening.json"
+        saved = json.loads(path.read_text())["reward_models"]["rm"]
+        seen = np.array([x for s in range(1, step + 1) for x in raw[s]], dtype=float)
+        assert saved["count"] == len(seen) == 16 * step
+        assert saved["mean"] == pytest.approx(seen.mean(), abs=1e-6)
+        assert saved["m2"] == pytest.approx(((seen - seen.mean()) ** 2).sum(), rel=1e-6)
+    # the whitened score is what the ensemble (here: the one RM) used
+    row = read_dump(work, 3)[0]
+    assert row["rm_score"] == pytest.approx(row["rm_scaled_rm"])
 
 
 def test_reward_server_killed_and_restarted_during_a_step(tmp_path, tiny_rm, tiny_task, server_args):

@@ -223,7 +223,7 @@ def test_resume_refuses_another_modes_state_and_falls_back_to_the_initial_rm(ste
 
 
 def test_the_resumed_folder_is_the_one_verl_resumed(compose_config, tmp_path, monkeypatch):
-    from verl_vllm_rm.online.trainer_mode import resumed_folder
+    from verl_vllm_rm.scoring.trainer_mode import resumed_folder
 
     monkeypatch.chdir(tmp_path)  # verl resolves a relative default_local_dir against the working directory
     auto = compose_config(["trainer.default_local_dir=ckpts/run", "trainer.resume_mode=auto"])

@@ -7,7 +7,7 @@ import pytest
 
 from verl_vllm_rm.rewards import RewardConfig, compute_rule_rewards
 from verl_vllm_rm.rewards.compose import rule_keys
-from verl_vllm_rm.rewards.ensemble import RunningWhitening, ensemble
+from verl_vllm_rm.rewards.ensemble import Moments, RunningWhitening, ensemble
 
 SCORES = np.array([[1.0, 3.0, 8.0], [2.0, np.nan, 4.0], [np.nan, np.nan, np.nan], [-1.0, -1.0, -1.0]])
 
@@ -45,6 +45,58 @@ def test_running_whitening_is_welford_over_every_score_seen():
     state = w.state()
     assert state["count"] == 50 and state["mean"] == pytest.approx(xs.mean()) and state["std"] == pytest.approx(xs.std())
     assert w.whiten(1.0) == pytest.approx((1.0 - xs.mean()) / xs.std()) and w.count == 50  # whiten alone adds nothing
+
+
+def moments_of(xs) -> Moments:
+    m = Moments()
+    for x in xs:
+        m.add(float(x))
+    return m
+
+
+@pytest.mark.parametrize("split", [(0, 0), (0, 7), (1, 1), (5, 2), (13, 40)])
+def test_merged_moments_are_those_of_both_streams(split):
+    """Chan's update: the moments of two shares merged equal the moments of the whole stream (any sizes,
+    an empty share included), whichever order they merge in."""
+    rng = np.random.default_rng(sum(split))
+    a, b = rng.normal(3.0, 2.0, split[0]), rng.normal(-1.0, 5.0, split[1])
+    whole = np.concatenate([a, b])
+    for merged in (moments_of(a).merged(moments_of(b)), moments_of(b).merged(moments_of(a))):
+        assert merged.count == len(whole)
+        if len(whole):
+            assert merged.mean == pytest.approx(whole.mean()) and merged.m2 == pytest.approx(((whole - whole.mean()) ** 2).sum())
+
+
+def test_whitening_from_a_prior_counts_it_once():
+    """A worker resumed from saved statistics whitens on prior + its own scores, and reports only its own
+    (``seen``), so merging the workers' reports with the prior counts the prior once."""
+    rng = np.random.default_rng(1)
+    before, after = rng.normal(2.0, 4.0, 30), rng.normal(2.5, 4.0, 10)
+    w = RunningWhitening(moments_of(before))
+    for i, x in enumerate(after, start=1):
+        seen = np.concatenate([before, after[:i]])
+        assert w.update_and_whiten(x) == pytest.approx((x - seen.mean()) / seen.std())
+    assert w.seen.count == 10 and w.seen.mean == pytest.approx(after.mean())
+    assert w.prior.merged(w.seen).mean == pytest.approx(np.concatenate([before, after]).mean())
+    with pytest.raises(RuntimeError, match="already seen 10 scores"):
+        w.start_from(moments_of(before))
+    fresh = RunningWhitening()
+    fresh.start_from(moments_of(before))
+    assert fresh.whiten(0.0) == pytest.approx(-before.mean() / before.std()) and fresh.seen.count == 0
+
+
+@pytest.mark.parametrize("state, problem", [
+    ({"count": 3, "mean": 1.0}, "need count, mean and m2"),
+    ({"count": "x", "mean": 1.0, "m2": 1.0}, "need count, mean and m2"),
+    ([1, 2, 3], "need count, mean and m2"),
+    ({"count": -1, "mean": 0.0, "m2": 0.0}, "integer count >= 0"),
+    ({"count": 2.5, "mean": 0.0, "m2": 0.0}, "integer count >= 0"),
+    ({"count": 2, "mean": float("nan"), "m2": 0.0}, "finite mean"),
+    ({"count": 2, "mean": 0.0, "m2": -1.0}, "m2 >= 0"),
+])
+def test_saved_moments_that_are_not_statistics_are_refused(state, problem):
+    with pytest.raises(ValueError, match=f"whitening.json, 'rm'.*{problem}"):
+        Moments.from_dict(state, "whitening.json, 'rm'")
 
 
 @pytest.mark.parametrize("components", [["rubric"], ["format", "length", "ngram"], ["thought_length", "verifiable"],

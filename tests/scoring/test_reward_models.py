@@ -119,6 +119,27 @@ def test_running_whitening_puts_both_rms_on_one_scale(load_manager, rm_server, o
     assert np.allclose(second["rm_score"], (second["rm_scaled_helpful"] + second["rm_scaled_safety"]) / 2)
 
 
+def test_whitening_starts_from_a_prior_and_validation_never_moves_it(load_manager, rm_server, config, tokenizer,
+                                                                     grpo_groups, direct_scores):
+    """A manager given saved statistics (what a resumed run's workers get) whitens on them plus its own training
+    scores; validation samples are whitened on the current scale and leave it as it was."""
+    from verl_vllm_rm.rewards.ensemble import Moments
+
+    mgr = load_manager(config(rm_server.url, whiten="running"), tokenizer)
+    prior = Moments(40, 0.25, 40 * 0.5 ** 2)  # 40 earlier scores, mean 0.25, std 0.5
+    mgr.rm.whitening.start_from(prior)
+    raw = direct_scores[0]
+    validation = build_batch(grpo_groups, tokenizer.pad_token_id)
+    validation.meta_info["validate"] = True
+    scaled = np.array(mgr(validation, return_dict=True)["reward_extra_info"]["rm_scaled_rm"], dtype=float)
+    assert np.allclose(scaled, (raw - 0.25) / 0.5, atol=1e-4) and mgr.rm.whitening.seen.count == 0
+    mgr(build_batch(grpo_groups, tokenizer.pad_token_id))
+    whole = np.concatenate([np.full(20, 0.25 - 0.5), np.full(20, 0.25 + 0.5), raw])  # any stream with the prior's moments
+    assert mgr.rm.whitening.seen.count == len(raw) and mgr.rm.whitening.count == 40 + len(raw)
+    assert mgr.rm.whitening.mean == pytest.approx(whole.mean(), abs=1e-6)
+    assert mgr.rm.whitening.std == pytest.approx(whole.std(), abs=1e-6)
+
+
 def route_groups(grpo_groups):
     """The conftest groups as three data sources: two gsm8k, one chat, one that only the catch-all route takes."""
     sources = ["openai/gsm8k", "chat/helpful", "openai/gsm8k", "lighteval/MATH"]

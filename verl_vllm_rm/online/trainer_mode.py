@@ -32,7 +32,13 @@ from verl.utils.debug import marked_timer
 
 from verl_vllm_rm.options import ConfigError
 from verl_vllm_rm.protocol.defaults import DEFAULT_SERVER_URL
-from verl_vllm_rm.scoring.trainer_mode import RewardMetricsTrainer, real_keys, reward_extra_info
+from verl_vllm_rm.scoring.trainer_mode import (
+    RewardMetricsTrainer,
+    real_keys,
+    resumed_folder,
+    reward_extra_info,
+    step_folder,
+)
 
 # ``verl_vllm_rm.online.driver`` is imported where it is used: a Ray worker whose first import is the hook
 # (an RM trainer worker unpickling its class) imports verl from it, verl then imports this module
@@ -77,18 +83,6 @@ def build_online_rm(config: DictConfig, pad_token_id: int) -> "OnlineRewardModel
     from verl_vllm_rm.online.driver import OnlineRewardModel
 
     return OnlineRewardModel(online_rm_config(config), pad_token_id)
-
-
-def step_folder(config: DictConfig, global_steps: int) -> str:
-    """The folder verl saves step ``global_steps``'s checkpoint in."""
-    return os.path.join(os.path.abspath(config.trainer.default_local_dir), f"global_step_{global_steps}")
-
-
-def resumed_folder(config: DictConfig, global_steps: int) -> str:
-    """The checkpoint folder verl resumed ``global_steps`` from (``trainer.resume_mode`` auto or resume_path)."""
-    if config.trainer.resume_mode == "resume_path":
-        return os.path.abspath(config.trainer.resume_from_path)
-    return step_folder(config, global_steps)
 
 
 def resume_reward_model(online_rm: "OnlineRewardModel", folder: str) -> dict[str, float]:
@@ -137,7 +131,9 @@ def read_rollout(batch: KVBatchMeta, reward_key: str) -> Rollout:
 @register_trainer(TRAINER_MODE)
 class OnlineRewardModelTrainer(RewardMetricsTrainer):
     """Trainer mode ``vllm_rm`` (verl's sync trainer with reward metrics) plus one RM step (and publish) per
-    PPO step, and the RM's drift on a fixed probe set."""
+    PPO step, and the RM's drift on a fixed probe set. The whitening statistics are saved with the RM's state."""
+
+    state_dir = RM_CHECKPOINT_DIR
 
     def init(self):
         super().init()  # verl's setup, which resumes from a checkpoint (and sets global_steps) when configured

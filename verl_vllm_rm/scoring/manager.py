@@ -175,7 +175,7 @@ class VLLMRewardManager(RewardManagerBase):
                 ref_task.cancel()
             raise
         info = dict.fromkeys(self.info_keys)
-        info.update(self._rm_info(route, members, rm_inputs, answers, submitted))
+        info.update(self._rm_info(route, members, rm_inputs, answers, submitted, learn=not sample.validate))
         valid = info["rm_valid"] != 0.0
         if not valid:
             self.failed += 1
@@ -226,15 +226,16 @@ class VLLMRewardManager(RewardManagerBase):
             return None
 
     def _rm_info(self, route: Route, members: list[RewardModel], rm_inputs: list[RMInput],
-                 answers: list[tuple[Scored, float] | None], submitted: float) -> dict[str, Any]:
+                 answers: list[tuple[Scored, float] | None], submitted: float, learn: bool) -> dict[str, Any]:
         """The RM part of ``reward_extra_info``: the ensemble (``rm_score``), each member's raw score, and the
-        request's bookkeeping. A route without RMs gets None (no RM asked, nothing failed)."""
+        request's bookkeeping. A route without RMs gets None (no RM asked, nothing failed). Only training samples
+        (``learn``) update the whitening: validation is scored on the training scale without moving it."""
         info: dict[str, Any] = {"rm_prompt_tokens_dropped": float(sum(i.prompt_tokens_dropped for i in rm_inputs)),
                                 "rm_tokens": float(sum(len(i.token_ids) for i in rm_inputs))}
         if not members:
             return info
         present = [scored for scored, _ in filter(None, answers)]
-        scaled = [math.nan if a is None else rm.scale(a[1]) for rm, a in zip(members, answers)]
+        scaled = [math.nan if a is None else rm.scale(a[1], update=learn) for rm, a in zip(members, answers)]
         valid = bool(present)
         value, std = route.combine(scaled) if valid else (0.0, 0.0)
         info.update(rm_score=value if valid else 0.0, rm_valid=float(valid),
@@ -264,7 +265,7 @@ class VLLMRewardManager(RewardManagerBase):
                 "reward_kwargs.reference_source, or set reward_kwargs.missing_reference=skip"
             )
         raw = await asyncio.gather(*(rm.reference_score(sample, i, text) for rm, i in zip(members, rm_inputs)))
-        return route.combine([rm.scale(x, sample=False) for rm, x in zip(members, raw)])[0]
+        return route.combine([rm.scale(x, update=False) for rm, x in zip(members, raw)])[0]
 
     def _rule_components(self, rules: RuleScorer, sample: Sample, text: str) -> asyncio.Future:
         """The rule components, as a future: computed inline, or in a thread when rm-gallery rewards run."""

@@ -102,12 +102,12 @@ class RewardModel:
                                              lambda: self.batcher.submit(rm_input.group_key, ids))
         return self.value(scored, RMInput(ids, rm_input.group_key, dropped, len(prompt_ids) - dropped))
 
-    def scale(self, raw: float, *, sample: bool = True) -> float:
-        """The score the ensemble uses: whitened (``whiten=running``; a sample also updates the statistics)
-        or the raw one."""
+    def scale(self, raw: float, *, update: bool) -> float:
+        """The score the ensemble uses: whitened (``whiten=running``; with ``update``, a training sample's score
+        first joins the statistics) or the raw one."""
         if self.whitening is None:
             return raw
-        return self.whitening.update_and_whiten(raw) if sample else self.whitening.whiten(raw)
+        return self.whitening.update_and_whiten(raw) if update else self.whitening.whiten(raw)
 
     async def max_len(self) -> int:
         """The option, else the server's ``max_model_len`` (with ``step_reward``, the health probe runs either

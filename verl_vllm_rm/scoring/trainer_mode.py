@@ -16,11 +16,12 @@ verl's asynchronous modes with the same additions. They are registered by this p
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 import numpy as np
 import transfer_queue as tq
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from transfer_queue import KVBatchMeta
 from verl.trainer.ppo.v1 import get_trainer_cls, register_trainer
 from verl.utils.debug import marked_timer
@@ -28,10 +29,23 @@ from verl.utils.debug import marked_timer
 from verl_vllm_rm.monitor.alarms import warnings
 from verl_vllm_rm.monitor.metrics import StepRewards, step_metrics
 from verl_vllm_rm.options import ConfigError
+from verl_vllm_rm.scoring.whitening_checkpoint import WhiteningCheckpoint, whitened_reward_models
 
 logger = logging.getLogger(__name__)
 
 TRAINER_MODE = "vllm_rm"
+
+
+def step_folder(config: DictConfig, global_steps: int) -> str:
+    """The folder verl saves step ``global_steps``'s checkpoint in."""
+    return os.path.join(os.path.abspath(config.trainer.default_local_dir), f"global_step_{global_steps}")
+
+
+def resumed_folder(config: DictConfig, global_steps: int) -> str:
+    """The checkpoint folder verl resumed ``global_steps`` from (``trainer.resume_mode`` auto or resume_path)."""
+    if config.trainer.resume_mode == "resume_path":
+        return os.path.abspath(config.trainer.resume_from_path)
+    return step_folder(config, global_steps)
 
 
 def reward_extra_info(row: Any) -> dict[str, Any]:
@@ -81,6 +95,8 @@ class RewardMetrics:
     """The reward metrics and alarms, on top of one of verl's v1 trainers (``base_mode``)."""
 
     base_mode = "sync"
+    #: where in each ``global_step_N`` folder this trainer keeps its state (the whitening statistics)
+    state_dir = "vllm_rm"
 
     # verl picks the replay buffer, prompt refill, checkpoint contents and the
     # ``trainer.v1.<mode>`` options by ``self.trainer_mode``: the base trainer's mode.
@@ -93,7 +109,11 @@ class RewardMetrics:
         """verl assigns ``config.trainer.v1.trainer_mode`` (our registry name); behaviour stays the base's."""
 
     def init(self):
-        super().init()
+        super().init()  # verl's setup: reward-loop workers built, a checkpoint resumed (global_steps set)
+        whitened = whitened_reward_models(self.config)
+        self.whitening = WhiteningCheckpoint(whitened, self.get_reward_handles()) if whitened else None
+        if self.whitening is not None and self.global_steps > 0:
+            self.whitening.resume(os.path.join(resumed_folder(self.config, self.global_steps), self.state_dir))
         self.rm_normalized = bool(OmegaConf.select(self.config, "reward.reward_kwargs.normalize", default=False))
         self.step_rewards: tuple[list[str], StepRewards] | None = None
         self._dumping_rollouts = False
@@ -104,6 +124,11 @@ class RewardMetrics:
             self.step_rewards = read_step_rewards(batch)
             self.log_reward_metrics(metrics, step_metrics(self.step_rewards[1], self.rm_normalized))
         return batch
+
+    def _save_checkpoint(self):
+        if self.whitening is not None:
+            self.whitening.save(os.path.join(step_folder(self.config, self.global_steps), self.state_dir))
+        super()._save_checkpoint()
 
     def log_reward_metrics(self, metrics: dict, new: dict[str, float]) -> None:
         """Add ``new`` to the step's metrics, with one warning line per alarm it trips."""

