@@ -127,7 +127,7 @@ def main(argv=None) -> dict:
 
     from transformers import AutoTokenizer
 
-    from verl_vllm_rm.dev.server_launcher import start_server
+    from verl_vllm_rm.replicas.launcher import start_server
     from verl_vllm_rm.dev.tiny_rm import TinyRMSpec, build_tiny_rm
 
     root = Path(tempfile.gettempdir())

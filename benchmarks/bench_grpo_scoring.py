@@ -291,7 +291,7 @@ def main(argv=None) -> dict:
 
     from transformers import AutoTokenizer
 
-    from verl_vllm_rm.dev.server_launcher import running_server
+    from verl_vllm_rm.replicas.launcher import running_server
     from verl_vllm_rm.dev.tiny_rm import build_tiny_rm
 
     model = str(build_tiny_rm(Path(tempfile.gettempdir()) / "verl-vllm-rm-bench-tiny-rm"))

@@ -294,7 +294,7 @@ def main(argv=None) -> dict:
             parser.error(f"--configs: unknown {n!r}; choose from {CONFIGS}")
 
     from verl_vllm_rm.dev.tiny_ppo import SERVER_ARGS, TinyPPOConfig, prepare_inputs
-    from verl_vllm_rm.dev.server_launcher import running_server
+    from verl_vllm_rm.replicas.launcher import running_server
 
     parent = Path(args.work_dir).resolve()
     base = TinyPPOConfig(work_dir=parent, steps=args.steps, rm=args.rm, rm_train_seconds=args.rm_train_seconds,

@@ -84,7 +84,7 @@ def raw_broadcast_s(backend: str, sizes: list[int], reps: int) -> list[float]:
 def bench_model(name: str, workdir: Path, modes: list[str], reps: int, bucket_bytes: int) -> list[dict]:
     from transformers import AutoModelForSequenceClassification
 
-    from verl_vllm_rm.dev.server_launcher import running_server
+    from verl_vllm_rm.replicas.launcher import running_server
     from verl_vllm_rm.weight_sync import RewardModelPublisher
 
     path = build_tiny_rm(workdir / name, MODELS[name])

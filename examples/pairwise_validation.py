@@ -11,7 +11,7 @@ import tempfile
 from transformers import AutoTokenizer
 
 from verl_vllm_rm.dev.grpo_batch import Group, build_batch
-from verl_vllm_rm.dev.server_launcher import running_server
+from verl_vllm_rm.replicas.launcher import running_server
 from verl_vllm_rm.dev.tiny_rm import build_tiny_rm
 from verl_vllm_rm.scoring.loader import load_manager
 

@@ -7,7 +7,7 @@ import asyncio
 import tempfile
 
 from verl_vllm_rm.scoring.client import VLLMRewardClient
-from verl_vllm_rm.dev.server_launcher import running_server
+from verl_vllm_rm.replicas.launcher import running_server
 from verl_vllm_rm.dev.tiny_rm import build_tiny_rm
 
 TEXTS = ["What is 2 + 2? The answer is 4.", "What is 2 + 2? The answer is 5.", "so so so so"]

@@ -14,7 +14,7 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from verl_vllm_rm.dev.tiny_task import encode_pairs, preference_pairs
 from verl_vllm_rm.parity.reference import sequence_scores
-from verl_vllm_rm.dev.server_launcher import running_server
+from verl_vllm_rm.replicas.launcher import running_server
 from verl_vllm_rm.weight_sync import RewardModelPublisher
 from verl_vllm_rm.dev.tiny_rm import build_tiny_rm
 from verl_vllm_rm.online.bt import BradleyTerryTrainer, prepare_reward_model

@@ -14,13 +14,14 @@ from pathlib import Path
 import pytest
 import requests
 
-from verl_vllm_rm.dev.server_launcher import running_server
+from verl_vllm_rm.replicas.launcher import running_server
 from verl_vllm_rm.dev.tiny_rm import STEP, build_tiny_rm, synthetic_corpus
 from verl_vllm_rm.online.bt import collate_pairs
 from verl_vllm_rm.scoring.loader import compose_verl_config, vllm_rm_config
 
-# open_sessions_check: the run fails if an aiohttp session is left open; tq_helpers: the `queue` fixture
-pytest_plugins = ["open_sessions_check", "tq_helpers"]
+# open_sessions_check: the run fails if an aiohttp session is left open; orphan_engines_check: if a server's
+# engine process outlives it; tq_helpers: the `queue` fixture
+pytest_plugins = ["open_sessions_check", "orphan_engines_check", "tq_helpers"]
 
 ROOT = Path(__file__).resolve().parents[1]
 # Fixtures that start the real server or Ray. A test that uses one, even through another fixture,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import psutil
 
 
@@ -13,3 +15,30 @@ def listening_ip(pid: int, port: int) -> str | None:
             if conn.status == psutil.CONN_LISTEN and conn.laddr.port == port:
                 return conn.laddr.ip
     return None
+
+
+def orphaned_engines() -> list[str]:
+    """vLLM engine processes of a reward server whose API server is gone (they carry ``SERVER_PID_ENV``, naming
+    it): what a server killed without its process group would leave running."""
+    from verl_vllm_rm.protocol.defaults import SERVER_PID_ENV
+
+    out = []
+    for proc in psutil.process_iter(["pid", "name"]):
+        try:
+            server = proc.environ().get(SERVER_PID_ENV)
+            if not server or int(server) == proc.pid:
+                continue
+            alive = psutil.pid_exists(int(server)) and psutil.Process(int(server)).status() != psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            continue
+        if not alive:
+            out.append(f"pid {proc.pid} ({proc.info['name']}) of server {server}")
+    return out
+
+
+def wait_for_no_orphaned_engines(timeout_s: float = 30.0) -> list[str]:
+    """The orphans still there after ``timeout_s`` (each engine process notices its server's end within a second)."""
+    deadline = time.monotonic() + timeout_s
+    while (left := orphaned_engines()) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return left

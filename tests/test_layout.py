@@ -15,7 +15,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "verl_vllm_rm"
 # From the ground up: each room may import the rooms before it (and itself).
-LAYERS = ["protocol", "options", "http", "rewards", "monitor", "scoring", "parity", "weight_sync", "online", "dev", "cli"]
+LAYERS = ["protocol", "options", "http", "rewards", "monitor", "replicas", "scoring", "parity", "weight_sync", "online", "dev", "cli"]
 SERVER_MAY_IMPORT = {"protocol"}  # nothing imports server/: it runs in its own environment
 VERL_ROOMS = {"scoring", "online", "dev"}
 VLLM_ROOMS = {"server"}

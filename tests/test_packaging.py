@@ -9,7 +9,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 
 from verl_vllm_rm.dev.gpu_lock import canonical, read_lock
-from verl_vllm_rm.dev.server_launcher import find_server_python
+from verl_vllm_rm.replicas.launcher import find_server_python
 
 ROOT = Path(__file__).resolve().parents[1]
 

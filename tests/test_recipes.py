@@ -112,7 +112,7 @@ def test_recipes_name_what_the_server_environment_lacks():
 
 def test_recipes_name_a_trainer_environment_without_verl(tmp_path):
     """python3 on PATH is the server environment's (no verl): the recipe says to activate the trainer's."""
-    from verl_vllm_rm.dev.server_launcher import find_server_python
+    from verl_vllm_rm.replicas.launcher import find_server_python
 
     (tmp_path / "bin").mkdir()
     (tmp_path / "bin" / "python3").symlink_to(find_server_python())

@@ -12,7 +12,7 @@ from verl_vllm_rm.protocol.defaults import API_KEY_ENV, DEFAULT_SERVER_URL
 
 
 def _serve(args: argparse.Namespace, rest: list[str]) -> int:
-    from verl_vllm_rm.dev.server_launcher import find_server_python
+    from verl_vllm_rm.replicas.launcher import find_server_python
 
     python = args.server_python or find_server_python()
     os.execv(python, [python, "-m", "verl_vllm_rm.server", *rest])
@@ -72,7 +72,7 @@ def _tiny_ppo(args: argparse.Namespace, rest: list[str]) -> int:
 def _bench(args: argparse.Namespace, rest: list[str]) -> int:
     import runpy
 
-    from verl_vllm_rm.dev.server_launcher import REPO_ROOT
+    from verl_vllm_rm.replicas.launcher import REPO_ROOT
 
     scripts = sorted((REPO_ROOT / "benchmarks").glob("bench_*.py"))
     if not scripts:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Callable
 
 import requests
 
@@ -28,9 +29,11 @@ def direct_scores(url: str, sequences: list[list[int]]) -> list[float]:
     return [item["score"] for item in resp.json()["data"]]
 
 
-def expected_totals(dump: list[dict], gens: list[dict], tokenizer, url: str) -> list[tuple[dict, list[float], float]]:
-    """For each dump row: the candidate RM scores (direct /score of every generation that decodes to the
-    row's text) and the rule part of tiny-ppo's composition (gsm8k correctness + FORM_WEIGHT * form)."""
+def expected_totals(dump: list[dict], gens: list[dict], tokenizer, url: str | Callable[[list[list[int]]], list[float]]
+                    ) -> list[tuple[dict, list[float], float]]:
+    """For each dump row: the candidate RM scores (direct /score on ``url``, or ``url(sequences)``, of every
+    generation that decodes to the row's text) and the rule part of tiny-ppo's composition (gsm8k correctness +
+    FORM_WEIGHT * form)."""
     from verl.utils.reward_score import default_compute_score
 
     from verl_vllm_rm.dev.tiny_ppo import FORM_PATTERN, FORM_WEIGHT
@@ -48,5 +51,5 @@ def expected_totals(dump: list[dict], gens: list[dict], tokenizer, url: str) -> 
         text = row["output"]
         rules = float(default_compute_score(DATA_SOURCE, text, row["gts"])) + FORM_WEIGHT * float(
             re.search(FORM_PATTERN, text, re.DOTALL) is not None)
-        out.append((row, direct_scores(url, sequences), rules))
+        out.append((row, url(sequences) if callable(url) else direct_scores(url, sequences), rules))
     return out

@@ -15,7 +15,7 @@ from ppo_runs import direct_scores, expected_totals, generations, tiny_ppo
 
 from verl_vllm_rm.dev.ppo_report import read_dump, read_metrics
 from verl_vllm_rm.dev.tiny_ppo import TinyPPOConfig, TinyPPOError, run_tiny_ppo
-from verl_vllm_rm.dev.server_launcher import start_server
+from verl_vllm_rm.replicas.launcher import start_server
 from verl_vllm_rm.http import free_port, get_json
 
 pytestmark = [pytest.mark.server, pytest.mark.ray]

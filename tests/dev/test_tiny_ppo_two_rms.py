@@ -1,46 +1,70 @@
-"""Two reward models in verl's real ``main_ppo`` (GRPO on CPU through the harness): each dumped reward is the
-uncertainty-penalised ensemble of both servers' scores of the exact token ids verl generated (the second RM's
-whitened), plus the rules; the whitening statistics are in the run's checkpoint."""
+"""Two reward models in verl's real ``main_ppo`` (GRPO on CPU through the harness): ``helpful`` on the session's
+server, ``safety`` on two replicas the plugin starts and manages on verl's Ray cluster. Each dumped reward is the
+uncertainty-penalised ensemble of both RMs' scores of the exact token ids verl generated (the second RM's
+whitened), plus the rules; both replicas served, every per-replica metric is in verl's logger, the whitening
+statistics are in the run's checkpoint, and no replica process outlives the run."""
 
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 from ppo_runs import expected_totals, generations, tiny_ppo
+from process_helpers import wait_for_no_orphaned_engines
 
 from verl_vllm_rm.dev.ppo_report import read_dump, read_metrics
-from verl_vllm_rm.dev.server_launcher import running_server
 from verl_vllm_rm.dev.tiny_rm import TinyRMSpec, build_tiny_rm
 
 pytestmark = [pytest.mark.server, pytest.mark.ray]
-SERVER_ARGS = ["--dtype", "float32", "--max-model-len", "512", "--enforce-eager"]
 PENALTY = 0.5
 
 
 @pytest.fixture(scope="module")
-def second_rm_server(tmp_path_factory, tiny_rm):
+def second_rm(tmp_path_factory, tiny_rm) -> Path:
     """Another RM on the session RM's tokenizer (other weights, 10x the head scale), for this module only."""
-    path = build_tiny_rm(tmp_path_factory.mktemp("second_rm"), TinyRMSpec(init_seed=7, head_std=1.0))
-    with running_server(path, SERVER_ARGS) as server:
-        yield server
+    return build_tiny_rm(tmp_path_factory.mktemp("second_rm"), TinyRMSpec(init_seed=7, head_std=1.0))
+
+
+def server_processes(model: Path) -> list[int]:
+    """Pids of reward servers serving ``model`` (from /proc: whoever started them)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmd = (proc / "cmdline").read_bytes().split(b"\0")
+        except (OSError, ValueError):
+            continue
+        if b"verl_vllm_rm.server" in cmd and str(model).encode() in cmd:
+            pids.append(int(proc.name))
+    return pids
 
 
 @pytest.fixture(scope="module")
-def two_rm_run(tmp_path_factory, tiny_rm, tiny_task, rm_server, second_rm_server) -> dict:
+def two_rm_run(tmp_path_factory, tiny_rm, tiny_task, rm_server, second_rm, server_args) -> dict:
+    args = ",".join(f"'{a}'" for a in server_args)
+    replicas = f"{{model:'{second_rm}',num_replicas:2,server_args:[{args}]}}"
     overrides = [
-        f"+reward.reward_kwargs.reward_models=[{{name:helpful}},{{name:safety,server_url:'{second_rm_server.url}',"
-        "whiten:running}]",
+        f"+reward.reward_kwargs.reward_models=[{{name:helpful}},{{name:safety,whiten:running,replicas:{replicas}}}]",
         f"+reward.reward_kwargs.routes=[{{data_source:'*',ensemble:mean_minus_std,uncertainty_penalty:{PENALTY}}}]",
     ]
-    return tiny_ppo(tmp_path_factory.mktemp("ppo_two_rms"), tiny_rm, tiny_task["policy"], rm_server.url, steps=2,
-                    validate=False, extra_overrides=[*overrides, "trainer.save_freq=2"])
+    run = tiny_ppo(tmp_path_factory.mktemp("ppo_two_rms"), tiny_rm, tiny_task["policy"], rm_server.url, steps=2,
+                   validate=False, extra_overrides=[*overrides, "trainer.save_freq=2"])
+    deadline = time.monotonic() + 60  # each server notices its replica actor is gone within a second or two
+    while server_processes(second_rm) and time.monotonic() < deadline:
+        time.sleep(1)
+    run["replica_processes_after"] = server_processes(second_rm)
+    run["orphaned_engines_after"] = wait_for_no_orphaned_engines()
+    return run
 
 
-def test_every_reward_is_the_ensemble_of_both_servers(two_rm_run, rm_server, second_rm_server):
+def test_every_reward_is_the_ensemble_of_both_servers(two_rm_run, rm_server, second_rm):
     from transformers import AutoTokenizer
+
+    from verl_vllm_rm.parity.reference import load_reward_model, sequence_scores
+
+    safety_model = load_reward_model(str(second_rm))
 
     work = Path(two_rm_run["rollout_data_dir"]).parent
     tokenizer = AutoTokenizer.from_pretrained(two_rm_run["policy"])
@@ -50,7 +74,7 @@ def test_every_reward_is_the_ensemble_of_both_servers(two_rm_run, rm_server, sec
         dump = read_dump(work, step)
         assert len(dump) == 16
         helpful = expected_totals(dump, gens, tokenizer, rm_server.url)
-        safety = expected_totals(dump, gens, tokenizer, second_rm_server.url)
+        safety = expected_totals(dump, gens, tokenizer, lambda seqs: sequence_scores(safety_model, seqs))
         for (row, a_candidates, rules), (_, b_candidates, _) in zip(helpful, safety):
             a, b = row["rm_score_helpful"], row["rm_score_safety"]
             assert min(abs(a - c) for c in a_candidates) <= 1e-4 and min(abs(b - c) for c in b_candidates) <= 1e-4
@@ -83,3 +107,20 @@ def test_the_checkpoint_holds_the_whitened_rms_statistics(two_rm_run):
     state = saved["reward_models"]["safety"]
     assert state["count"] == len(seen) == 32 and state["mean"] == pytest.approx(seen.mean(), abs=1e-6)
     assert state["m2"] == pytest.approx(((seen - seen.mean()) ** 2).sum(), rel=1e-6)
+
+
+def test_both_managed_replicas_served_and_none_outlives_the_run(two_rm_run):
+    """Per-replica metrics in verl's logger every step: both replicas in routing on version 0, no failure, no
+    restart, and over the run both took requests (the load is spread); after main_ppo exits, no server of the
+    replicas' model is left."""
+    work = Path(two_rm_run["rollout_data_dir"]).parent
+    metrics = dict(read_metrics(work))
+    for step in (1, 2):
+        for i in (0, 1):
+            m = {k.rsplit("/", 1)[1]: v for k, v in metrics[step].items() if k.startswith(f"replicas/safety/{i}/")}
+            assert m["routed"] == 1.0 and m["version"] == 0.0 and m["failures"] == 0.0 and m["restarts"] == 0.0, m
+            assert m["requests"] == 0.0 or m["latency_ms"] > 0.0
+    served = [sum(metrics[step][f"replicas/safety/{i}/inputs"] for step in (1, 2)) for i in (0, 1)]
+    assert all(n > 0 for n in served), served
+    assert sum(served) >= 32  # every sample's safety score came from one of them (plus the health probes' none)
+    assert two_rm_run["replica_processes_after"] == [] and two_rm_run["orphaned_engines_after"] == []

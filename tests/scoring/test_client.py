@@ -291,3 +291,35 @@ def test_bad_options_are_clear():
         client = VLLMRewardClient("http://127.0.0.1:1")
         run(client, client.score_batch(["a", [1]]))
 
+
+
+def test_a_followed_source_gives_the_servers_and_is_asked_again(rm_server, blackhole, tokenizer, hf_model, texts):
+    """``follow``: requests wait for the source's first list (managed replicas come up behind it), route over
+    it, and take a new list at most every ``refresh_s`` (a replica out of routing is dropped, stats kept for the
+    ones that stay)."""
+    lists = [[blackhole], [rm_server.url]]
+    asked = []
+
+    async def source():
+        asked.append(time.monotonic())
+        await asyncio.sleep(0.2)  # the fleet answers once its replicas are up
+        return lists[min(len(asked), 2) - 1]
+
+    client = VLLMRewardClient(max_retries=6, connect_timeout_s=0.3, **FAST)
+    client.follow(source, refresh_s=0.3)
+    ids = [tokenizer(t).input_ids for t in texts[:2]]
+    scores = run(client, client.score_batch(ids))  # first to the blackhole, then the refreshed list
+    assert scores == pytest.approx(sequence_scores(hf_model, ids), abs=1e-4)
+    assert len(asked) >= 2 and client.urls == [rm_server.url]
+    stats = client.endpoint_stats()[rm_server.url]
+    assert stats["requests"] >= 1 and stats["failures"] == 0 and stats["latency_ms"] > 0
+
+
+def test_a_source_that_fails_before_any_server_is_named(texts):
+    async def source():
+        raise RuntimeError("fleet vllm_rm_replicas_rm: replica 0 did not start")
+
+    client = VLLMRewardClient(max_retries=0, **FAST)
+    client.follow(source)
+    with pytest.raises(RewardServerError, match="source failed: fleet vllm_rm_replicas_rm: replica 0 did not start"):
+        run(client, client.score_batch([[1, 2, 3]]))

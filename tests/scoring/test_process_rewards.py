@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from verl_vllm_rm.dev.grpo_batch import Group, build_batch, row_token_ids
-from verl_vllm_rm.dev.server_launcher import running_server
+from verl_vllm_rm.replicas.launcher import running_server
 from verl_vllm_rm.dev.tiny_rm import STEP
 from verl_vllm_rm.options import ConfigError
 from verl_vllm_rm.parity.reference import sequence_scores, step_scores

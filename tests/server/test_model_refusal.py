@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from verl_vllm_rm.dev.server_launcher import ServerStartError, start_server
+from verl_vllm_rm.replicas.launcher import ServerStartError, start_server
 
 pytestmark = pytest.mark.server  # starts its own servers (which must refuse)
 

@@ -23,7 +23,7 @@ import psutil
 import pytest
 import requests
 
-from verl_vllm_rm.dev.server_launcher import SERVER_PYTHON_ENV, find_server_python, start_server
+from verl_vllm_rm.replicas.launcher import SERVER_PYTHON_ENV, find_server_python, start_server
 
 pytestmark = pytest.mark.server  # starts and kills its own server
 
@@ -109,6 +109,19 @@ def engine_core(server) -> psutil.Process:
              if "EngineCore" in " ".join(p.cmdline())]
     assert len(cores) == 1, [p.cmdline() for p in psutil.Process(server.process.pid).children(recursive=True)]
     return cores[0]
+
+
+def test_health_counts_what_the_server_scored(own_server):
+    """/health's scoring counters (what a fleet reports per replica): answered requests and their inputs, refused
+    ones (4xx) apart, and the time spent in them."""
+    server, _ = own_server
+    before = requests.get(f"{server.url}/health", timeout=10).json()["scoring"]
+    assert requests.post(f"{server.url}/score", json={"input": [[1, 2, 3], [4, 5], [6]]}, timeout=60).status_code == 200
+    assert requests.post(f"{server.url}/score", json={"input": []}, timeout=60).status_code == 400
+    after = requests.get(f"{server.url}/health", timeout=10).json()["scoring"]
+    assert after["requests"] - before["requests"] == 1 and after["inputs"] - before["inputs"] == 3
+    assert after["refused"] - before["refused"] == 1 and after["failed"] == before["failed"]
+    assert after["busy_s"] > before["busy_s"]
 
 
 def test_health_is_503_with_the_cause_when_the_engine_dies(own_server):

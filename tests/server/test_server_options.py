@@ -6,7 +6,7 @@ import requests
 from verl_vllm_rm.weight_sync import RewardModelPublisher, WeightUpdateRefused
 
 from verl_vllm_rm.parity.reference import sequence_scores, step_scores
-from verl_vllm_rm.dev.server_launcher import running_server
+from verl_vllm_rm.replicas.launcher import running_server
 
 pytestmark = pytest.mark.server  # starts its own server (with --api-key and step tags)
 

@@ -266,7 +266,7 @@ def first_error(log_path: Path) -> str:
 
 def run_tiny_ppo(cfg: TinyPPOConfig, on_step: Callable[[int, dict, int | None], None] | None = print_step) -> dict:
     """Build the inputs, serve the RM, run main_ppo; returns the summary (also in ``summary.json``)."""
-    from verl_vllm_rm.dev.server_launcher import ServerStartError, start_server
+    from verl_vllm_rm.replicas.launcher import ServerStartError, start_server
 
     inputs = prepare_inputs(cfg)
     server = None

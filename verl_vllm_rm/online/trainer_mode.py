@@ -68,6 +68,10 @@ def online_rm_config(config: DictConfig) -> "OnlineRMConfig":
         raise ConfigError(f"trainer mode {TRAINER_MODE!r} needs an online_rm section: add "
                           "+online_rm.model_path=... (see recipes/grpo_math_online_rm.sh)")
     options = OmegaConf.to_container(config.online_rm, resolve=True)
+    if OmegaConf.select(config, "reward.reward_kwargs.replicas", default=None) is not None:
+        raise ConfigError(f"trainer mode {TRAINER_MODE!r} publishes the RM's weights to one server, and this run's "
+                          "RM is served by managed replicas (reward_kwargs.replicas), which would score with stale "
+                          "weights: use reward_kwargs.server_url (one server) with online RM training for now")
     if "server_url" not in options:
         urls = OmegaConf.select(config, "reward.reward_kwargs.server_url", default=DEFAULT_SERVER_URL)
         urls = [urls] if isinstance(urls, str) else list(urls)

@@ -3,7 +3,9 @@
 One pooled session per event loop, bounded concurrency, finite timeouts, retries
 with exponential backoff and jitter on connection errors, timeouts, 429 and 5xx
 (never on other 4xx), and least-outstanding-requests routing over several servers
-with fail-over. Each attempt goes through :mod:`verl_vllm_rm.http`.
+with fail-over. Each attempt goes through :mod:`verl_vllm_rm.http`. The server list is
+fixed (``server_url``) or follows a source (:meth:`VLLMRewardClient.follow`: managed
+replicas), asked again at most once a second and awaited only while no server is known.
 
 ``score_request`` sends its items as one ``/score`` request; ``score_batch`` first
 splits them by the sequence and token budget (the group batcher splits on its own
@@ -16,11 +18,12 @@ score is an error (retried like a 5xx), never a number.
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 import time
 import weakref
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Sequence
 
 from verl_vllm_rm import http
 from verl_vllm_rm.protocol.score import ScoreResponseError, Scores, parse_score_response
@@ -52,6 +55,9 @@ class _Endpoint:
     url: str
     outstanding: int = 0
     down_until: float = 0.0
+    requests: int = 0  # attempts sent to this server, failures among them, and their summed time
+    failures: int = 0
+    busy_s: float = 0.0
 
 
 @dataclass
@@ -86,6 +92,9 @@ class VLLMRewardClient:
         self.options: ClientOptions = options
         self._endpoints = [_Endpoint(u.rstrip("/")) for u in self.options.server_url]
         self._loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopState] = weakref.WeakKeyDictionary()
+        self._source: Callable[[], Awaitable[list[str]]] | None = None
+        self._refresh_s, self._refreshed = 1.0, -math.inf
+        self._pending: asyncio.Future | None = None
 
     @property
     def urls(self) -> list[str]:
@@ -130,6 +139,17 @@ class VLLMRewardClient:
     async def health(self) -> dict:
         return await self._call("GET", "/health")
 
+    def endpoint_stats(self) -> dict[str, dict[str, float]]:
+        """Per server: requests sent, failed ones, and their mean latency in ms (per-replica metrics)."""
+        return {e.url: {"requests": e.requests, "failures": e.failures,
+                        "latency_ms": 1000.0 * e.busy_s / e.requests if e.requests else 0.0}
+                for e in self._endpoints}
+
+    def follow(self, source: Callable[[], Awaitable[list[str]]], refresh_s: float = 1.0) -> None:
+        """Route over the URLs ``source()`` gives (the replicas in routing), asked again at most every
+        ``refresh_s``; requests wait for its first answer."""
+        self._source, self._refresh_s, self._refreshed, self._endpoints = source, refresh_s, -math.inf, []
+
     async def close(self) -> None:
         """Close this event loop's HTTP session."""
         state = self._loops.pop(asyncio.get_running_loop(), None)
@@ -154,8 +174,32 @@ class VLLMRewardClient:
             self._loops[loop] = state
         return state
 
+    async def _refresh(self) -> None:
+        """Ask the source for the servers (at most every ``refresh_s``; one question at a time)."""
+        now = time.monotonic()
+        if self._pending is None and now - self._refreshed >= self._refresh_s:
+            self._refreshed = now
+            self._pending = asyncio.ensure_future(self._source())
+        pending = self._pending
+        if pending is None or (self._endpoints and not pending.done()):
+            return
+        try:
+            urls = await asyncio.shield(pending)
+        except Exception as e:
+            if not self._endpoints:
+                raise RewardServerError(f"the reward servers' source failed: {e}") from e
+            urls = []
+        finally:
+            if self._pending is pending:
+                self._pending = None
+        if urls:
+            known = {e.url: e for e in self._endpoints}
+            self._endpoints = [known.get(u.rstrip("/")) or _Endpoint(u.rstrip("/")) for u in urls]
+
     def _pick(self, avoid: _Endpoint | None = None) -> _Endpoint:
         """Least outstanding among the servers that look up; a retry avoids the one that just failed."""
+        if not self._endpoints:
+            raise _Retryable("no reward server in routing yet", endpoint_down=False)
         now = time.monotonic()
         up = [e for e in self._endpoints if e.down_until <= now]
         up = [e for e in up if e is not avoid] or up  # a slow (timed-out) server is not marked down
@@ -173,12 +217,15 @@ class VLLMRewardClient:
         failed: _Endpoint | None = None
         async with state.semaphore:
             for attempt in range(opts.max_retries + 1):
-                endpoint = self._pick(avoid=failed)
+                endpoint = None
                 try:
+                    if self._source is not None:
+                        await self._refresh()
+                    endpoint = self._pick(avoid=failed)
                     body = await self._once(state.session, endpoint, method, path, payload, deadline)
                     return validate(body) if validate else body
                 except _Retryable as e:
-                    errors.append(f"{endpoint.url}: {e}")
+                    errors.append(f"{endpoint.url if endpoint else '(no server)'}: {e}")
                     failed = endpoint
                     if e.endpoint_down:
                         endpoint.down_until = time.monotonic() + opts.endpoint_cooldown_s
@@ -195,6 +242,8 @@ class VLLMRewardClient:
         """One attempt; a failure is either worth a retry or a refusal (:class:`RewardRequestError`)."""
         opts = self.options
         endpoint.outstanding += 1
+        endpoint.requests += 1
+        t0 = time.perf_counter()
         try:
             return await http.request_json(
                 session, method, endpoint.url + path, payload,
@@ -202,8 +251,10 @@ class VLLMRewardClient:
                 connect_s=opts.connect_timeout_s, read_s=opts.read_timeout_s,
             )
         except http.HttpError as e:
+            endpoint.failures += 1
             if not e.transient:
                 raise RewardRequestError(f"{method} {e.url} was refused with {e.cause}") from None
             raise _Retryable(e.cause, endpoint_down=e.unreachable) from None
         finally:
             endpoint.outstanding -= 1
+            endpoint.busy_s += time.perf_counter() - t0

@@ -36,9 +36,11 @@ def hydra_value(value: Any) -> str:
     return str(value)
 
 
-def vllm_rm_overrides(server_url: str, model_path: str, reward_kwargs: Mapping[str, Any] | None = None) -> list[str]:
-    """The overrides that select ``vllm_rm`` on ``server_url`` with ``reward.reward_kwargs``."""
-    kwargs = {"server_url": server_url, **(reward_kwargs or {})}
+def vllm_rm_overrides(server_url: str | None, model_path: str, reward_kwargs: Mapping[str, Any] | None = None
+                      ) -> list[str]:
+    """The overrides that select ``vllm_rm`` on ``server_url`` (None: the options say where, e.g. ``replicas``)
+    with ``reward.reward_kwargs``."""
+    kwargs = {**({"server_url": server_url} if server_url else {}), **(reward_kwargs or {})}
     return [
         "reward.reward_manager.name=vllm_rm",
         f"actor_rollout_ref.model.path={model_path}",
@@ -46,7 +48,7 @@ def vllm_rm_overrides(server_url: str, model_path: str, reward_kwargs: Mapping[s
     ]
 
 
-def vllm_rm_config(server_url: str, model_path: str, reward_kwargs: Mapping[str, Any] | None = None,
+def vllm_rm_config(server_url: str | None, model_path: str, reward_kwargs: Mapping[str, Any] | None = None,
                    overrides: Sequence[str] = ()) -> DictConfig:
     """A composed verl config selecting ``vllm_rm``; ``overrides`` are further Hydra overrides."""
     return compose_verl_config([*vllm_rm_overrides(server_url, model_path, reward_kwargs), *overrides])

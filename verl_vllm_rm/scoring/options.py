@@ -16,6 +16,7 @@ from typing import Any, Literal, Mapping
 
 from verl_vllm_rm.options import ConfigError, build
 from verl_vllm_rm.protocol.defaults import API_KEY_ENV, DEFAULT_SERVER_URL
+from verl_vllm_rm.replicas.options import ReplicaOptions
 from verl_vllm_rm.rewards.config import CombineMode, RewardConfig
 from verl_vllm_rm.rewards.ensemble import EnsembleMethod
 from verl_vllm_rm.rewards.steps import SCALAR_STEP_REWARDS, StepReward
@@ -85,9 +86,14 @@ class RewardModelOptions(ClientOptions):
     step_reward: StepReward = "none"
     rubric_template: str | None = None
     rubric_principles: list[str] = field(default_factory=lambda: ["helpfulness", "harmlessness", "honesty"])
+    replicas: ReplicaOptions | None = None  # servers the plugin starts on verl's Ray cluster, instead of server_url
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.replicas is not None and list(self.server_url) != [DEFAULT_SERVER_URL]:
+            raise ValueError(f"reward model {self.name!r} has both server_url {list(self.server_url)} and replicas: "
+                             "managed replicas replace server_url; drop one of them (an RM either has servers you "
+                             "started or replicas the plugin starts)")
         if not RM_NAME.fullmatch(self.name):
             raise ValueError(f"reward model name {self.name!r} must match {RM_NAME.pattern} (it names metrics)")
         if self.max_length is not None and self.max_length <= 0:
@@ -181,11 +187,18 @@ class ManagerOptions(RewardModelOptions):
         if not self.reward_models:
             return (self.single_rm(),)
         inherited = {f.name: getattr(self, f.name) for f in dataclasses.fields(RewardModelOptions)}
+        if self.replicas is not None:  # a section is validated again as the entry's own mapping
+            inherited["replicas"] = dataclasses.asdict(self.replicas)
         out = []
         for i, entry in enumerate(self.reward_models):
             if "name" not in entry:
                 raise ValueError(f"reward_models[{i}] needs a name (it names the RM in routes and metrics)")
-            out.append(build(RewardModelOptions, {**inherited, **entry}, f"reward_models[{i}]"))
+            own = {**inherited, **entry}
+            if "replicas" in entry and "server_url" not in entry:  # an entry's own servers replace the top level's
+                own.pop("server_url")
+            if "server_url" in entry and "replicas" not in entry:
+                own.pop("replicas")
+            out.append(build(RewardModelOptions, own, f"reward_models[{i}]"))
         return tuple(out)
 
     def single_rm(self) -> RewardModelOptions:
@@ -213,6 +226,17 @@ def _check_bounds(opts: ClientOptions, positive: tuple[str, ...] = (), non_negat
     for name in non_negative:
         if getattr(opts, name) < 0:
             raise ValueError(f"{name} must be >= 0, got {getattr(opts, name)}")
+
+
+def run_reward_models(config: Any) -> tuple[RewardModelOptions, ...]:
+    """The reward models of a composed verl config (none unless its reward manager is ``vllm_rm``)."""
+    from omegaconf import DictConfig, OmegaConf
+
+    if OmegaConf.select(config, "reward.reward_manager.name") != "vllm_rm":
+        return ()
+    kwargs = OmegaConf.select(config, "reward.reward_kwargs", default=None)
+    kwargs = OmegaConf.to_container(kwargs, resolve=True) if isinstance(kwargs, DictConfig) else dict(kwargs or {})
+    return parse_options(kwargs).reward_model_options()
 
 
 def parse_options(raw: Mapping[str, Any] | None, cls: type = ManagerOptions) -> Any:

@@ -51,6 +51,15 @@ class RewardModel:
         self.name = options.name
         self.tokenizer = tokenizer  # the policy's
         self.client = VLLMRewardClient(options=options.client_options())
+        if options.replicas is not None:  # the run's fleet of this RM, started by the first worker that asks
+            from verl_vllm_rm.replicas.fleet import fleet_for
+
+            fleet = fleet_for(options.name, options.replicas, options.api_key)
+
+            async def replica_urls() -> list[str]:
+                return await fleet.urls.remote()
+
+            self.client.follow(replica_urls)
         self.batcher = GroupBatcher(self._score_chunk, coalesce_s=coalesce_s, max_seqs=options.max_batch_seqs,
                                     max_tokens=options.max_batch_tokens)
         self.rm_tokenizer = None

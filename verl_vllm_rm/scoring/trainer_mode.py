@@ -29,6 +29,8 @@ from verl.utils.debug import marked_timer
 from verl_vllm_rm.monitor.alarms import warnings
 from verl_vllm_rm.monitor.metrics import StepRewards, step_metrics
 from verl_vllm_rm.options import ConfigError
+from verl_vllm_rm.replicas.fleet import FleetReadings
+from verl_vllm_rm.scoring.options import run_reward_models
 from verl_vllm_rm.scoring.whitening_checkpoint import WhiteningCheckpoint, whitened_reward_models
 
 logger = logging.getLogger(__name__)
@@ -114,6 +116,7 @@ class RewardMetrics:
         self.whitening = WhiteningCheckpoint(whitened, self.get_reward_handles()) if whitened else None
         if self.whitening is not None and self.global_steps > 0:
             self.whitening.resume(os.path.join(resumed_folder(self.config, self.global_steps), self.state_dir))
+        self.fleets = FleetReadings([o.name for o in run_reward_models(self.config) if o.replicas is not None])
         self.rm_normalized = bool(OmegaConf.select(self.config, "reward.reward_kwargs.normalize", default=False))
         self.step_rewards: tuple[list[str], StepRewards] | None = None
         self._dumping_rollouts = False
@@ -123,6 +126,7 @@ class RewardMetrics:
         with marked_timer("reward_metrics", timing_raw, color="yellow"):
             self.step_rewards = read_step_rewards(batch)
             self.log_reward_metrics(metrics, step_metrics(self.step_rewards[1], self.rm_normalized))
+            metrics.update(self.fleets.step_metrics())
         return batch
 
     def _save_checkpoint(self):

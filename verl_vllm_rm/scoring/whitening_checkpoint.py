@@ -16,7 +16,7 @@ import logging
 import os
 from typing import Any, Sequence
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from verl_vllm_rm.options import ConfigError
 from verl_vllm_rm.rewards.ensemble import Moments
@@ -27,14 +27,10 @@ WHITENING_FILE = "whitening.json"
 
 
 def whitened_reward_models(config: DictConfig) -> list[str]:
-    """The names of the run's RMs with ``whiten=running`` (none unless the reward manager is ``vllm_rm``)."""
-    if OmegaConf.select(config, "reward.reward_manager.name") != "vllm_rm":
-        return []
-    from verl_vllm_rm.scoring.options import parse_options
+    """The names of the run's RMs with ``whiten=running``."""
+    from verl_vllm_rm.scoring.options import run_reward_models
 
-    kwargs = OmegaConf.select(config, "reward.reward_kwargs", default=None)
-    kwargs = OmegaConf.to_container(kwargs, resolve=True) if isinstance(kwargs, DictConfig) else dict(kwargs or {})
-    return [o.name for o in parse_options(kwargs).reward_model_options() if o.whiten == "running"]
+    return [o.name for o in run_reward_models(config) if o.whiten == "running"]
 
 
 def _manager(worker: Any) -> Any:

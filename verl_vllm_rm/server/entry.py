@@ -28,6 +28,7 @@ from verl_vllm_rm.server.score.router import install_reward_routes
 from verl_vllm_rm.server.state import RewardServerState
 from verl_vllm_rm.server.weights.join import DEFAULT_JOIN_TIMEOUT_S
 from verl_vllm_rm.protocol.defaults import DEFAULT_HOST, DEFAULT_PORT, PARENT_PID_ENV
+from verl_vllm_rm.server.lifeline import mark_server_process
 from verl_vllm_rm.protocol.names import DEFAULT_HEAD_PATTERNS
 
 
@@ -209,6 +210,7 @@ def main(argv: list[str] | None = None) -> None:
     configure_logging_from_args(args)
     validate_parsed_serve_args(args)
     _exit_with_parent()
+    mark_server_process()
     vllm_entry.build_app = _hooked_build_app(vllm_entry.build_app)
     with private_tmpdir():
         uvloop.run(vllm_entry.run_server(args))

