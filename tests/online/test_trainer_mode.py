@@ -122,12 +122,16 @@ def test_online_rm_needs_its_server_named_when_the_manager_has_several(compose_c
         online_rm_config(config)
 
 
-def test_online_rm_with_managed_replicas_is_refused_until_updates_reach_every_replica(compose_config):
+def test_online_rm_with_managed_replicas_publishes_to_every_replica_of_the_rm(compose_config):
     from verl_vllm_rm.online.trainer_mode import online_rm_config
 
     config = compose_config(["+online_rm.model_path=/rm", "+reward.reward_kwargs.replicas={model:/rm,num_replicas:2}"])
-    with pytest.raises(ValueError, match=r"managed replicas \(reward_kwargs.replicas\), which would score with stale"):
-        online_rm_config(config)
+    online = online_rm_config(config)
+    assert online.reward_model == "rm" and online.server_url is None
+    both = compose_config(["+online_rm.model_path=/rm", "+online_rm.server_url=http://a:1",
+                           "+online_rm.reward_model=safety"])
+    with pytest.raises(ValueError, match=r"exactly one of server_url \(one server\) and reward_model"):
+        online_rm_config(both)
 
 
 def test_rm_step_trains_on_a_queued_rollout_and_publishes(step_rollout, compose_config, ws_server, tiny_rm, tokenizer,

@@ -1,6 +1,8 @@
 """Managed replicas on a real Ray cluster: two real vLLM-CPU servers started by the plugin through verl's reward
-loop (two Ray reward-loop workers, groups split over both); load spread, scores equal transformers', a replica
-SIGKILLed mid-step is restarted and serves again, and nothing is left when the fleet stops or its driver dies."""
+loop (two Ray reward-loop workers, groups split over both); load spread, scores equal transformers'; weight
+updates reach both replicas with a two-phase commit (a refusal on one leaves both on the old version); a replica
+SIGKILLed mid-step is restarted, kept out of routing until a publish re-syncs it, and serves again; nothing is
+left when the fleet stops or its driver dies."""
 
 from __future__ import annotations
 
@@ -69,7 +71,8 @@ def fleet_run(tiny_rm, server_args):
     from verl.experimental.reward_loop.reward_loop import RewardLoopManager
 
     ray.init(num_cpus=6, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
-    cfg = vllm_rm_config(None, tiny_rm, {"replicas": replicas_block(tiny_rm, server_args)}, ["reward.num_workers=2"])
+    block = replicas_block(tiny_rm, [*server_args, "--enable-weight-updates"])
+    cfg = vllm_rm_config(None, tiny_rm, {"replicas": block}, ["reward.num_workers=2"])
     manager = RewardLoopManager(cfg)
     yield manager
     fleet = ray.get_actor(fleet_name("rm"))
@@ -110,8 +113,60 @@ def test_two_replicas_share_the_load_and_score_like_transformers(fleet_run, toke
     assert all(n > 0 for n in per_url.values()), per_url  # both replicas served requests
 
 
-def test_a_replica_killed_mid_step_is_restarted_and_serves_again(fleet_run, tokenizer, hf_model, grpo_groups):
+def fleet_publisher():
+    """What the online RM trainer publishes with: every replica that is up, the fleet moved on each commit."""
     import ray
+
+    from verl_vllm_rm.weight_sync import MultiServerPublisher
+
+    fleet = ray.get_actor(fleet_name("rm"))
+    return MultiServerPublisher(lambda: ray.get(fleet.replica_urls.remote()),
+                                on_commit=lambda v: ray.get(fleet.set_version.remote(v)), timeout_s=60)
+
+
+def served_versions(manager, data) -> set[float]:
+    return set(manager.compute_rm_score(data).non_tensor_batch["rm_weight_version"].tolist())
+
+
+def test_a_publish_reaches_both_replicas_and_a_refusal_on_one_changes_neither(fleet_run, tiny_rm, tokenizer,
+                                                                              grpo_groups, probe_ids):
+    import ray
+    from sync_helpers import assert_parity, load_rm, perturbed
+
+    from verl_vllm_rm.weight_sync import RewardModelPublisher, WeightUpdateRefused
+
+    fleet = ray.get_actor(fleet_name("rm"))
+    data = build_batch(grpo_groups, tokenizer.pad_token_id)[SPLIT_GROUPS]
+    new, other = perturbed(load_rm(tiny_rm), 1), perturbed(load_rm(tiny_rm), 2)
+    with fleet_publisher() as pub:
+        results = pub.publish(new, 1, "full")
+        assert [r.version for r in results] == [1, 1] and [r.server["status"] for r in results] == ["ok", "ok"]
+        status = ray.get(fleet.replica_status.remote())
+        assert [(s["version"], s["routed"]) for s in status] == [(1, True), (1, True)]
+        for s in status:
+            assert_parity(s["url"], new, probe_ids)  # each replica scores like the published model
+        assert served_versions(fleet_run, data) == {1.0}
+
+        # replica 1 holds a staged update of someone else's: it refuses the fleet's version 2, which replica 0
+        # had staged and then aborts; both keep serving version 1
+        blocker = RewardModelPublisher(status[1]["url"], timeout_s=60)
+        blocker.publish(other, 5, "full", commit=False)
+        try:
+            with pytest.raises(WeightUpdateRefused, match=r"version 2 failed on 1 server.*is staged.*none of the "
+                                                          r"servers applied it"):
+                pub.publish(other, 2, "full")
+        finally:
+            blocker.abort(5)
+            blocker.close()
+        assert [s["version"] for s in ray.get(fleet.replica_status.remote())] == [1, 1]
+        assert served_versions(fleet_run, data) == {1.0}  # no step mixes versions
+        for s in status:
+            assert_parity(s["url"], new, probe_ids)
+
+
+def test_a_replica_killed_mid_step_is_restarted_and_serves_again(fleet_run, tiny_rm, tokenizer, hf_model):
+    import ray
+    from sync_helpers import assert_parity, load_rm, perturbed
 
     fleet = ray.get_actor(fleet_name("rm"))
     before = ray.get(fleet.replica_status.remote())
@@ -126,23 +181,29 @@ def test_a_replica_killed_mid_step_is_restarted_and_serves_again(fleet_run, toke
     assert step.is_alive(), "the step ended before the replica was killed: the test did not kill it mid-step"
     step.join(timeout=600)
     rows = [row_token_ids(g, r) for g in groups for r in g.response_ids]
-    expected = torch.tensor(sequence_scores(hf_model, rows))
+    serving = perturbed(load_rm(tiny_rm), 1)  # version 1, published by the test before
+    expected = torch.tensor(sequence_scores(serving, rows))
     out = results["out"]
     assert torch.allclose(last_token_rewards(out.batch["rm_scores"], data), expected, atol=1e-4)
     assert out.non_tensor_batch["rm_valid"].tolist() == [1.0] * len(data)
 
     def restarted():
         status = ray.get(fleet.replica_status.remote())
-        return status[0]["restarts"] == before[0]["restarts"] + 1 and status[0]["routed"]
+        return status[0]["restarts"] == before[0]["restarts"] + 1 and status[0]["healthy"]
 
-    wait_until(restarted, 300, "the killed replica restarted and back in routing")
+    wait_until(restarted, 300, "the killed replica restarted")
     new_pid = ray.get(fleet.server_pids.remote())[0]
     assert new_pid != victim and not pid_alive(victim)
-    from verl_vllm_rm.http import JsonHttp
-
-    url = ray.get(fleet.replica_status.remote())[0]["url"]
-    direct = JsonHttp(url).post("/score", {"input": [rows[0]]})["data"][0]["score"]
-    assert abs(direct - float(sequence_scores(hf_model, [rows[0]])[0])) <= 1e-4
+    # a fresh server serves the checkpoint (version 0), not the fleet's version 1: out of routing until re-synced
+    status = ray.get(fleet.replica_status.remote())
+    assert (status[0]["version"], status[0]["routed"]) == (0, False) and status[1]["routed"]
+    assert ray.get(fleet.urls.remote()) == [status[1]["url"]]
+    with fleet_publisher() as pub:
+        assert len(pub.publish(load_rm(tiny_rm), 3, "full")) == 2  # the re-sync: both replicas get version 3
+    status = ray.get(fleet.replica_status.remote())
+    assert [(s["version"], s["routed"]) for s in status] == [(3, True), (3, True)]
+    for s in status:
+        assert_parity(s["url"], hf_model, rows[:8])
 
 
 def test_killing_the_driver_leaves_no_server_and_no_actor(tiny_rm, server_args, tmp_path):

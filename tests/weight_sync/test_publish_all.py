@@ -20,10 +20,10 @@ def test_each_publish_bumps_the_version_and_scores_like_the_model(ws_server, tin
             assert [(r.version, r.num_params) for r in results] == [(version + step, 1)]
             assert runtime_version(ws_server.url) == version + step
             assert_parity(ws_server.url, model, probe_ids)
-        assert fleet.publishers[0].connected  # the session is kept between publishes
+        assert next(iter(fleet.publishers.values())).connected  # the session is kept between publishes
         with pytest.raises(WeightUpdateRefused, match="not newer"):
             fleet.publish(model, version + 2, "head_only")
-    assert not fleet.publishers[0].connected
+    assert not next(iter(fleet.publishers.values())).connected
 
 
 def test_an_unreachable_server_fails_before_any_publish(ws_server, dead_url):

@@ -16,7 +16,8 @@ class OnlineRMConfig:
     """Options of online RM training (``+online_rm.*`` in a verl run; see docs/weight_sync.md)."""
 
     model_path: str
-    server_url: str
+    server_url: str | None = None  # the one server to publish to, or:
+    reward_model: str | None = None  # the managed RM (reward_kwargs.replicas) whose every replica gets each publish
     training_mode: str = "head_only"
     publish_every: int = 1
     lr: float = 1e-5
@@ -37,6 +38,10 @@ class OnlineRMConfig:
     parity_threshold: float = 1.05
 
     def __post_init__(self) -> None:
+        if (self.server_url is None) == (self.reward_model is None):
+            raise ValueError("online_rm needs exactly one of server_url (one server) and reward_model (the managed "
+                             f"replicas of that RM), got server_url={self.server_url!r}, "
+                             f"reward_model={self.reward_model!r}")
         RewardModelTrainingMode.parse(self.training_mode)
         if self.publish_every < 1:
             raise ValueError(f"publish_every must be >= 1, got {self.publish_every}")

@@ -9,6 +9,8 @@ lags the RM trainer until the next publish).
 
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 
 from verl_vllm_rm.http import JsonHttp
@@ -20,7 +22,9 @@ PROBE_SIZE = 64
 
 
 class DriftProbe:
-    def __init__(self, server: JsonHttp, sequences: list[list[int]]):
+    """``server()`` gives the server to ask each time (one of the managed replicas in routing may change)."""
+
+    def __init__(self, server: Callable[[], JsonHttp], sequences: list[list[int]]):
         if not sequences:
             raise ValueError("a drift probe needs at least one sequence")
         self.server = server
@@ -29,7 +33,7 @@ class DriftProbe:
 
     def score(self) -> np.ndarray:
         """The server's raw scores of the probe set now."""
-        body = self.server.post("/score", {"input": self.sequences})
+        body = self.server().post("/score", {"input": self.sequences})
         return np.asarray(parse_score_response(body, len(self.sequences)), dtype=np.float64)
 
     def measure(self) -> dict[str, float]:

@@ -1,4 +1,4 @@
-"""The hook run after each RM step: publish the new weights into the reward server."""
+"""The hook run after each RM step: publish the new weights into the reward server(s)."""
 
 from __future__ import annotations
 
@@ -7,18 +7,18 @@ from typing import Callable, Sequence
 import torch
 
 from verl_vllm_rm.protocol.names import RewardModelTrainingMode
-from verl_vllm_rm.weight_sync.publisher import RewardModelPublisher
+from verl_vllm_rm.weight_sync.multi_server import MultiServerPublisher
 
 
 class PublishAfterStep:
     """The hook run after each RM step: publish every ``every`` steps, versions counting up."""
 
-    def __init__(self, make_publisher: Callable[[], RewardModelPublisher], mode: RewardModelTrainingMode | str,
+    def __init__(self, make_publisher: Callable[[], MultiServerPublisher], mode: RewardModelTrainingMode | str,
                  every: int = 1) -> None:
         self.make_publisher = make_publisher
         self.mode = RewardModelTrainingMode.parse(mode)
         self.every = every
-        self.publisher: RewardModelPublisher | None = None
+        self.publisher: MultiServerPublisher | None = None
 
     def __call__(self, step: int, model: torch.nn.Module,
                  probe_ids: Sequence[Sequence[int]] | None = None) -> dict[str, float]:
@@ -31,10 +31,11 @@ class PublishAfterStep:
         """Publish ``model`` now, under the next version."""
         if self.publisher is None:
             self.publisher = self.make_publisher()
-        result = self.publisher.publish(model, self.publisher.version + 1, self.mode, probe_ids=probe_ids)
-        metrics = {"rm/published_version": float(result.version), "rm/publish_s": result.seconds,
-                   "rm/publish_bytes": float(result.num_bytes)}
-        if result.parity is not None:
-            metrics.update({f"rm/parity_{k}": float(result.parity[k])
+        results = self.publisher.publish(model, self.publisher.version + 1, self.mode, probe_ids=probe_ids)
+        metrics = {"rm/published_version": float(results[0].version), "rm/publish_s": results[0].seconds,
+                   "rm/publish_bytes": float(results[0].num_bytes), "rm/publish_servers": float(len(results))}
+        checked = [r.parity for r in results if r.parity is not None]
+        if checked:  # the worst server's figures
+            metrics.update({f"rm/parity_{k}": max(float(p[k]) for p in checked)
                             for k in ("max_abs_diff", "mean_abs_diff", "mult_error")})
         return metrics

@@ -32,6 +32,7 @@ from verl.utils.debug import marked_timer
 
 from verl_vllm_rm.options import ConfigError
 from verl_vllm_rm.protocol.defaults import DEFAULT_SERVER_URL
+from verl_vllm_rm.scoring.options import DEFAULT_RM_NAME
 from verl_vllm_rm.scoring.trainer_mode import (
     RewardMetricsTrainer,
     real_keys,
@@ -61,18 +62,18 @@ Rollout = tuple[list[Hashable], list[list[int]], list[float]]
 
 
 def online_rm_config(config: DictConfig) -> "OnlineRMConfig":
-    """The run's ``online_rm`` section, validated; ``server_url`` defaults to the reward manager's server."""
+    """The run's ``online_rm`` section, validated; ``server_url`` defaults to the reward manager's server, or, when
+    its RM runs on managed replicas, ``reward_model`` to that RM (every replica gets each publish)."""
     from verl_vllm_rm.online.config import OnlineRMConfig
 
     if "online_rm" not in config:
         raise ConfigError(f"trainer mode {TRAINER_MODE!r} needs an online_rm section: add "
                           "+online_rm.model_path=... (see recipes/grpo_math_online_rm.sh)")
     options = OmegaConf.to_container(config.online_rm, resolve=True)
-    if OmegaConf.select(config, "reward.reward_kwargs.replicas", default=None) is not None:
-        raise ConfigError(f"trainer mode {TRAINER_MODE!r} publishes the RM's weights to one server, and this run's "
-                          "RM is served by managed replicas (reward_kwargs.replicas), which would score with stale "
-                          "weights: use reward_kwargs.server_url (one server) with online RM training for now")
-    if "server_url" not in options:
+    managed = OmegaConf.select(config, "reward.reward_kwargs.replicas", default=None) is not None
+    if "server_url" not in options and "reward_model" not in options and managed:
+        options["reward_model"] = DEFAULT_RM_NAME  # the one RM of reward_kwargs, on its managed replicas
+    elif "server_url" not in options and "reward_model" not in options:
         urls = OmegaConf.select(config, "reward.reward_kwargs.server_url", default=DEFAULT_SERVER_URL)
         urls = [urls] if isinstance(urls, str) else list(urls)
         if len(urls) != 1:
@@ -169,8 +170,21 @@ class OnlineRewardModelTrainer(RewardMetricsTrainer):
 
 
 def make_drift_probe(config: "OnlineRMConfig", sequences: list[list[int]]) -> "DriftProbe":
-    """The drift probe on the RM trainer's server (the first sequences of a step, scored now)."""
+    """The drift probe on the RM trainer's server, or on a replica in routing of its managed RM (the first
+    sequences of a step, scored now)."""
     from verl_vllm_rm.http import JsonHttp
     from verl_vllm_rm.online.drift import DriftProbe
 
-    return DriftProbe(JsonHttp(config.server_url, config.api_key), sequences)
+    def server() -> JsonHttp:
+        if config.server_url is not None:
+            return JsonHttp(config.server_url, config.api_key)
+        import ray
+
+        from verl_vllm_rm.replicas.fleet import fleet_name
+
+        urls = ray.get(ray.get_actor(fleet_name(config.reward_model)).urls.remote())
+        if not urls:
+            raise ConfigError(f"no replica of reward model {config.reward_model!r} is in routing to probe drift on")
+        return JsonHttp(urls[0], config.api_key)
+
+    return DriftProbe(server, sequences)

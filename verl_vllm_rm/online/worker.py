@@ -21,10 +21,24 @@ from verl.single_controller.base.decorator import Dispatch, register
 from verl_vllm_rm.online.bt import BradleyTerryTrainer, PreferenceBatch, prepare_reward_model, sequence_rewards
 from verl_vllm_rm.online.config import OnlineRMConfig
 from verl_vllm_rm.online.hook import PublishAfterStep
-from verl_vllm_rm.weight_sync.publisher import RewardModelPublisher
+from verl_vllm_rm.weight_sync.multi_server import MultiServerPublisher
 
 RM_STATE_FILE = "rm_state.pt"
 PAIR_FIELDS = ("chosen_input_ids", "chosen_attention_mask", "rejected_input_ids", "rejected_attention_mask")
+
+
+def publish_targets(cfg: OnlineRMConfig) -> dict[str, Any]:
+    """Where the RM's weights go: ``server_url``, or every replica of the managed RM ``reward_model`` (asked
+    again at each publish, so a restarted replica is re-synced; a commit moves the fleet to the new version)."""
+    if cfg.server_url is not None:
+        return {"server_urls": [cfg.server_url]}
+    import ray
+
+    from verl_vllm_rm.replicas.fleet import fleet_name
+
+    fleet = ray.get_actor(fleet_name(cfg.reward_model))  # started by the reward-loop workers' first scores
+    return {"server_urls": lambda: ray.get(fleet.replica_urls.remote()),
+            "on_commit": lambda version: ray.get(fleet.set_version.remote(version))}
 
 
 class RewardModelTrainingWorker(Worker):
@@ -51,9 +65,8 @@ class RewardModelTrainingWorker(Worker):
         self.trainer = BradleyTerryTrainer(model, lr=cfg.lr, max_grad_norm=cfg.max_grad_norm, grad_group=group)
         self.probes: list[list[int]] = []  # the last step's chosen sequences: the parity probe's inputs
         self.hook = PublishAfterStep(
-            lambda: RewardModelPublisher(cfg.server_url, api_key=cfg.api_key, bucket_bytes=cfg.bucket_bytes,
-                                         timeout_s=cfg.timeout_s, group=group,
-                                         parity_probe=cfg.parity_probe()),
+            lambda: MultiServerPublisher(**publish_targets(cfg), api_key=cfg.api_key, bucket_bytes=cfg.bucket_bytes,
+                                         timeout_s=cfg.timeout_s, group=group, parity_probe=cfg.parity_probe()),
             cfg.training_mode,
             cfg.publish_every,
         )

@@ -42,15 +42,19 @@ class ReplicaStatus:
     index: int
     url: str | None = None
     routed: bool = False  # in routing: healthy and on the fleet's weight version
+    healthy: bool = False  # up (its last /health was ok): publishes go to it, on its version or not
     version: int | None = None
     restarts: int = 0
     last_error: str | None = None
     scoring: dict[str, float] = field(default_factory=dict)  # the server's /health counters (since its start)
 
-    def update(self, health: dict[str, Any], fleet_version: int) -> None:
-        self.version = health.get("version")
-        self.scoring = health.get("scoring", {})
-        self.routed = self.version == fleet_version
+    def update(self, health: dict[str, Any] | None, fleet_version: int) -> None:
+        """Take a ``/health`` answer (None: the replica is down)."""
+        self.healthy = health is not None
+        if health is not None:
+            self.version = health.get("version")
+            self.scoring = health.get("scoring", {})
+        self.routed = self.healthy and self.version == fleet_version
 
 
 class ReplicaFleet:
@@ -84,8 +88,8 @@ class ReplicaFleet:
             except Exception as e:
                 self.stop()
                 raise FleetError(f"replica {i} of {name} did not start (logs in {self.log_dir}): {e}") from e
-        healths = [self._health(st.url) or {} for st in self.status]
-        self.version = max(h.get("version", 0) for h in healths)  # every fresh server starts at 0
+        healths = [self._health(st.url) for st in self.status]
+        self.version = max((h or {}).get("version", 0) for h in healths)  # every fresh server starts at 0
         for st, health in zip(self.status, healths):
             st.update(health, self.version)
         self.threads = [threading.Thread(target=self._supervise, args=(i,), daemon=True, name=f"replica-{i}")
@@ -97,6 +101,21 @@ class ReplicaFleet:
     def urls(self) -> list[str]:
         """The replicas in routing (healthy, on the fleet's version)."""
         with self.lock:
+            return [st.url for st in self.status if st.routed]
+
+    def replica_urls(self) -> list[str]:
+        """The replicas that are up, on the fleet's version or not: where a publish goes (and re-syncs)."""
+        with self.lock:
+            return [st.url for st in self.status if st.healthy]
+
+    def set_version(self, version: int) -> list[str]:
+        """The weight version the fleet serves from now on (after a committed publish); returns the URLs in
+        routing: the replicas up and on it (each replica's /health is read again first)."""
+        healths = [self._health(st.url) for st in self.status]
+        with self.lock:
+            self.version = version
+            for st, health in zip(self.status, healths):
+                st.update(health, version)
             return [st.url for st in self.status if st.routed]
 
     def replica_status(self) -> list[dict[str, Any]]:
@@ -161,7 +180,7 @@ class ReplicaFleet:
             if misses < HEALTH_FAILURES_TO_RESTART and self._alive(index):
                 continue
             with self.lock:
-                st.routed = False
+                st.update(None, self.version)
             logger.warning("%s: replica %d (%s) is down: out of routing, restarting", self.name, index, st.url)
             self._restart(index)
             misses = 0
@@ -185,7 +204,7 @@ class ReplicaFleet:
                 logger.warning("%s: replica %d failed to restart (next try in %.0fs): %s", self.name, index, backoff,
                                st.last_error)
                 continue
-            health = self._health(url) or {}
+            health = self._health(url)
             with self.lock:
                 st.url, st.restarts = url, st.restarts + 1
                 st.update(health, self.version)

@@ -59,6 +59,13 @@ class ProcessGroupUpdateInfo(WeightTransferUpdateInfo):
     phase: str = "begin"  # "begin": start receiving in the background; "join": wait for it, raise its error
 
 
+ABORT_PHASE = "abort"  # the update_weights phase that drops what was staged (``/abort_update``)
+
+
+class UpdateAborted(RuntimeError):
+    """Raised on purpose by the ``abort`` phase (``/abort_update``)."""
+
+
 class ProcessGroupWeightTransferEngine(WeightTransferEngine[ProcessGroupInitInfo, ProcessGroupUpdateInfo]):
     """Receives bucketed broadcasts from trainer rank 0, then reloads layerwise."""
 
@@ -120,13 +127,16 @@ class ProcessGroupWeightTransferEngine(WeightTransferEngine[ProcessGroupInitInfo
         only fill the staging buffers), so a publish stalls scoring for the reload
         alone, and a trainer that stalls or dies mid-transfer does not stall it at all.
         """
+        if update_info.get("phase") == ABORT_PHASE:  # drop a staged update; raising makes vLLM close the session
+            self.staged = []
+            raise UpdateAborted("update aborted: the staged weights were dropped, the serving ones never changed")
         info = self.parse_update_info(update_info)
         if info.phase == "begin":
             self.begin_receive(info)
         elif info.phase == "join":
             self.join_receive()
         else:
-            raise ValueError(f"unknown update phase {info.phase!r}; use 'begin' or 'join'")
+            raise ValueError(f"unknown update phase {info.phase!r}; use 'begin', 'join' or '{ABORT_PHASE}'")
 
     def begin_receive(self, update_info: ProcessGroupUpdateInfo) -> None:
         if self.group is None:

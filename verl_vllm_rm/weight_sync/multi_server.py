@@ -1,51 +1,174 @@
-"""One reward model published into several servers: every server a scoring client routes over."""
+"""One reward model published into several servers with a two-phase commit: never two versions serving.
+
+Every server first receives and stages the version (``publish(..., commit=False)``: the old
+weights keep serving), and only when all have staged it do all apply it (``commit``). If a
+server refuses the update, or the servers are a fixed list a client routes over, one failure
+aborts the version everywhere: all keep serving the old one and the error is raised. With
+managed replicas (``on_commit`` given: the fleet routes only the replicas on its version), a
+replica that fails for another reason (it died, its transfer broke) is left behind instead:
+the others commit, ``on_commit`` moves the fleet to the new version, which takes the laggard
+out of routing, and the next publish re-syncs it (its server list comes from ``server_urls``
+again each time).
+"""
 
 from __future__ import annotations
 
-import contextlib
-from typing import Any, Sequence
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from typing import Any, Callable, Sequence
 
+import torch
+
+from verl_vllm_rm.parity.probe import ParityProbe
+from verl_vllm_rm.protocol.inventory import WeightUpdateRefused
 from verl_vllm_rm.protocol.names import RewardModelTrainingMode
 from verl_vllm_rm.weight_sync.publisher import PublishResult, RewardModelPublisher
 from verl_vllm_rm.weight_sync.selection import StateDictLike
+from verl_vllm_rm.weight_sync.transfer import WeightSyncError
+
+logger = logging.getLogger(__name__)
+
+ServerList = Sequence[str] | Callable[[], Sequence[str]]
 
 
 class MultiServerPublisher:
-    """One :class:`RewardModelPublisher` per server URL, kept between publishes.
+    """Publishers to several servers, kept between publishes, updated together.
 
-    ``MultiServerPublisher(client.urls, api_key=client.options.api_key)`` keeps the
-    servers of a :class:`~verl_vllm_rm.scoring.client.VLLMRewardClient` on the same
-    weights; any other keyword goes to every publisher. Blocking, like the
-    publisher: from an event loop, ``await asyncio.to_thread(fleet.publish, ...)``.
+    ``MultiServerPublisher(client.urls, api_key=...)`` keeps the servers of a client on the same
+    weights; ``server_urls`` may also be a function giving today's servers (managed replicas).
+    Any other keyword goes to every :class:`RewardModelPublisher`, except ``parity_probe``, which
+    this class runs once per publish against every server. Blocking, like the publisher.
     """
 
-    def __init__(self, server_urls: Sequence[str], **publisher_kwargs: Any) -> None:
-        if not server_urls:
-            raise ValueError("MultiServerPublisher needs at least one server URL")
-        self._stack = contextlib.ExitStack()
-        self.publishers = [self._stack.enter_context(RewardModelPublisher(url, **publisher_kwargs))
-                           for url in dict.fromkeys(server_urls)]  # a URL listed twice is one server
+    def __init__(self, server_urls: ServerList, *, on_commit: Callable[[int], None] | None = None,
+                 parity_probe: ParityProbe | None = None, **publisher_kwargs: Any) -> None:
+        self._server_urls = server_urls if callable(server_urls) else (lambda: list(server_urls))
+        self.on_commit = on_commit
+        self.parity_probe = parity_probe
+        self.publisher_kwargs = publisher_kwargs
+        self.publishers: dict[str, RewardModelPublisher] = {}
+        self.publishes = 0
+        self._sync_servers()
+        self.version = max(p.version for p in self.publishers.values())
 
+    # -- the servers of the day ------------------------------------------------------
+    def _sync_servers(self) -> None:
+        urls = list(dict.fromkeys(self._server_urls()))  # a URL listed twice is one server
+        if not urls:
+            raise ValueError("MultiServerPublisher needs at least one server URL")
+        for url in set(self.publishers) - set(urls):
+            self.publishers.pop(url).close()
+        for url in urls:
+            if url not in self.publishers:
+                self.publishers[url] = RewardModelPublisher(url, **self.publisher_kwargs)
+
+    @property
+    def distributed(self) -> bool:
+        return any(p.world_size > 1 for p in self.publishers.values())
+
+    def _each(self, fn: Callable[[RewardModelPublisher], Any], parallel: bool) -> dict[str, Any]:
+        """``fn`` on every publisher: its result or the exception it raised, by URL."""
+        def run(pub: RewardModelPublisher) -> Any:
+            try:
+                return fn(pub)
+            except Exception as e:
+                return e
+
+        pubs = list(self.publishers.values())
+        if parallel and len(pubs) > 1:
+            with ThreadPoolExecutor(len(pubs)) as pool:
+                return dict(zip(self.publishers, pool.map(run, pubs)))
+        return {url: run(pub) for url, pub in self.publishers.items()}
+
+    # -- publishing ------------------------------------------------------------------
     def publish(
         self,
         state_dict: StateDictLike,
         version: int,
         training_mode: RewardModelTrainingMode | str = RewardModelTrainingMode.FULL,
+        *,
+        probe_ids: Sequence[Sequence[int]] | None = None,
         **publish_kwargs: Any,
     ) -> list[PublishResult]:
-        """Publish to each server in order; one result per server.
+        """Stage ``version`` on every server, then apply it on all; one result per server that serves it.
 
-        The first refusal or failure stops it and is raised: the servers before
-        it serve ``version``, the others keep their weights.
+        The tensors go to the servers in parallel (one thread each) unless the trainer is
+        distributed (its ranks gather shards together, so servers are served one after another).
         """
-        return [pub.publish(state_dict, version, training_mode, **publish_kwargs) for pub in self.publishers]
+        t0 = time.monotonic()
+        self._sync_servers()
+        probe_due = self.parity_probe is not None and self.parity_probe.due(self.publishes + 1)
+        if probe_due and (not isinstance(state_dict, torch.nn.Module) or not probe_ids):
+            raise ValueError("the parity probe is due after this publish: pass the model itself (not a state "
+                             "dict) and probe_ids (token ids to score)")
+        staged = self._each(lambda p: p.publish(state_dict, version, training_mode, commit=False, **publish_kwargs),
+                            parallel=not self.distributed)
+        failed = {url: r for url, r in staged.items() if isinstance(r, Exception)}
+        refused = any(isinstance(e, WeightUpdateRefused) for e in failed.values())
+        if failed and (refused or self.on_commit is None or len(failed) == len(staged)):
+            self._abort([url for url in staged if url not in failed], version)
+            raise self._error(failed, version, "none of the servers applied it; they all serve the old version")
+        for url, error in failed.items():
+            logger.warning("version %d: server %s left behind (out of routing until re-synced): %s",
+                           version, url, error)
+            self.publishers.pop(url).close()  # a fresh session re-syncs it at the next publish
+        commits = self._each(lambda p: p.commit(version), parallel=True)
+        broken = {url: r for url, r in commits.items() if isinstance(r, Exception)}
+        if broken and self.on_commit is None:
+            raise self._error(broken, version, "the other servers applied it")
+        self.version = version
+        self.publishes += 1
+        if self.on_commit is not None:
+            self.on_commit(version)  # the fleet routes the replicas on this version only
+        results = {url: replace(staged[url], server=commits[url], seconds=time.monotonic() - t0)
+                   for url in commits if url not in broken}
+        if probe_due:
+            self._check_parity(state_dict, probe_ids, results)
+        return list(results.values())
+
+    def _check_parity(self, model: torch.nn.Module, probe_ids: Sequence[Sequence[int]],
+                      results: dict[str, PublishResult]) -> None:
+        """The model's reference scores once, compared with every server's (the probe raises on a mismatch)."""
+        reference = self.parity_probe.reference_scores(model, probe_ids)  # every rank: a sharded forward
+        error, first = None, next(iter(self.publishers.values()))
+        if first.rank == 0:
+            try:
+                for url, result in results.items():
+                    report = self.parity_probe.compare(reference, probe_ids, url, first.api_key, self.version)
+                    results[url] = replace(result, parity=report.as_dict())
+            except Exception as e:  # every rank learns it
+                error = e
+        first._agree(error)
+
+    def _abort(self, urls: list[str], version: int) -> None:
+        for url in urls:
+            try:
+                self.publishers[url].abort(version)
+            except Exception as e:  # it still refuses every other update until aborted: say so loudly
+                logger.error("could not abort staged version %d on %s: %s", version, url, e)
+
+    @staticmethod
+    def _error(failures: dict[str, Exception], version: int, outcome: str) -> Exception:
+        detail = "; ".join(f"{url}: {type(e).__name__}: {e}" for url, e in failures.items())
+        message = f"version {version} failed on {len(failures)} server(s) ({detail}); {outcome}"
+        refused = all(isinstance(e, WeightUpdateRefused) for e in failures.values())
+        return WeightUpdateRefused(message) if refused else WeightSyncError(message)
 
     def close(self) -> None:
         """Close every publisher's session (each one, even when another fails)."""
-        self._stack.close()
+        errors = []
+        for pub in self.publishers.values():
+            try:
+                pub.close()
+            except Exception as e:
+                errors.append(e)
+        if errors:
+            raise errors[0]
 
     def __enter__(self) -> "MultiServerPublisher":
         return self
 
-    def __exit__(self, *exc: Any) -> bool:
-        return self._stack.__exit__(*exc)
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

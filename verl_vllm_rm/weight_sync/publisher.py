@@ -21,7 +21,7 @@ from typing import Any, Mapping, Sequence
 import torch
 import torch.distributed as dist
 
-from verl_vllm_rm.http import JsonHttp
+from verl_vllm_rm.http import HttpError, JsonHttp
 from verl_vllm_rm.parity.probe import ParityProbe
 from verl_vllm_rm.protocol.inventory import Inventory, WeightUpdateRefused
 from verl_vllm_rm.protocol.names import RewardModelTrainingMode
@@ -132,8 +132,13 @@ class RewardModelPublisher:
         lora_scaling: float | Mapping[str, float] | None = None,
         adapter: str = "default",
         probe_ids: Sequence[Sequence[int]] | None = None,
+        commit: bool = True,
     ) -> PublishResult:
         """Send what ``training_mode`` changed; the server serves it as ``version`` once this returns.
+
+        ``commit=False`` is the first phase of a two-phase commit over several servers: the server
+        receives and stages ``version`` and keeps serving the old weights until :meth:`commit` (or
+        :meth:`abort`); the parity probe then runs at :meth:`commit`'s caller's discretion, not here.
 
         ``state_dict`` is a state dict or the model itself (needed in LoRA mode
         unless ``lora_scaling`` is given, and whenever the parity probe is due).
@@ -147,7 +152,7 @@ class RewardModelPublisher:
             raise WeightUpdateRefused(
                 f"version {version} is not newer than the serving version {self.version}; versions must increase"
             )
-        probe_due = self.parity_probe is not None and self.parity_probe.due(self.publishes + 1)
+        probe_due = commit and self.parity_probe is not None and self.parity_probe.due(self.publishes + 1)
         if probe_due and (not isinstance(state_dict, torch.nn.Module) or not probe_ids):
             raise ValueError("the parity probe is due after this publish: pass the model itself (not a state "
                              "dict) and probe_ids (token ids to score)")
@@ -158,7 +163,7 @@ class RewardModelPublisher:
         error, lines = None, None
         if self.rank == 0:
             try:
-                lines = self.session.announce(specs, mode, version)
+                lines = self.session.announce(specs, mode, version, "now" if commit else "deferred")
             except Exception as e:  # every rank learns it through _agree
                 error = e
         self._agree(error)
@@ -171,9 +176,13 @@ class RewardModelPublisher:
         except Exception as e:
             self.session.drop()
             raise WeightSyncError(f"weight transfer for version {version} failed: {e}") from e
-        if self.rank == 0 and server.get("status") != "ok":
+        if self.rank == 0 and server.get("status") != ("ok" if commit else "staged"):
             self.session.drop()
-            raise WeightSyncError(f"the server could not apply version {version}: {server.get('error', server)}")
+            raise WeightSyncError(f"the server could not {'apply' if commit else 'stage'} version {version}: "
+                                  f"{server.get('error', server)}")
+        if not commit:
+            return PublishResult(version, len(items), sum(b.nbytes for b in buckets), len(buckets),
+                                 time.monotonic() - t0, server)
         self.version = version
         self.publishes += 1
         parity = self._check_parity(state_dict, probe_ids) if probe_due else None
@@ -181,6 +190,25 @@ class RewardModelPublisher:
             version, len(items), sum(b.nbytes for b in buckets), len(buckets), time.monotonic() - t0, server,
             parity,
         )
+
+    def commit(self, version: int) -> dict[str, Any]:
+        """Apply the staged ``version`` (rank 0 asks the server; every rank records the new version)."""
+        record = self._second_phase("/commit_update", version) if self.rank == 0 else {"status": "ok"}
+        self.version = version
+        self.publishes += 1
+        return record
+
+    def abort(self, version: int) -> dict[str, Any]:
+        """Drop the staged ``version``: the server keeps serving the weights it had."""
+        return self._second_phase("/abort_update", version) if self.rank == 0 else {"status": "aborted"}
+
+    def _second_phase(self, path: str, version: int) -> dict[str, Any]:
+        try:
+            return self.http.post(path, {"version": version})
+        except HttpError as e:
+            if e.status is not None and e.status < 500:
+                raise WeightUpdateRefused(e.message) from None
+            raise WeightSyncError(f"{path} for version {version} failed: {e.cause}") from None
 
     def _check_parity(self, model: torch.nn.Module, probe_ids: Sequence[Sequence[int]]) -> dict[str, Any] | None:
         """Every rank computes the reference (a sharded forward is collective); rank 0 asks the server."""

@@ -89,8 +89,9 @@ class TransferSession:
             self.http.post("/close_communicator", {})
 
     def announce(self, specs: Sequence[ParamSpec], mode: RewardModelTrainingMode,
-                 version: int) -> Iterator[dict[str, Any]]:
-        """Connect if needed and send the metadata; once accepted, the answer's remaining lines.
+                 version: int, commit: str = "now") -> Iterator[dict[str, Any]]:
+        """Connect if needed and send the metadata (``commit``: ``now``, or ``deferred`` to stage it); once
+        accepted, the answer's remaining lines.
 
         Raises :class:`WeightUpdateRefused` for a 4xx (nothing was sent), else the error that stopped it.
         """
@@ -100,6 +101,7 @@ class TransferSession:
             "training_mode": mode.value,
             "version": version,
             "bucket_bytes": self.bucket_bytes,
+            "commit": commit,
         }
         for may_rejoin in (True, False):
             lines = self.http.post_lines("/update_param_batch", body, timeout_s=self.timeout_s + 30)

@@ -1,38 +1,40 @@
 """Weight-update routes (only with ``--enable-weight-updates``): the metadata plane.
 
 ``GET /weight_inventory``, ``POST /init_communicator``, ``POST /update_param_batch``,
-``POST /close_communicator``. Tensors never cross HTTP: they arrive over the
-process group opened by ``/init_communicator`` (see ``worker_extension``).
+``POST /commit_update``, ``POST /abort_update``, ``POST /close_communicator``. Tensors never
+cross HTTP: they arrive over the process group opened by ``/init_communicator`` (see
+``worker_extension``); ``apply.py`` receives and applies them.
 
 ``/update_param_batch`` answers in NDJSON: a refusal is a plain 4xx before any
 tensor moves; an accepted update first sends ``{"status": "accepted"}`` (the
 trainer's cue to start broadcasting), then one final line once the update has
-been applied or has failed. The update itself runs as a task of its own, so a
-trainer that disconnects cannot cancel it halfway.
+been applied (or staged, with ``"commit": "deferred"``) or has failed. The update itself
+runs as a task of its own, so a trainer that disconnects cannot cancel it halfway. A staged
+update waits for ``/commit_update`` or ``/abort_update`` (``{"version": v}``); until then the
+old weights serve and every other update or communicator change is refused (409).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import logging
-import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
-from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
 
 from verl_vllm_rm.protocol.errors import RequestError
 from verl_vllm_rm.protocol.inventory import Inventory, ParamSpec, WeightUpdateRefused
 from verl_vllm_rm.protocol.names import RewardModelTrainingMode
 from verl_vllm_rm.protocol.json_body import is_int, parse_json, preview
 from verl_vllm_rm.server.state import RewardServerState, error_response, read_body
+from verl_vllm_rm.server.weights.apply import abort_update, apply_update, commit_update
 from verl_vllm_rm.server.weights.join import DEFAULT_JOIN_TIMEOUT_S, JoinTimedOut, join_bound, join_group
 
-logger = logging.getLogger(__name__)
-WEIGHT_ROUTES = ("/weight_inventory", "/init_communicator", "/update_param_batch", "/close_communicator")
+WEIGHT_ROUTES = ("/weight_inventory", "/init_communicator", "/update_param_batch", "/commit_update", "/abort_update",
+                 "/close_communicator")
+COMMIT_MODES = ("now", "deferred")
 
 
 @dataclass
@@ -50,6 +52,17 @@ class WeightSyncState:
 
 
 router = APIRouter()
+
+
+def _busy(request: Request) -> str | None:
+    """Why no other update or communicator change may start now (None: nothing is in the way)."""
+    sync: WeightSyncState = request.app.state.weight_sync
+    staged = request.app.state.reward.staged_update
+    if sync.update_task is not None and not sync.update_task.done():
+        return "a weight update is in progress; retry after it finishes"
+    if staged is not None:
+        return f"version {staged['version']} is staged: POST /commit_update or /abort_update with it first"
+    return None
 
 
 async def _inventory(request: Request) -> Inventory:
@@ -115,8 +128,8 @@ async def init_communicator(request: Request) -> JSONResponse:
     except RequestError as e:
         return error_response(e.message, e.status)
     async with sync.control:
-        if sync.update_task is not None and not sync.update_task.done():
-            return error_response("a weight update is in progress; retry after it finishes", 409)
+        if (busy := _busy(request)) is not None:
+            return error_response(busy, 409)
         sync.session = None
         bound = join_bound(info["timeout_s"], sync.join_timeout_s)
         try:
@@ -133,17 +146,21 @@ async def init_communicator(request: Request) -> JSONResponse:
 async def close_communicator(request: Request) -> JSONResponse:
     sync: WeightSyncState = request.app.state.weight_sync
     async with sync.control:
-        if sync.update_task is not None and not sync.update_task.done():
-            return error_response("a weight update is in progress; retry after it finishes", 409)
+        if (busy := _busy(request)) is not None:
+            return error_response(busy, 409)
         await request.app.state.engine_client.shutdown_weight_transfer_engine()
         sync.session = None
     return JSONResponse({"status": "closed"})
 
 
 def _parse_update(payload: dict[str, Any], inventory: Inventory, sync: WeightSyncState, version: int):
-    unknown = sorted(set(payload) - {"metadata", "training_mode", "version", "bucket_bytes"})
+    unknown = sorted(set(payload) - {"metadata", "training_mode", "version", "bucket_bytes", "commit"})
     if unknown:
-        raise RequestError(f"unknown field(s) {unknown}; send metadata, training_mode, version, bucket_bytes")
+        raise RequestError(f"unknown field(s) {unknown}; send metadata, training_mode, version, bucket_bytes "
+                           "and optionally commit")
+    commit = payload.get("commit", "now")
+    if commit not in COMMIT_MODES:
+        raise RequestError(f"'commit' must be one of {list(COMMIT_MODES)}, got {preview(commit)}")
     if not isinstance(payload.get("metadata"), list):
         raise RequestError("'metadata' must be a list of {name, dtype, shape}")
     new_version = payload.get("version")
@@ -160,84 +177,26 @@ def _parse_update(payload: dict[str, Any], inventory: Inventory, sync: WeightSyn
         inventory.check_update(specs, mode, sync.head_patterns, max_bytes=sync.max_update_bytes)
     except (ValueError, WeightUpdateRefused) as e:
         raise RequestError(str(e)) from None
-    return specs, mode, new_version, bucket_bytes
-
-
-RECEIVE_POLL_S = 0.005
-
-
-async def _receive(engine, specs: list[ParamSpec], bucket_bytes: int) -> None:
-    """Start the workers' background receive and wait for it without blocking the engine.
-
-    A long ``collective_rpc`` would hold the engine's loop (and every score) for the
-    whole transfer; short polls let scoring go on with the old weights meanwhile.
-    The final ``join`` raises the receive's error through vLLM's own lifecycle, which
-    then clears its update state.
-    """
-    await engine.start_weight_update()
-    info = {"params": [s.to_json() for s in specs], "bucket_bytes": bucket_bytes}
-    await engine.update_weights(WeightTransferUpdateRequest({**info, "phase": "begin"}))
-    while not all(await engine.collective_rpc("rm_receive_done")):
-        await asyncio.sleep(RECEIVE_POLL_S)
-    await engine.update_weights(WeightTransferUpdateRequest({**info, "phase": "join"}))
-
-
-async def _apply_update(
-    app: FastAPI, specs: list[ParamSpec], mode: RewardModelTrainingMode, version: int, bucket_bytes: int
-) -> dict:
-    """Receive (scoring goes on), then pause scoring, reload, reset the prefix cache, bump the version, resume."""
-    state: RewardServerState = app.state.reward
-    sync: WeightSyncState = app.state.weight_sync
-    engine = app.state.engine_client
-    record: dict[str, Any] = {"version": version, "training_mode": mode.value, "num_params": len(specs)}
-    t0 = time.monotonic()
-    state.pending_update = version
-    try:
-        await _receive(engine, specs, bucket_bytes)
-        t_received = time.monotonic()
-        async with state.gate.updating_weights():
-            # pause_generation minus its cosmetic 20 ms sleep: drain the engine, clear its caches
-            await engine.engine_core.pause_scheduler_async(mode="wait", clear_cache=True)
-            t_paused = time.monotonic()
-            try:
-                await engine.finish_weight_update(str(version))
-                await engine.reset_prefix_cache()
-                state.version = version
-            finally:
-                await engine.resume_generation()
-        record.update(status="ok", receive_s=t_received - t0, pause_wait_s=t_paused - t_received,
-                      reload_s=time.monotonic() - t_paused)
-    except Exception as e:  # the old weights keep serving; the communicator is unusable
-        logger.exception("weight update to version %d failed", version)
-        record.update(status="failed", error=f"{type(e).__name__}: {e}", serving_version=state.version)
-        try:
-            await engine.shutdown_weight_transfer_engine()
-        finally:
-            sync.session = None
-        state.last_failed_update = {**record, "at": time.time()}
-    finally:
-        state.pending_update = None
-    record.update(total_s=time.monotonic() - t0, at=time.time())
-    state.last_update = record
-    return record
+    return specs, mode, new_version, bucket_bytes, commit == "deferred"
 
 
 @router.post("/update_param_batch")
 async def update_param_batch(request: Request):
-    """Validate ``{metadata, training_mode, version, bucket_bytes}``, then receive and apply it."""
+    """Validate ``{metadata, training_mode, version, bucket_bytes, commit?}``, then receive and apply (or stage) it."""
     sync: WeightSyncState = request.app.state.weight_sync
     state: RewardServerState = request.app.state.reward
     async with sync.control:
         try:
             payload = await _body(request)
-            if sync.update_task is not None and not sync.update_task.done():
-                raise RequestError("another weight update is in progress; wait for it to finish", 409)
+            if (busy := _busy(request)) is not None:
+                raise RequestError(busy, 409)
             if sync.session is None:
                 raise RequestError("no communicator: call /init_communicator before /update_param_batch", 409)
-            specs, mode, version, bucket_bytes = _parse_update(payload, await _inventory(request), sync, state.version)
+            specs, mode, version, bucket_bytes, deferred = _parse_update(payload, await _inventory(request), sync,
+                                                                         state.version)
         except RequestError as e:
             return error_response(e.message, e.status)
-        task = asyncio.create_task(_apply_update(request.app, specs, mode, version, bucket_bytes))
+        task = asyncio.create_task(apply_update(request.app, specs, mode, version, bucket_bytes, deferred))
         sync.update_task = task
 
     async def stream() -> AsyncIterator[bytes]:
@@ -245,6 +204,42 @@ async def update_param_batch(request: Request):
         yield (json.dumps(await asyncio.shield(task)) + "\n").encode()
 
     return StreamingResponse(stream(), media_type="application/x-ndjson")
+
+
+async def _staged_version(request: Request) -> int:
+    """The ``version`` the request names, which must be the staged one."""
+    staged = request.app.state.reward.staged_update
+    version = (await _body(request)).get("version")
+    if staged is None:
+        raise RequestError(f"no update is staged (asked for version {preview(version)}); stage one with "
+                           "/update_param_batch and \"commit\": \"deferred\"", 409)
+    if not is_int(version) or version != staged["version"]:
+        raise RequestError(f"'version' must be the staged version {staged['version']}, got {preview(version)}", 409)
+    return version
+
+
+async def _second_phase(request: Request, action) -> JSONResponse:
+    """Commit or abort the staged update the request names."""
+    sync: WeightSyncState = request.app.state.weight_sync
+    async with sync.control:
+        try:
+            await _staged_version(request)
+        except RequestError as e:
+            return error_response(e.message, e.status)
+        record = await action(request.app)
+    return JSONResponse(record, status_code=500 if record["status"] == "failed" else 200)
+
+
+@router.post("/commit_update")
+async def commit_staged(request: Request) -> JSONResponse:
+    """Apply the staged update ``{"version": v}``: pause scoring, reload, reset the prefix cache, bump, resume."""
+    return await _second_phase(request, commit_update)
+
+
+@router.post("/abort_update")
+async def abort_staged(request: Request) -> JSONResponse:
+    """Drop the staged update ``{"version": v}``; the serving weights never changed."""
+    return await _second_phase(request, abort_update)
 
 
 def install_weight_routes(

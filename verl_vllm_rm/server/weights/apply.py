@@ -1,0 +1,127 @@
+"""One weight update on the server: receive (scoring goes on), then apply, at once or when committed.
+
+An update received with ``commit: "now"`` is applied as soon as the tensors are in: pause
+scoring, reload, reset the prefix cache, bump the version, resume. With ``commit:
+"deferred"`` (the first phase of a two-phase commit over several replicas) the received
+tensors stay staged in the workers (vLLM's weight-update session stays open) and the old
+weights keep serving until ``commit`` applies them or ``abort`` drops them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from fastapi import FastAPI
+from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
+
+from verl_vllm_rm.protocol.inventory import ParamSpec
+from verl_vllm_rm.protocol.names import RewardModelTrainingMode
+from verl_vllm_rm.server.state import RewardServerState
+from verl_vllm_rm.server.worker_extension import ABORT_PHASE
+
+logger = logging.getLogger(__name__)
+
+RECEIVE_POLL_S = 0.005
+
+
+async def _receive(engine, specs: list[ParamSpec], bucket_bytes: int) -> None:
+    """Start the workers' background receive and wait for it without blocking the engine.
+
+    A long ``collective_rpc`` would hold the engine's loop (and every score) for the
+    whole transfer; short polls let scoring go on with the old weights meanwhile.
+    The final ``join`` raises the receive's error through vLLM's own lifecycle, which
+    then clears its update state.
+    """
+    await engine.start_weight_update()
+    info = {"params": [s.to_json() for s in specs], "bucket_bytes": bucket_bytes}
+    await engine.update_weights(WeightTransferUpdateRequest({**info, "phase": "begin"}))
+    while not all(await engine.collective_rpc("rm_receive_done")):
+        await asyncio.sleep(RECEIVE_POLL_S)
+    await engine.update_weights(WeightTransferUpdateRequest({**info, "phase": "join"}))
+
+
+async def _drop_session(app: FastAPI, record: dict[str, Any], error: BaseException) -> None:
+    """After a failed receive or reload: the old weights keep serving; the communicator is unusable."""
+    state: RewardServerState = app.state.reward
+    record.update(status="failed", error=f"{type(error).__name__}: {error}", serving_version=state.version)
+    try:
+        await app.state.engine_client.shutdown_weight_transfer_engine()
+    finally:
+        app.state.weight_sync.session = None
+    state.last_failed_update = {**record, "at": time.time()}
+
+
+async def apply_update(app: FastAPI, specs: list[ParamSpec], mode: RewardModelTrainingMode, version: int,
+                       bucket_bytes: int, deferred: bool) -> dict[str, Any]:
+    """Receive the update, then apply it (or, ``deferred``, keep it staged); the record of what happened."""
+    state: RewardServerState = app.state.reward
+    record: dict[str, Any] = {"version": version, "training_mode": mode.value, "num_params": len(specs)}
+    t0 = time.monotonic()
+    state.pending_update = version
+    try:
+        await _receive(app.state.engine_client, specs, bucket_bytes)
+        record["receive_s"] = time.monotonic() - t0
+        if deferred:
+            state.staged_update = record
+            record["status"] = "staged"
+        else:
+            await _reload(app, version, record)
+    except Exception as e:
+        logger.exception("weight update to version %d failed", version)
+        await _drop_session(app, record, e)
+    finally:
+        state.pending_update = None
+    record.update(total_s=time.monotonic() - t0, at=time.time())
+    if record["status"] != "staged":
+        state.last_update = record
+    return record
+
+
+async def commit_update(app: FastAPI) -> dict[str, Any]:
+    """Apply the staged update (the caller checked there is one)."""
+    state: RewardServerState = app.state.reward
+    record, state.staged_update = dict(state.staged_update), None
+    t0 = time.monotonic()
+    try:
+        await _reload(app, record["version"], record)
+    except Exception as e:
+        logger.exception("committing weight version %d failed", record["version"])
+        await _drop_session(app, record, e)
+    record.update(commit_s=time.monotonic() - t0, at=time.time())
+    state.last_update = record
+    return record
+
+
+async def abort_update(app: FastAPI) -> dict[str, Any]:
+    """Drop the staged update; the serving weights never changed (the caller checked there is one)."""
+    state: RewardServerState = app.state.reward
+    record, state.staged_update = dict(state.staged_update), None
+    try:  # the worker extension drops its buffers and raises: vLLM then closes the update session
+        await app.state.engine_client.update_weights(WeightTransferUpdateRequest({"phase": ABORT_PHASE}))
+    except Exception as e:
+        if "update aborted" not in str(e):
+            raise
+    record.update(status="aborted", serving_version=state.version, at=time.time())
+    state.last_failed_update = record
+    return record
+
+
+async def _reload(app: FastAPI, version: int, record: dict[str, Any]) -> None:
+    """Pause scoring, load the received weights, reset the prefix cache, bump the version, resume."""
+    state: RewardServerState = app.state.reward
+    engine = app.state.engine_client
+    t0 = time.monotonic()
+    async with state.gate.updating_weights():
+        # pause_generation minus its cosmetic 20 ms sleep: drain the engine, clear its caches
+        await engine.engine_core.pause_scheduler_async(mode="wait", clear_cache=True)
+        t_paused = time.monotonic()
+        try:
+            await engine.finish_weight_update(str(version))
+            await engine.reset_prefix_cache()
+            state.version = version
+        finally:
+            await engine.resume_generation()
+    record.update(status="ok", pause_wait_s=t_paused - t0, reload_s=time.monotonic() - t_paused)
