@@ -252,8 +252,11 @@ def test_reward_kwargs_defaults_come_from_the_protocol(monkeypatch):
 def test_online_rm_options_are_checked():
     from verl_vllm_rm.online.config import OnlineRMConfig
 
-    with pytest.raises(ConfigError, match=r"^missing required online_rm option\(s\) \['server_url'\]"):
+    with pytest.raises(ConfigError, match=r"^online_rm: online_rm needs exactly one of server_url \(one server\) and "
+                                          r"reward_model \(the managed replicas of that RM\)"):
         OnlineRMConfig.from_dict({"model_path": "rm"})
+    with pytest.raises(ConfigError, match=r"^missing required online_rm option\(s\) \['model_path'\]"):
+        OnlineRMConfig.from_dict({"server_url": "http://rm"})
     with pytest.raises(ConfigError, match=r"^online_rm\.lr must be a number, got '1e-5'$"):
         OnlineRMConfig.from_dict({"model_path": "rm", "server_url": "http://rm", "lr": "1e-5"})
     with pytest.raises(ConfigError, match=r"^online_rm: publish_every must be >= 1, got 0$"):
