@@ -12,7 +12,12 @@ through ``VLLMRewardClient``:
 
 It also times the pieces alone: one ``_pick`` (the routing decision), one ``_refresh`` when no
 new list is due (the per-request check), and one Ray ``urls()`` round trip (what a refresh costs,
-once a second per reward-loop worker). Writes ``benchmarks/results/replicas.json``.
+once a second per reward-loop worker).
+
+With ``--publish``: publish time of one RM update (``full``, the tiny RM, and a 100M-parameter
+one) to one real vLLM-CPU server, and to two with the two-phase commit (``MultiServerPublisher``:
+both stage in parallel threads, then both apply), against two single-server publishes one after
+the other. Writes ``benchmarks/results/replicas.json``.
 """
 
 from __future__ import annotations
@@ -56,10 +61,61 @@ def per_call_us(fn, n: int) -> float:
     return (time.perf_counter() - t0) / n * 1e6
 
 
+def bench_publish(reps: int) -> dict:
+    """Seconds per publish (median of ``reps``, versions counting up) to 1 server, to 2 with the two-phase
+    commit, and to 2 one after the other."""
+    import tempfile
+
+    import torch
+    from transformers import AutoModelForSequenceClassification
+
+    from verl_vllm_rm.dev.tiny_rm import TinyRMSpec, build_tiny_rm
+    from verl_vllm_rm.replicas.launcher import running_server
+    from verl_vllm_rm.weight_sync import MultiServerPublisher
+
+    specs = {"tiny": TinyRMSpec(), "100m": TinyRMSpec(hidden_size=768, intermediate_size=2048, num_hidden_layers=16,
+                                                      num_attention_heads=12, num_key_value_heads=4)}
+    args = ["--dtype", "float32", "--max-model-len", "512", "--enable-weight-updates"]
+    out = {}
+    with tempfile.TemporaryDirectory() as work:
+        for name, spec in specs.items():
+            path = build_tiny_rm(Path(work) / name, spec)
+            model = AutoModelForSequenceClassification.from_pretrained(path, dtype=torch.float32).eval()
+            nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
+            with running_server(path, args) as a, running_server(path, args) as b:
+                times = {"one_server": [], "two_two_phase": [], "two_one_after_the_other": []}
+                # one session per server at a time: the single-server publishers first, then the pair
+                with MultiServerPublisher([a.url], timeout_s=300) as one, \
+                        MultiServerPublisher([b.url], timeout_s=300) as other:
+                    version = max(one.version, other.version)
+                    for _ in range(reps):
+                        version += 1
+                        t0 = time.perf_counter()
+                        one.publish(model, version, "full")
+                        times["one_server"].append(time.perf_counter() - t0)
+                        version += 1
+                        t0 = time.perf_counter()
+                        one.publish(model, version, "full")
+                        other.publish(model, version, "full")
+                        times["two_one_after_the_other"].append(time.perf_counter() - t0)
+                with MultiServerPublisher([a.url, b.url], timeout_s=300) as both:
+                    for _ in range(reps):
+                        version += 1
+                        t0 = time.perf_counter()
+                        both.publish(model, version, "full")
+                        times["two_two_phase"].append(time.perf_counter() - t0)
+            med = {k: statistics.median(v) for k, v in times.items()}
+            out[name] = {"bytes": nbytes, "median_s": med, "all_s": times,
+                         "two_phase_over_one": med["two_two_phase"] / med["one_server"],
+                         "two_phase_over_one_after_the_other": med["two_two_phase"] / med["two_one_after_the_other"]}
+    return out
+
+
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=2000, help="sequential requests per path and repetition")
     parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--publish", action="store_true", help="also time publishes to 1 and 2 real servers")
     parser.add_argument("--out", default=str(RESULTS / "replicas.json"))
     args = parser.parse_args(argv)
 
@@ -125,8 +181,7 @@ def main(argv=None) -> dict:
                             "fixed_2_minus_fixed_1": (med["fixed_2"] - med["fixed_1"]) * 1e3},
         "pieces_us": parts,
         "refresh_share_per_request_us": parts["ray_urls_call_us"] / (1.0 / (med["followed_2"] / 1e3)),
-        "publish_to_replicas": "not measured: weight updates reach one server until the two-phase commit to every "
-                               "replica lands (issue 14)",
+        "publish_to_replicas": bench_publish(args.reps) if args.publish else "not run (--publish)",
     }
     Path(args.out).write_text(json.dumps(result, indent=1))
     print(json.dumps({k: v for k, v in result.items() if k != "per_request_ms_all"}, indent=1))

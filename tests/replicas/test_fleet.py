@@ -113,15 +113,15 @@ def test_two_replicas_share_the_load_and_score_like_transformers(fleet_run, toke
     assert all(n > 0 for n in per_url.values()), per_url  # both replicas served requests
 
 
-def fleet_publisher():
-    """What the online RM trainer publishes with: every replica that is up, the fleet moved on each commit."""
-    import ray
-
+def fleet_publisher(tiny_rm: str, **kwargs):
+    """What the online RM trainer publishes with (``online_rm.reward_model=rm``): every replica that is up, the
+    fleet moved on each commit."""
+    from verl_vllm_rm.online.config import OnlineRMConfig
+    from verl_vllm_rm.online.worker import publish_targets
     from verl_vllm_rm.weight_sync import MultiServerPublisher
 
-    fleet = ray.get_actor(fleet_name("rm"))
-    return MultiServerPublisher(lambda: ray.get(fleet.replica_urls.remote()),
-                                on_commit=lambda v: ray.get(fleet.set_version.remote(v)), timeout_s=60)
+    config = OnlineRMConfig(model_path=tiny_rm, reward_model="rm", use_gpu=False)
+    return MultiServerPublisher(**publish_targets(config), timeout_s=60, **kwargs)
 
 
 def served_versions(manager, data) -> set[float]:
@@ -133,14 +133,18 @@ def test_a_publish_reaches_both_replicas_and_a_refusal_on_one_changes_neither(fl
     import ray
     from sync_helpers import assert_parity, load_rm, perturbed
 
+    from verl_vllm_rm.online.hook import PublishAfterStep
+    from verl_vllm_rm.parity.probe import ParityProbe
     from verl_vllm_rm.weight_sync import RewardModelPublisher, WeightUpdateRefused
 
     fleet = ray.get_actor(fleet_name("rm"))
     data = build_batch(grpo_groups, tokenizer.pad_token_id)[SPLIT_GROUPS]
     new, other = perturbed(load_rm(tiny_rm), 1), perturbed(load_rm(tiny_rm), 2)
-    with fleet_publisher() as pub:
-        results = pub.publish(new, 1, "full")
-        assert [r.version for r in results] == [1, 1] and [r.server["status"] for r in results] == ["ok", "ok"]
+    hook = PublishAfterStep(lambda: fleet_publisher(tiny_rm, parity_probe=ParityProbe(every=1)), "full")
+    metrics = hook.publish(new, probe_ids)  # the online RM worker's publish: version 1 to both, parity on both
+    assert metrics["rm/published_version"] == 1.0 and metrics["rm/publish_servers"] == 2.0
+    assert metrics["rm/parity_max_abs_diff"] <= 1e-4
+    with hook.publisher as pub:
         status = ray.get(fleet.replica_status.remote())
         assert [(s["version"], s["routed"]) for s in status] == [(1, True), (1, True)]
         for s in status:
@@ -154,7 +158,7 @@ def test_a_publish_reaches_both_replicas_and_a_refusal_on_one_changes_neither(fl
         try:
             with pytest.raises(WeightUpdateRefused, match=r"version 2 failed on 1 server.*is staged.*none of the "
                                                           r"servers applied it"):
-                pub.publish(other, 2, "full")
+                pub.publish(other, 2, "full", probe_ids=probe_ids)
         finally:
             blocker.abort(5)
             blocker.close()
@@ -198,7 +202,7 @@ def test_a_replica_killed_mid_step_is_restarted_and_serves_again(fleet_run, tiny
     status = ray.get(fleet.replica_status.remote())
     assert (status[0]["version"], status[0]["routed"]) == (0, False) and status[1]["routed"]
     assert ray.get(fleet.urls.remote()) == [status[1]["url"]]
-    with fleet_publisher() as pub:
+    with fleet_publisher(tiny_rm) as pub:
         assert len(pub.publish(load_rm(tiny_rm), 3, "full")) == 2  # the re-sync: both replicas get version 3
     status = ray.get(fleet.replica_status.remote())
     assert [(s["version"], s["routed"]) for s in status] == [(3, True), (3, True)]

@@ -170,5 +170,11 @@ class MultiServerPublisher:
     def __enter__(self) -> "MultiServerPublisher":
         return self
 
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
+    def __exit__(self, exc_type: type | None, *exc: object) -> None:
+        if exc_type is None:
+            self.close()
+            return
+        try:  # never mask the error that is already propagating
+            self.close()
+        except Exception as e:
+            logger.warning("closing the weight-sync sessions after an error failed too: %s", e)
