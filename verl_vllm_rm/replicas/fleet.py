@@ -116,7 +116,7 @@ class ReplicaFleet:
             self.version = version
             for st, health in zip(self.status, healths):
                 st.update(health, version)
-            return [st.url for st in self.status if st.routed]
+        return self.urls()
 
     def replica_status(self) -> list[dict[str, Any]]:
         with self.lock:

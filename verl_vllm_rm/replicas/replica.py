@@ -47,9 +47,6 @@ class ServerReplica:
         """The server process's pid (None when not running)."""
         return self.server.process.pid if self.server and self.server.process.poll() is None else None
 
-    def log_tail(self) -> str:
-        return self.server.log_tail() if self.server else "(never started)"
-
     def stop(self) -> None:
         if self.server is not None:
             self.server.stop()
@@ -57,4 +54,3 @@ class ServerReplica:
 
     def __repr__(self) -> str:  # Ray names the actor's log lines with it
         return f"ServerReplica({self.index})"
-

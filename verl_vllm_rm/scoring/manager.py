@@ -16,7 +16,7 @@ from collections import Counter
 from typing import Any
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from verl import DataProto
 from verl.experimental.reward_loop.reward_manager import register
@@ -26,7 +26,7 @@ from verl_vllm_rm.rewards.compose import rule_keys
 from verl_vllm_rm.rewards.steps import token_rewards
 from verl_vllm_rm.scoring.client import RewardServerError
 from verl_vllm_rm.scoring.legacy import warn_misrouted_config
-from verl_vllm_rm.scoring.options import ConfigError, ManagerOptions, parse_options
+from verl_vllm_rm.scoring.options import ConfigError, ManagerOptions, parse_options, reward_kwargs_of
 from verl_vllm_rm.scoring.pairwise import NO_WIN_METRICS, MissingReferenceError, reference_text, win_metrics
 from verl_vllm_rm.scoring.reward_model import RewardModel, Scored, refuse_token_level_when_streaming
 from verl_vllm_rm.scoring.routing import Route, Router
@@ -34,11 +34,6 @@ from verl_vllm_rm.scoring.rules import RuleScorer, batch_stats, verifiable_score
 from verl_vllm_rm.scoring.rm_inputs import RMInput, Sample, samples_from_batch
 
 logger = logging.getLogger(__name__)
-
-
-def _reward_kwargs(config: DictConfig) -> dict:
-    raw = config.get("reward", {}).get("reward_kwargs") if config is not None else None
-    return OmegaConf.to_container(raw, resolve=True) if isinstance(raw, DictConfig) else dict(raw or {})
 
 
 @register("vllm_rm")
@@ -56,7 +51,7 @@ class VLLMRewardManager(RewardManagerBase):
     ):
         super().__init__(config, tokenizer, compute_score)
         warn_misrouted_config(config)
-        self.options: ManagerOptions = parse_options(_reward_kwargs(config))
+        self.options: ManagerOptions = parse_options(reward_kwargs_of(config))
         self.compute_score = compute_score or default_compute_score
         coalesce_s = self.options.coalesce_ms / 1000.0
         try:

@@ -228,15 +228,21 @@ def _check_bounds(opts: ClientOptions, positive: tuple[str, ...] = (), non_negat
             raise ValueError(f"{name} must be >= 0, got {getattr(opts, name)}")
 
 
+def reward_kwargs_of(config: Any) -> dict:
+    """A composed verl config's ``reward.reward_kwargs`` as a plain dict (empty when it has none)."""
+    from omegaconf import DictConfig, OmegaConf
+
+    raw = config.get("reward", {}).get("reward_kwargs") if config is not None else None
+    return OmegaConf.to_container(raw, resolve=True) if isinstance(raw, DictConfig) else dict(raw or {})
+
+
 def run_reward_models(config: Any) -> tuple[RewardModelOptions, ...]:
     """The reward models of a composed verl config (none unless its reward manager is ``vllm_rm``)."""
-    from omegaconf import DictConfig, OmegaConf
+    from omegaconf import OmegaConf
 
     if OmegaConf.select(config, "reward.reward_manager.name") != "vllm_rm":
         return ()
-    kwargs = OmegaConf.select(config, "reward.reward_kwargs", default=None)
-    kwargs = OmegaConf.to_container(kwargs, resolve=True) if isinstance(kwargs, DictConfig) else dict(kwargs or {})
-    return parse_options(kwargs).reward_model_options()
+    return parse_options(reward_kwargs_of(config)).reward_model_options()
 
 
 def parse_options(raw: Mapping[str, Any] | None, cls: type = ManagerOptions) -> Any:

@@ -24,7 +24,7 @@ import torch
 from verl_vllm_rm.parity.probe import ParityProbe
 from verl_vllm_rm.protocol.inventory import WeightUpdateRefused
 from verl_vllm_rm.protocol.names import RewardModelTrainingMode
-from verl_vllm_rm.weight_sync.publisher import PublishResult, RewardModelPublisher
+from verl_vllm_rm.weight_sync.publisher import ClosedOnExit, PublishResult, RewardModelPublisher
 from verl_vllm_rm.weight_sync.selection import StateDictLike
 from verl_vllm_rm.weight_sync.transfer import WeightSyncError
 
@@ -33,7 +33,7 @@ logger = logging.getLogger(__name__)
 ServerList = Sequence[str] | Callable[[], Sequence[str]]
 
 
-class MultiServerPublisher:
+class MultiServerPublisher(ClosedOnExit):
     """Publishers to several servers, kept between publishes, updated together.
 
     ``MultiServerPublisher(client.urls, api_key=...)`` keeps the servers of a client on the same
@@ -166,15 +166,3 @@ class MultiServerPublisher:
                 errors.append(e)
         if errors:
             raise errors[0]
-
-    def __enter__(self) -> "MultiServerPublisher":
-        return self
-
-    def __exit__(self, exc_type: type | None, *exc: object) -> None:
-        if exc_type is None:
-            self.close()
-            return
-        try:  # never mask the error that is already propagating
-            self.close()
-        except Exception as e:
-            logger.warning("closing the weight-sync sessions after an error failed too: %s", e)

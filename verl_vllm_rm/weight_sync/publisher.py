@@ -43,7 +43,23 @@ class PublishResult:
     parity: dict[str, Any] | None = None  # the probe's figures when it ran after this publish
 
 
-class RewardModelPublisher:
+class ClosedOnExit:
+    """``with`` support for a publisher: its ``close()`` on the way out, never masking an error already raised."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type: type | None, *exc: object) -> None:
+        if exc_type is None:
+            self.close()
+            return
+        try:  # never mask the error that is already propagating
+            self.close()
+        except Exception as e:
+            logger.warning("closing the weight-sync session(s) after an error failed too: %s", e)
+
+
+class RewardModelPublisher(ClosedOnExit):
     """Publishes reward-model weights to a server started with ``--enable-weight-updates``.
 
     ``group`` is the trainer's own process group over the ranks that hold the
@@ -96,18 +112,6 @@ class RewardModelPublisher:
 
     def close(self) -> None:
         self.session.close()
-
-    def __enter__(self) -> "RewardModelPublisher":
-        return self
-
-    def __exit__(self, exc_type: type | None, *exc: object) -> None:
-        if exc_type is None:
-            self.close()
-            return
-        try:  # never mask the error that is already propagating
-            self.close()
-        except Exception as e:
-            logger.warning("closing the weight-sync session after an error failed too: %s", e)
 
     # -- publishing ------------------------------------------------------------------------
 
