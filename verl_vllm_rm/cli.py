@@ -61,7 +61,7 @@ def _tiny_ppo(args: argparse.Namespace, rest: list[str]) -> int:
     extra = rest[1:] if rest[:1] == ["--"] else rest
     try:
         cfg = TinyPPOConfig(work_dir, steps=args.steps, rm=args.rm, online=args.online, extra_overrides=extra,
-                            server_url=args.server_url, seed=args.seed)
+                            server_url=args.server_url, replicas=args.replicas, seed=args.seed)
         print_summary(run_tiny_ppo(cfg))
     except (TinyPPOError, ValueError) as e:
         print(f"tiny-ppo: {e}", file=sys.stderr)
@@ -159,6 +159,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="train the RM during the run and publish it into the server after every step")
     ppo.add_argument("--work-dir", help="models, data, logs, rollouts, summary.json (default: a new temp dir)")
     ppo.add_argument("--server-url", help="use this running reward server instead of starting one")
+    ppo.add_argument("--replicas", type=int, default=0,
+                     help="serve the RM on N replicas the plugin starts on verl's Ray cluster (reward_kwargs.replicas)")
     ppo.add_argument("--seed", type=int, default=0)
     ppo.set_defaults(func=_tiny_ppo, passthrough=True)
     tiny = sub.add_parser("tiny-rm", help="build the offline tiny reward model used by tests and the demo")

@@ -150,6 +150,8 @@ def test_report_of_the_run(plain_run, tmp_path):
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({"online": "sometimes"}, "--online must be one of"),
     ({"steps": 0}, "--steps must be >= 1"),
+    ({"replicas": -1}, "--replicas must be >= 0"),
+    ({"replicas": 2, "server_url": "http://127.0.0.1:8001"}, "cannot go with --server-url"),
 ])
 def test_bad_options_are_refused(tmp_path, kwargs, message):
     from verl_vllm_rm.dev.tiny_ppo import TinyPPOConfig
@@ -174,3 +176,21 @@ def test_cli_reports_failures_with_exit_code_1(tmp_path):
     run = subprocess.run([str(cli), "tiny-ppo", "--rm", str(tmp_path), "--work-dir", str(tmp_path / "w")],
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 1 and "tiny-ppo: --rm" in run.stderr and "no config.json" in run.stderr
+
+
+def test_managed_replicas_serve_the_rm_and_take_the_online_publishes(compose_config):
+    """``--replicas N``: the run's config has no server of ours; the RM is on N replicas the plugin starts (weight
+    updates enabled when the RM trains online) and the online RM publishes to every one of them."""
+    from verl_vllm_rm.dev.tiny_ppo import Inputs, TinyPPOConfig, main_ppo_overrides
+    from verl_vllm_rm.online.trainer_mode import online_rm_config
+    from verl_vllm_rm.scoring.options import run_reward_models
+
+    inputs = Inputs(Path("/m/rm"), Path("/m/policy"), Path("/d/train.parquet"), Path("/d/val.parquet"))
+    for online in ("off", "head_only"):
+        overrides = main_ppo_overrides(TinyPPOConfig("/tmp/w", online=online, replicas=2), inputs, None)
+        assert not any("server_url" in o for o in overrides)
+        config = compose_config([o for o in overrides if not o.startswith("hydra.")])
+        (rm,) = run_reward_models(config)
+        assert (rm.replicas.model, rm.replicas.num_replicas) == ("/m/rm", 2)
+        assert ("--enable-weight-updates" in rm.replicas.server_args) == (online != "off")
+    assert online_rm_config(config).reward_model == rm.name

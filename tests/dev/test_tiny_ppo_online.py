@@ -1,6 +1,7 @@
-"""Trainer mode ``vllm_rm_online`` in verl's real ``main_ppo``: one RM step per PPO step, published and
-parity-probed; RM state and the RM's whitening statistics in verl's checkpoints and a resumed run; the reward
-server killed mid-run."""
+"""Trainer mode ``vllm_rm_online`` in verl's real ``main_ppo``, the RM on two replicas the plugin starts and
+manages on verl's Ray cluster: one RM step per PPO step, published to both replicas and parity-probed; RM state and
+the RM's whitening statistics in verl's checkpoints and a resumed run (whose fresh replicas get the restored RM
+before its first score); a reward server killed mid-run."""
 
 from __future__ import annotations
 
@@ -11,70 +12,98 @@ import signal
 import numpy as np
 import pytest
 import torch
-from ppo_runs import direct_scores, expected_totals, generations, tiny_ppo
+from ppo_runs import expected_totals, generations, tiny_ppo
 
 from verl_vllm_rm.dev.ppo_report import read_dump, read_metrics
 from verl_vllm_rm.dev.tiny_ppo import TinyPPOConfig, TinyPPOError, run_tiny_ppo
+from verl_vllm_rm.http import free_port
 from verl_vllm_rm.replicas.launcher import start_server
-from verl_vllm_rm.http import free_port, get_json
 
 pytestmark = [pytest.mark.server, pytest.mark.ray]
 
 
 @pytest.fixture(scope="module")
-def online_runs(tmp_path_factory, tiny_rm, tiny_task, online_rm_server):
-    """2 online steps (a checkpoint each), then the same run resumed to step 3, against one server; the RM's
-    scores are whitened (running statistics, two reward-loop workers)."""
+def online_runs(tmp_path_factory, tiny_rm, tiny_task):
+    """2 online steps (a checkpoint each), then the same run resumed to step 3; each run starts its own two
+    replicas (weight version 0); the RM's scores are whitened (running statistics, two reward-loop workers)."""
     work = tmp_path_factory.mktemp("ppo_online")
-    url = online_rm_server.url
-    start = get_json(f"{url}/runtime_version")["version"]
-    common = dict(online="head_only", validate=False, extra_overrides=["trainer.save_freq=1", "+reward.reward_kwargs.whiten=running"])
-    first = tiny_ppo(work, tiny_rm, tiny_task["policy"], url, steps=2, **common)
+    common = dict(online="head_only", validate=False, replicas=2,
+                  extra_overrides=["trainer.save_freq=1", "+reward.reward_kwargs.whiten=running"])
+    first = tiny_ppo(work, tiny_rm, tiny_task["policy"], None, steps=2, **common)
     first["metrics"] = dict(read_metrics(work))  # the resumed run writes its own metrics file
-    resumed = tiny_ppo(work, tiny_rm, tiny_task["policy"], url, steps=3, **common)
-    probes = [g["prompt_ids"] + g["response_ids"] for g in generations(work)[-8:]]
-    return work, start, first, resumed, probes, direct_scores(url, probes)
+    resumed = tiny_ppo(work, tiny_rm, tiny_task["policy"], None, steps=3, **common)
+    resumed["metrics"] = dict(read_metrics(work))
+    return work, first, resumed
 
 
-def test_every_step_trains_publishes_and_matches_the_trainer(online_runs):
-    _, start, first, _, _, _ = online_runs
-    assert [s["rm_version"] for s in first["steps"]] == [start + 1, start + 2]  # one publish per PPO step
+def replica_metrics(metrics: dict, replica: int) -> dict[str, float]:
+    prefix = f"replicas/rm/{replica}/"
+    return {k[len(prefix):]: v for k, v in metrics.items() if k.startswith(prefix)}
+
+
+def test_every_step_trains_publishes_to_both_replicas_and_matches_the_trainer(online_runs):
+    """One publish per PPO step, to both replicas (two-phase), and the worst replica's parity within 1e-4."""
+    _, first, _ = online_runs
+    assert [s["rm_version"] for s in first["steps"]] == [1, 2]
     for s in first["steps"]:
         assert s["parity_max_abs"] is not None and s["parity_max_abs"] <= 1e-4, s
+        assert first["metrics"][s["step"]]["rm/publish_servers"] == 2
+    for step in (1, 2):  # read before the step's RM update: both routed, on the previous step's version
+        for i in (0, 1):
+            m = replica_metrics(first["metrics"][step], i)
+            assert m["routed"] == 1.0 and m["version"] == step - 1 and m["failures"] == 0.0, m
+    assert all(sum(replica_metrics(first["metrics"][step], i)["inputs"] for step in (1, 2)) > 0 for i in (0, 1))
 
 
 def test_online_steps_log_reward_metrics_the_weight_version_and_drift(online_runs):
     """vllm_rm_online has trainer mode vllm_rm's metrics; step N's rollouts were scored by the weights published
     after step N-1; the RM's drift on the probe set is measured every step and moves once the RM has trained."""
-    _, start, first, _, _, _ = online_runs
+    _, first, _ = online_runs
     metrics = first["metrics"]
     for step in (1, 2):
         m = metrics[step]
         assert m["reward/rm_valid_share"] == 1.0 and "reward/rm_score/mean" in m and "alarm/dead_groups" in m
-        assert m["reward/rm_weight_version/min"] == m["reward/rm_weight_version/max"] == start + step - 1
+        assert m["reward/rm_weight_version/min"] == m["reward/rm_weight_version/max"] == step - 1
         assert m["drift/mean_abs_change"] >= 0 and -1.0 <= m["alarm/drift_rank_corr"] <= 1.0
     assert max(metrics[s]["drift/mean_abs_change"] for s in (1, 2)) > 0
 
 
-def test_rm_state_is_in_verls_checkpoint_and_the_resumed_run_continues(online_runs, tiny_rm):
-    work, start, _, resumed, probes, served = online_runs
-    for step in (1, 2, 3):
-        assert (work / "checkpoints" / f"global_step_{step}" / "online_rm" / "rm_state.pt").is_file()
-    assert [s["step"] for s in resumed["steps"]] == [3]  # verl resumed from global_step_2
-    # The resume publishes the restored RM, step 3 publishes again.
-    assert resumed["steps"][0]["rm_version"] == start + 4
-    assert resumed["steps"][0]["parity_max_abs"] <= 1e-4
-    # The server scores like the RM saved after the resumed run's step.
+def rm_at(tiny_rm: str, state_file) -> tuple[torch.nn.Module, int]:
+    """The tiny RM with the online RM state saved in ``state_file``, and the RM steps it had taken."""
     from transformers import AutoModelForSequenceClassification
+
+    state = torch.load(state_file, weights_only=True)
+    model = AutoModelForSequenceClassification.from_pretrained(tiny_rm, dtype=torch.float32).eval()
+    model.load_state_dict(state["params"], strict=False)
+    assert set(state["params"]) == {"score.weight"}
+    return model, state["steps"]
+
+
+def test_rm_state_is_in_verls_checkpoint_and_the_resumed_replicas_score_with_it(online_runs, tiny_rm):
+    """The resumed run's replicas are new (version 0): the trainer starts them at set-up and publishes the RM
+    restored from global_step_2 to both before anything is scored, so every step-3 RM score is that RM's score of
+    the exact tokens verl generated; step 3 then publishes again, with parity."""
+    from transformers import AutoTokenizer
 
     from verl_vllm_rm.parity.reference import sequence_scores
 
-    state = torch.load(work / "checkpoints" / "global_step_3" / "online_rm" / "rm_state.pt", weights_only=True)
-    model = AutoModelForSequenceClassification.from_pretrained(tiny_rm, dtype=torch.float32).eval()
-    model.load_state_dict(state["params"], strict=False)
-    assert state["steps"] == 3 and set(state["params"]) == {"score.weight"}
-    reference = sequence_scores(model, probes)
-    assert max(abs(a - b) for a, b in zip(served, reference)) <= 1e-4
+    work, _, resumed = online_runs
+    for step in (1, 2, 3):
+        assert (work / "checkpoints" / f"global_step_{step}" / "online_rm" / "rm_state.pt").is_file()
+    assert [s["step"] for s in resumed["steps"]] == [3]  # verl resumed from global_step_2
+    assert resumed["steps"][0]["rm_version"] == 2  # the resume published 1, step 3 published 2
+    assert resumed["steps"][0]["parity_max_abs"] <= 1e-4
+    for i in (0, 1):
+        m = replica_metrics(resumed["metrics"][3], i)
+        assert m["routed"] == 1.0 and m["version"] == 1.0 and m["restarts"] == 0.0, m
+    restored, steps = rm_at(tiny_rm, work / "checkpoints" / "global_step_2" / "online_rm" / "rm_state.pt")
+    assert steps == 2 and rm_at(tiny_rm, work / "checkpoints" / "global_step_3" / "online_rm" / "rm_state.pt")[1] == 3
+    tokenizer = AutoTokenizer.from_pretrained(resumed["policy"])
+    dump = read_dump(work, 3)
+    rows = expected_totals(dump, generations(work), tokenizer, lambda seqs: sequence_scores(restored, seqs))
+    assert len(rows) == 16
+    for row, candidates, _ in rows:
+        assert min(abs(row["rm_score_rm"] - c) for c in candidates) <= 1e-4, (row["rm_score_rm"], candidates)
 
 
 def test_whitening_statistics_are_saved_with_the_rm_and_continue_in_the_resumed_run(online_runs):

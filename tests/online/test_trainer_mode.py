@@ -125,9 +125,13 @@ def test_online_rm_needs_its_server_named_when_the_manager_has_several(compose_c
 def test_online_rm_with_managed_replicas_publishes_to_every_replica_of_the_rm(compose_config):
     from verl_vllm_rm.online.trainer_mode import online_rm_config
 
-    config = compose_config(["+online_rm.model_path=/rm", "+reward.reward_kwargs.replicas={model:/rm,num_replicas:2}"])
-    online = online_rm_config(config)
+    managed = ["+online_rm.model_path=/rm", "reward.reward_manager.name=vllm_rm",
+               "+reward.reward_kwargs.replicas={model:/rm,num_replicas:2}"]
+    online = online_rm_config(compose_config(managed))
     assert online.reward_model == "rm" and online.server_url is None
+    with pytest.raises(ValueError, match=r"online_rm.reward_model='safety' is not a reward model on managed replicas "
+                                         r"\(this run's: \['rm'\]\): name one of them, or set online_rm.server_url"):
+        online_rm_config(compose_config([*managed, "+online_rm.reward_model=safety"]))
     both = compose_config(["+online_rm.model_path=/rm", "+online_rm.server_url=http://a:1",
                            "+online_rm.reward_model=safety"])
     with pytest.raises(ValueError, match=r"exactly one of server_url \(one server\) and reward_model"):

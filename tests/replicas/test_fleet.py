@@ -2,22 +2,19 @@
 loop (two Ray reward-loop workers, groups split over both); load spread, scores equal transformers'; weight
 updates reach both replicas with a two-phase commit (a refusal on one leaves both on the old version); a replica
 SIGKILLed mid-step is restarted, kept out of routing until a publish re-syncs it, and serves again; nothing is
-left when the fleet stops or its driver dies."""
+left when the fleet stops (its driver killed: test_driver_death.py)."""
 
 from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
-import textwrap
 import threading
 import time
 
 import numpy as np
 import pytest
 import torch
-from process_helpers import wait_for_no_orphaned_engines
+from process_helpers import pid_alive, wait_for_no_orphaned_engines, wait_until
 
 from verl_vllm_rm.dev.grpo_batch import build_batch, last_token_rewards, row_token_ids
 from verl_vllm_rm.parity.reference import sequence_scores
@@ -45,23 +42,6 @@ def random_groups(tokenizer, n: int, seed: int = 0) -> list:
 
     return [Group(ids(64), [ids(int(rng.integers(96, 160))) for _ in range(4)], ground_truth="0",
                   data_source="openai/gsm8k") for _ in range(n)]
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with open(f"/proc/{pid}/stat") as f:  # a zombie is gone for our purposes
-        return f.read().split(")")[-1].split()[0] != "Z"
-
-
-def wait_until(predicate, timeout_s: float, what: str) -> None:
-    t0 = time.monotonic()
-    while not predicate():
-        if time.monotonic() - t0 > timeout_s:
-            raise AssertionError(f"not within {timeout_s:.0f}s: {what}")
-        time.sleep(0.5)
 
 
 @pytest.fixture(scope="module")
@@ -208,38 +188,3 @@ def test_a_replica_killed_mid_step_is_restarted_and_serves_again(fleet_run, tiny
     assert [(s["version"], s["routed"]) for s in status] == [(3, True), (3, True)]
     for s in status:
         assert_parity(s["url"], hf_model, rows[:8])
-
-
-def test_killing_the_driver_leaves_no_server_and_no_actor(tiny_rm, server_args, tmp_path):
-    """A driver process owning a fleet (its own Ray cluster) is SIGKILLed: Ray reaps its actors, each server
-    sees its replica actor gone and exits with its engine."""
-    script = tmp_path / "driver.py"
-    script.write_text(textwrap.dedent(f"""
-        import json, os, time, ray
-        from verl_vllm_rm.replicas.fleet import fleet_for
-        from verl_vllm_rm.replicas.options import ReplicaOptions
-        ray.init(num_cpus=2, include_dashboard=False)
-        fleet = fleet_for("rm", ReplicaOptions(model={tiny_rm!r}, num_replicas=1, server_args={tuple(server_args)!r}))
-        ray.get(fleet.urls.remote())
-        actors = ray.get(fleet.__ray_call__.remote(
-            lambda f: [os.getpid(), *ray.get([r.__ray_call__.remote(lambda r: os.getpid()) for r in f.replicas])]))
-        print(json.dumps({{"servers": ray.get(fleet.server_pids.remote()), "actors": actors}}), flush=True)
-        time.sleep(600)
-    """))
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        import json
-
-        pids = json.loads(proc.stdout.readline())
-        assert len(pids["servers"]) == 1 and len(pids["actors"]) == 2
-        assert all(pid_alive(p) for p in pids["servers"] + pids["actors"])
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait()
-        for pid in pids["servers"]:
-            wait_until(lambda: not pid_alive(pid), 60, f"server {pid} gone after its driver was killed")
-        for pid in pids["actors"]:
-            wait_until(lambda: not pid_alive(pid), 60, f"fleet/replica actor process {pid} gone with the driver")
-        assert wait_for_no_orphaned_engines() == []  # Ray SIGKILLs the server: its engine follows (lifeline)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)

@@ -3,7 +3,8 @@
 A tiny policy (built on the RM's tokenizer) learns the tiny task from the reward
 model served by the real vLLM engine. The run is ``python -m verl.trainer.main_ppo``
 itself, made to run on CPU by :mod:`verl_vllm_rm.dev.cpu_harness`; this module only
-builds the inputs, starts (and always stops) the reward server, follows verl's
+builds the inputs, starts (and always stops) the reward server (or, with ``replicas``, lets
+the plugin run the RM on replicas inside verl's Ray cluster), follows verl's
 metrics file for progress, and writes ``WORK_DIR/summary.json`` and the run's report (``report.png``,
 ``report.txt``).
 """
@@ -19,36 +20,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from verl_vllm_rm.dev.cpu_names import BACKEND_NAME, GENERATION_LOG_ENV, HARNESS_MODULE
+from verl_vllm_rm.dev.cpu_names import GENERATION_LOG_ENV, HARNESS_MODULE, ONLINE_MODULE
+from verl_vllm_rm.dev.cpu_profile import cpu_profile
 from verl_vllm_rm.dev.ppo_report import print_step, read_metrics, summarize
 from verl_vllm_rm.monitor.report import write_report
 
 ONLINE_MODES = ("off", "head_only", "lora", "full")
-ONLINE_MODULE = "verl_vllm_rm.online.trainer_mode"
 SERVER_ARGS = ["--dtype", "float32", "--max-model-len", "512", "--enforce-eager"]
-
-#: Hydra overrides verl 0.9.1 needs on CPU (settings, not patches; the patches are in cpu_harness.patches).
-CPU_OVERRIDES = [
-    f"actor_rollout_ref.rollout.name={BACKEND_NAME}",
-    "actor_rollout_ref.rollout.tensor_model_parallel_size=1",  # one rollout process per replica
-    "trainer.device=cpu",
-    "trainer.n_gpus_per_node=1",
-    "trainer.nnodes=1",
-    # verl's pools reserve one accelerator per worker: one logical Ray GPU is the worker slot.
-    "+ray_kwargs.ray_init.num_gpus=1",
-    # With num_cpus=2 the run hung (verl's actors reserve CPUs); logical CPUs, not cores.
-    "ray_kwargs.ray_init.num_cpus=16",
-    "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
-    # HFModelConfig defaults to flash_attention_2 and remove-padding kernels; FSDP1 wants a device index.
-    "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
-    "actor_rollout_ref.model.use_remove_padding=False",
-    "actor_rollout_ref.actor.strategy=fsdp2",
-    "actor_rollout_ref.ref.strategy=fsdp2",
-    "actor_rollout_ref.actor.fsdp_config.dtype=float32",
-    "actor_rollout_ref.ref.fsdp_config.dtype=float32",
-    "data.dataloader_num_workers=0",
-]
-
 
 #: The reward GRPO trains on: the RM's score + gsm8k correctness + 2 * the tiny task's answer form. The
 #: form rule keeps the tiny policy from settling on strings the tiny RM happens to over-score.
@@ -71,6 +49,7 @@ class TinyPPOConfig:
     online: str = "off"
     extra_overrides: list[str] = field(default_factory=list)
     server_url: str | None = None  # None: start a server on the RM (and stop it at the end)
+    replicas: int = 0  # > 0: no server of ours; the plugin runs the RM on this many replicas on verl's Ray cluster
     rm_train_seconds: float = 60.0
     seed: int = 0
     batch_prompts: int = 4
@@ -83,6 +62,9 @@ class TinyPPOConfig:
             raise ValueError(f"--online must be one of {ONLINE_MODES}, got {self.online!r}")
         if self.steps < 1:
             raise ValueError(f"--steps must be >= 1, got {self.steps}")
+        if self.replicas < 0 or (self.replicas and self.server_url is not None):
+            raise ValueError(f"--replicas must be >= 0 and cannot go with --server-url, got {self.replicas} and "
+                             f"{self.server_url!r}")
 
 
 @dataclass
@@ -115,38 +97,23 @@ def prepare_inputs(cfg: TinyPPOConfig) -> Inputs:
     return Inputs(rm, policy, train, val)
 
 
-def cpu_profile(steps: int, batch_prompts: int = 4, group_size: int = 4, online: bool = False,
-                external_modules: str | None = None) -> list[str]:
-    """Overrides that turn any GRPO run into a tiny one verl runs on CPU (appended last, they win).
-
-    ``make test`` runs every script in ``recipes/`` with these (``VERL_VLLM_RM_CPU_PROFILE=1``).
-    ``external_modules`` (the harness first) also goes into Ray's runtime env, for recipes that set it
-    there for workers on other nodes.
-    """
-    profile = [
-        *CPU_OVERRIDES,
-        f"data.train_batch_size={batch_prompts}",
-        "data.max_prompt_length=48",
-        "data.max_response_length=32",
-        f"actor_rollout_ref.actor.ppo_mini_batch_size={batch_prompts}",
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16",
-        f"actor_rollout_ref.rollout.n={group_size}",
-        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16",
-        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=16",
-        # verl starts 8 agent-loop and 8 reward-loop Ray workers by default (~0.5 GB each): 2 share 2 cores.
-        "actor_rollout_ref.rollout.agent.num_workers=2",
-        "reward.num_workers=2",
-        f"trainer.total_training_steps={steps}",
-        "trainer.logger=[console,file]",
-    ]
-    if online:
-        profile.append("+online_rm.use_gpu=False")
-    if external_modules:
-        profile.append(f"++ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES='{external_modules}'")
-    return profile
+def server_args(cfg: TinyPPOConfig) -> list[str]:
+    """The reward server's arguments: the CPU test set, plus weight updates when the RM trains online."""
+    return SERVER_ARGS + (["--enable-weight-updates"] if cfg.online != "off" else [])
 
 
-def main_ppo_overrides(cfg: TinyPPOConfig, inputs: Inputs, server_url: str) -> list[str]:
+def reward_model_overrides(cfg: TinyPPOConfig, inputs: Inputs, server_url: str | None) -> list[str]:
+    """Where the RM is served: ``server_url``, or (``cfg.replicas``) replicas the plugin starts; the online RM
+    publishes to the same place (``online_rm.reward_model`` defaults to those replicas)."""
+    if cfg.replicas:
+        args = ",".join(f"'{a}'" for a in server_args(cfg))
+        return [f"+reward.reward_kwargs.replicas={{model:'{inputs.rm}',num_replicas:{cfg.replicas},"
+                f"server_args:[{args}]}}"]
+    online = [f"+online_rm.server_url={server_url}"] if cfg.online != "off" else []
+    return [f"+reward.reward_kwargs.server_url={server_url}", *online]
+
+
+def main_ppo_overrides(cfg: TinyPPOConfig, inputs: Inputs, server_url: str | None) -> list[str]:
     """Every Hydra override of the run: the task, vllm_rm, the CPU profile, online RM, then the user's."""
     work = cfg.work_dir
     overrides = [
@@ -161,7 +128,7 @@ def main_ppo_overrides(cfg: TinyPPOConfig, inputs: Inputs, server_url: str) -> l
         "reward.reward_manager.name=vllm_rm",
         # reward/* metrics, alarms and a rollout dump with every reward component (vllm_rm_online has them too)
         f"trainer.v1.trainer_mode={'vllm_rm' if cfg.online == 'off' else 'vllm_rm_online'}",
-        f"+reward.reward_kwargs.server_url={server_url}",
+        *reward_model_overrides(cfg, inputs, server_url),
         f"+reward.reward_kwargs.rewards={REWARDS}",
         # verl 0.9.1's agent loop does not tell reward managers a sample is from validation, so "auto"
         # never fires in main_ppo; "always" scores the reference once per prompt group and step.
@@ -181,7 +148,6 @@ def main_ppo_overrides(cfg: TinyPPOConfig, inputs: Inputs, server_url: str) -> l
     if cfg.online != "off":
         overrides += [
             f"+online_rm.model_path={inputs.rm}",
-            f"+online_rm.server_url={server_url}",
             f"+online_rm.training_mode={cfg.online}",
             "+online_rm.publish_every=1",
             "+online_rm.parity_every=1",
@@ -204,22 +170,28 @@ def main_ppo_env(cfg: TinyPPOConfig) -> dict[str, str]:
     )
 
 
-def _runtime_version(url: str) -> int | None:
+def served_version(url: str | None, metrics: dict) -> int | None:
+    """The RM weight version served right after a step: the server's ``/runtime_version``, or, on managed
+    replicas (no ``url``), the version the step published, else the one the replicas served during it."""
     from verl_vllm_rm.http import HttpError, get_json
+    from verl_vllm_rm.scoring.options import DEFAULT_RM_NAME
 
+    if url is None:
+        version = metrics.get("rm/published_version", metrics.get(f"replicas/{DEFAULT_RM_NAME}/0/version"))
+        return None if version is None else int(version)
     try:
         return int(get_json(f"{url}/runtime_version", timeout_s=5.0)["version"])
     except (HttpError, ValueError, KeyError):
         return None
 
 
-def run_main_ppo(cfg: TinyPPOConfig, inputs: Inputs, server_url: str,
+def run_main_ppo(cfg: TinyPPOConfig, inputs: Inputs, server_url: str | None,
                  on_step: Callable[[int, dict, int | None], None] | None = None,
                  overrides: list[str] | None = None) -> dict[int, int | None]:
     """Run main_ppo to the end; ``on_step(step, metrics, rm_version)`` as each step's metrics land.
 
-    ``overrides`` replaces :func:`main_ppo_overrides` (a benchmark's variants). Returns the server's
-    ``/runtime_version`` read right after each step.
+    ``overrides`` replaces :func:`main_ppo_overrides` (a benchmark's variants). Returns the weight version
+    served right after each step (:func:`served_version`; ``server_url`` None: the run's managed replicas).
     """
     for stale in ("metrics.jsonl", "generations.jsonl"):
         (cfg.work_dir / stale).unlink(missing_ok=True)
@@ -240,7 +212,7 @@ def run_main_ppo(cfg: TinyPPOConfig, inputs: Inputs, server_url: str,
                     seen += 1
                     if step in versions or "training/global_step" not in metrics:
                         continue  # the val_before_train line has no training metrics
-                    versions[step] = _runtime_version(server_url)
+                    versions[step] = served_version(server_url, metrics)
                     if on_step:
                         on_step(step, metrics, versions[step])
                 if done:
@@ -271,10 +243,9 @@ def run_tiny_ppo(cfg: TinyPPOConfig, on_step: Callable[[int, dict, int | None], 
     inputs = prepare_inputs(cfg)
     server = None
     url = cfg.server_url
-    if url is None:
-        args = SERVER_ARGS + (["--enable-weight-updates"] if cfg.online != "off" else [])
+    if url is None and not cfg.replicas:
         try:
-            server = start_server(inputs.rm, args, log_path=cfg.work_dir / "reward_server.log")
+            server = start_server(inputs.rm, server_args(cfg), log_path=cfg.work_dir / "reward_server.log")
         except ServerStartError as e:
             raise TinyPPOError(f"the reward server on {inputs.rm} did not start: {e}") from e
         url = server.url
@@ -289,12 +260,3 @@ def run_tiny_ppo(cfg: TinyPPOConfig, on_step: Callable[[int, dict, int | None], 
     (cfg.work_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
 
-
-if __name__ == "__main__":
-    # ``python -m verl_vllm_rm.dev.tiny_ppo --cpu-profile [STEPS]``: the CPU profile, one override per line
-    # (recipes/common.sh appends it under VERL_VLLM_RM_CPU_PROFILE=1).
-    if sys.argv[1:2] != ["--cpu-profile"]:
-        sys.exit("usage: python -m verl_vllm_rm.dev.tiny_ppo --cpu-profile [STEPS]  (the run itself: verl-vllm-rm tiny-ppo)")
-    steps = int(sys.argv[2]) if len(sys.argv) > 2 else 2
-    modules = os.environ.get("VERL_USE_EXTERNAL_MODULES", "")
-    print("\n".join(cpu_profile(steps, online=ONLINE_MODULE in modules, external_modules=modules or None)))

@@ -32,7 +32,7 @@ from verl.utils.debug import marked_timer
 
 from verl_vllm_rm.options import ConfigError
 from verl_vllm_rm.protocol.defaults import DEFAULT_SERVER_URL
-from verl_vllm_rm.scoring.options import DEFAULT_RM_NAME
+from verl_vllm_rm.scoring.options import DEFAULT_RM_NAME, run_reward_models
 from verl_vllm_rm.scoring.trainer_mode import (
     RewardMetricsTrainer,
     real_keys,
@@ -80,7 +80,13 @@ def online_rm_config(config: DictConfig) -> "OnlineRMConfig":
             raise ConfigError(f"online_rm.server_url is unset and reward.reward_kwargs.server_url lists {urls}: "
                               "set +online_rm.server_url to the server whose weights the RM trainer updates")
         options["server_url"] = urls[0]
-    return OnlineRMConfig.from_dict(options)
+    cfg = OnlineRMConfig.from_dict(options)
+    managed_rms = [o.name for o in run_reward_models(config) if o.replicas is not None]
+    if cfg.reward_model is not None and cfg.reward_model not in managed_rms:
+        raise ConfigError(f"online_rm.reward_model={cfg.reward_model!r} is not a reward model on managed replicas "
+                          f"(this run's: {managed_rms or 'none'}): name one of them, or set online_rm.server_url "
+                          "to the server the RM trainer updates")
+    return cfg
 
 
 def build_online_rm(config: DictConfig, pad_token_id: int) -> "OnlineRewardModel":

@@ -36,7 +36,7 @@ def publish_targets(cfg: OnlineRMConfig) -> dict[str, Any]:
 
     from verl_vllm_rm.replicas.fleet import fleet_name
 
-    fleet = ray.get_actor(fleet_name(cfg.reward_model))  # started by the reward-loop workers' first scores
+    fleet = ray.get_actor(fleet_name(cfg.reward_model))  # started by the trainer's set-up (FleetReadings)
     return {"server_urls": lambda: ray.get(fleet.replica_urls.remote()),
             "on_commit": lambda version: ray.get(fleet.set_version.remote(version))}
 

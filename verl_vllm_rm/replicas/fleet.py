@@ -2,7 +2,8 @@
 
 :func:`fleet_for` returns one RM's fleet: a named Ray actor (``vllm_rm_replicas_<rm>``) created
 by whichever process asks first (Ray's ``get_if_exists``), so all of verl's reward-loop workers
-share one. The fleet reserves a placement group with one bundle per replica (``{"CPU":
+share one. Trainer modes ``vllm_rm*`` ask first, at set-up (:class:`FleetReadings`); under another
+trainer mode the first reward-loop worker to score does. The fleet reserves a placement group with one bundle per replica (``{"CPU":
 cpus_per_replica, "GPU": gpus_per_replica}``), starts one :class:`ServerReplica` actor in each
 bundle, and its constructor returns only when every replica answers ``/health``; Ray holds
 every call to the fleet until then, so the first score waits for all replicas (the health gate).
@@ -20,7 +21,7 @@ import logging
 import tempfile
 import threading
 from dataclasses import asdict, dataclass, field
-from typing import Any, Sequence
+from typing import Any, Mapping
 
 from verl_vllm_rm.http import HttpError, get_json
 from verl_vllm_rm.replicas.metrics import replica_step_metrics
@@ -214,23 +215,29 @@ class ReplicaFleet:
 
 
 class FleetReadings:
-    """The per-replica metrics of each step (:func:`replica_step_metrics`) for the run's fleets, found by name."""
+    """The run's fleets, started by the trainer, and each step's per-replica metrics (:func:`replica_step_metrics`).
 
-    def __init__(self, rm_names: Sequence[str]) -> None:
-        self.rm_names = list(rm_names)
+    ``fleets`` maps each managed RM's name to its ``(ReplicaOptions, api_key)``. The constructor starts (or finds)
+    every fleet and returns once all of their replicas answer ``/health`` (the health gate), or raises why a fleet
+    could not start. Trainer modes ``vllm_rm*`` build it once verl's set-up has placed its own workers, so a fleet
+    never takes the GPUs (or nodes) verl's resource pools were sized for.
+    """
+
+    def __init__(self, fleets: Mapping[str, tuple[ReplicaOptions, str | None]]) -> None:
+        self.fleets = {rm: fleet_for(rm, options, api_key) for rm, (options, api_key) in fleets.items()}
         self.last: dict[str, list[dict[str, Any]]] = {}
+        if self.fleets:
+            import ray
+
+            ray.get([fleet.urls.remote() for fleet in self.fleets.values()])
 
     def step_metrics(self) -> dict[str, float]:
-        if not self.rm_names:
+        if not self.fleets:
             return {}
         import ray
 
         out: dict[str, float] = {}
-        for rm in self.rm_names:
-            try:
-                fleet = ray.get_actor(fleet_name(rm))
-            except ValueError:  # no worker has asked for it yet
-                continue
+        for rm, fleet in self.fleets.items():
             now = ray.get(fleet.replica_status.remote())
             out.update(replica_step_metrics(rm, now, self.last.get(rm)))
             self.last[rm] = now

@@ -112,11 +112,13 @@ class RewardMetrics:
 
     def init(self):
         super().init()  # verl's setup: reward-loop workers built, a checkpoint resumed (global_steps set)
+        # every managed RM's replicas up before anything is scored or published (a resumed online RM publishes next)
+        self.fleets = FleetReadings({o.name: (o.replicas, o.api_key) for o in run_reward_models(self.config)
+                                     if o.replicas is not None})
         whitened = whitened_reward_models(self.config)
         self.whitening = WhiteningCheckpoint(whitened, self.get_reward_handles()) if whitened else None
         if self.whitening is not None and self.global_steps > 0:
             self.whitening.resume(os.path.join(resumed_folder(self.config, self.global_steps), self.state_dir))
-        self.fleets = FleetReadings([o.name for o in run_reward_models(self.config) if o.replicas is not None])
         self.rm_normalized = bool(OmegaConf.select(self.config, "reward.reward_kwargs.normalize", default=False))
         self.step_rewards: tuple[list[str], StepRewards] | None = None
         self._dumping_rollouts = False

@@ -8,7 +8,7 @@ silently stale harness. Nothing here runs unless the harness is imported
 refuses to load where a GPU is visible.
 
 Run settings that are plain Hydra overrides (not patches) live with the command
-that sets them: :data:`verl_vllm_rm.dev.tiny_ppo.CPU_OVERRIDES`.
+that sets them: :data:`verl_vllm_rm.dev.cpu_profile.CPU_OVERRIDES`.
 """
 
 from __future__ import annotations

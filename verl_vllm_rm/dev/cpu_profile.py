@@ -1,0 +1,74 @@
+"""The CPU profile: Hydra overrides that make any GRPO ``main_ppo`` run a tiny one verl runs on CPU.
+
+``python -m verl_vllm_rm.dev.cpu_profile [STEPS]`` prints them, one per line (``recipes/common.sh``
+appends them under ``VERL_VLLM_RM_CPU_PROFILE=1``); ``verl-vllm-rm tiny-ppo`` and ``make demo`` use
+:func:`cpu_profile` directly. Settings only: the patches are in :mod:`verl_vllm_rm.dev.cpu_harness.patches`.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from verl_vllm_rm.dev.cpu_names import BACKEND_NAME, ONLINE_MODULE
+
+#: Hydra overrides verl 0.9.1 needs on CPU (settings, not patches; the patches are in cpu_harness.patches).
+CPU_OVERRIDES = [
+    f"actor_rollout_ref.rollout.name={BACKEND_NAME}",
+    "actor_rollout_ref.rollout.tensor_model_parallel_size=1",  # one rollout process per replica
+    "trainer.device=cpu",
+    "trainer.n_gpus_per_node=1",
+    "trainer.nnodes=1",
+    # verl's pools reserve one accelerator per worker: one logical Ray GPU is the worker slot.
+    "+ray_kwargs.ray_init.num_gpus=1",
+    # With num_cpus=2 the run hung (verl's actors reserve CPUs); logical CPUs, not cores.
+    "ray_kwargs.ray_init.num_cpus=16",
+    "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
+    # HFModelConfig defaults to flash_attention_2 and remove-padding kernels; FSDP1 wants a device index.
+    "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
+    "actor_rollout_ref.model.use_remove_padding=False",
+    "actor_rollout_ref.actor.strategy=fsdp2",
+    "actor_rollout_ref.ref.strategy=fsdp2",
+    "actor_rollout_ref.actor.fsdp_config.dtype=float32",
+    "actor_rollout_ref.ref.fsdp_config.dtype=float32",
+    "data.dataloader_num_workers=0",
+]
+
+
+def cpu_profile(steps: int, batch_prompts: int = 4, group_size: int = 4, online: bool = False,
+                external_modules: str | None = None) -> list[str]:
+    """Overrides that turn any GRPO run into a tiny one verl runs on CPU (appended last, they win).
+
+    ``make test`` runs every script in ``recipes/`` with these (``VERL_VLLM_RM_CPU_PROFILE=1``).
+    ``external_modules`` (the harness first) also goes into Ray's runtime env, for recipes that set it
+    there for workers on other nodes.
+    """
+    profile = [
+        *CPU_OVERRIDES,
+        f"data.train_batch_size={batch_prompts}",
+        "data.max_prompt_length=48",
+        "data.max_response_length=32",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={batch_prompts}",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16",
+        f"actor_rollout_ref.rollout.n={group_size}",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=16",
+        # verl starts 8 agent-loop and 8 reward-loop Ray workers by default (~0.5 GB each): 2 share 2 cores.
+        "actor_rollout_ref.rollout.agent.num_workers=2",
+        "reward.num_workers=2",
+        f"trainer.total_training_steps={steps}",
+        "trainer.logger=[console,file]",
+    ]
+    if online:
+        profile.append("+online_rm.use_gpu=False")
+    if external_modules:
+        profile.append(f"++ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES='{external_modules}'")
+    return profile
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 2 or not all(a.isdigit() for a in sys.argv[1:]):
+        sys.exit("usage: python -m verl_vllm_rm.dev.cpu_profile [STEPS]  (the run itself: verl-vllm-rm tiny-ppo)")
+    steps = int(sys.argv[1]) if len(sys.argv) > 1 else 2
+    modules = os.environ.get("VERL_USE_EXTERNAL_MODULES", "")
+    print("\n".join(cpu_profile(steps, online=ONLINE_MODULE in modules, external_modules=modules or None)))
