@@ -30,6 +30,9 @@ ROOT = Path(__file__).resolve().parents[1]
 HEAVY_FIXTURES = {"rm_server", "ws_server", "online_rm_server", "ray_cluster"}
 # fp32 + eager: exact parity with transformers and a fast start on CPU.
 SERVER_TEST_ARGS = ["--dtype", "float32", "--max-model-len", "512", "--enforce-eager"]
+# 128 MiB of KV cache (262k tokens of the tiny RM) instead of the server's 2 GiB CPU default: a server then
+# takes 1.4 GB instead of 3.4 GB, so a fleet, a main_ppo run and the session's servers fit in CI's 24 GB.
+SMALL_KV_CACHE = ["--kv-cache-memory-bytes", str(128 << 20)]
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -40,6 +43,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(scope="session")
 def server_args() -> list[str]:
+    """What test servers start with (fp32, eager, 512 tokens, the small KV cache)."""
+    return [*SERVER_TEST_ARGS, *SMALL_KV_CACHE]
+
+
+@pytest.fixture(scope="session")
+def server_args_default_kv() -> list[str]:
+    """The test arguments without a KV-cache size: the server's own CPU default (or the override a test sets)."""
     return list(SERVER_TEST_ARGS)
 
 
@@ -64,7 +74,7 @@ def hf_model(tiny_rm):
 
 @pytest.fixture(scope="session")
 def rm_server(tiny_rm):
-    """The main reward server (no API key, no step pooling)."""
+    """The main reward server (no API key, no step pooling; the server's default KV cache)."""
     with running_server(tiny_rm, SERVER_TEST_ARGS) as server:
         yield server
 

@@ -13,9 +13,10 @@ import requests
 from verl_vllm_rm.dev.tiny_ppo import TinyPPOConfig, run_tiny_ppo
 
 
-def tiny_ppo(work_dir: Path, rm: str, policy: Path, server_url: str, steps: int, **kwargs) -> dict:
+def tiny_ppo(work_dir: Path, rm: str, policy: Path, server_url: str | None, steps: int,
+             on_step: Callable[[int, dict, int | None], None] | None = None, **kwargs) -> dict:
     cfg = TinyPPOConfig(work_dir, steps=steps, rm=rm, policy=str(policy), server_url=server_url, **kwargs)
-    return run_tiny_ppo(cfg, on_step=None)
+    return run_tiny_ppo(cfg, on_step=on_step)
 
 
 def generations(work_dir: Path) -> list[dict]:

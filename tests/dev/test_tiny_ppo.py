@@ -1,9 +1,12 @@
 """``vllm_rm`` inside verl's real ``main_ppo`` (GRPO on CPU through the harness, the real vLLM server):
-the rewards verl trained on are the server's scores of the exact token ids it generated."""
+the rewards verl trained on are the server's scores of the exact token ids it generated, also across the
+server's SIGKILL and restart in the middle of the run."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 from pathlib import Path
 
 import numpy as np
@@ -11,13 +14,33 @@ import pytest
 from ppo_runs import expected_totals, generations, tiny_ppo
 
 from verl_vllm_rm.dev.ppo_report import read_dump, read_metrics
-
+from verl_vllm_rm.http import free_port
+from verl_vllm_rm.replicas.launcher import start_server
 
 
 @pytest.fixture(scope="module")
-def plain_run(tmp_path_factory, tiny_rm, tiny_task, rm_server) -> dict:
-    """vllm_rm in main_ppo: 2 GRPO steps against the session server, validation before and after."""
-    return tiny_ppo(tmp_path_factory.mktemp("ppo_plain"), tiny_rm, tiny_task["policy"], rm_server.url, steps=2)
+def plain_run(tmp_path_factory, tiny_rm, tiny_task, server_args) -> dict:
+    """vllm_rm in main_ppo: 2 GRPO steps, validation before and after, against a server of this module that is
+    SIGKILLed right after step 1 (step 2 is generating: its rewards meet a dead server) and restarted on its
+    port; retries cover the restart (~25 s). The restarted server stays up for the module's checks."""
+    port = free_port()
+    servers = [start_server(tiny_rm, server_args, port=port)]
+
+    def kill_and_restart(step: int, metrics: dict, version: int | None) -> None:
+        if step == 1:
+            os.killpg(servers[0].process.pid, signal.SIGKILL)
+            servers[0].process.wait()
+            servers.append(start_server(tiny_rm, server_args, port=port))
+
+    try:
+        run = tiny_ppo(tmp_path_factory.mktemp("ppo_plain"), tiny_rm, tiny_task["policy"], servers[0].url, steps=2,
+                       on_step=kill_and_restart, extra_overrides=["+reward.reward_kwargs.max_retries=100",
+                                                                  "+reward.reward_kwargs.backoff_max_s=2"])
+        run["servers_started"] = len(servers)
+        yield run
+    finally:
+        for server in servers:
+            server.stop()
 
 
 @pytest.mark.server
@@ -36,8 +59,9 @@ def test_main_ppo_runs_the_steps_and_writes_the_summary(plain_run):
 
 @pytest.mark.server
 @pytest.mark.ray
-def test_rewards_verl_trained_on_equal_direct_scores(plain_run, rm_server):
-    """Every dumped reward = direct /score of the same token ids + gsm8k correctness + FORM_WEIGHT * form."""
+def test_rewards_verl_trained_on_equal_direct_scores(plain_run):
+    """Every dumped reward = direct /score of the same token ids + gsm8k correctness + FORM_WEIGHT * form, before
+    the server was killed and after its restart (every score valid: the retries covered the restart)."""
     from transformers import AutoTokenizer
 
     work = Path(plain_run["rollout_data_dir"]).parent
@@ -47,12 +71,13 @@ def test_rewards_verl_trained_on_equal_direct_scores(plain_run, rm_server):
     for step in (1, 2):
         dump = read_dump(work, step)
         assert len(dump) == 16  # 4 prompts x 4 responses
-        for row, rm_candidates, rules in expected_totals(dump, gens, tokenizer, rm_server.url):
+        for row, rm_candidates, rules in expected_totals(dump, gens, tokenizer, plain_run["server_url"]):
             assert row["rm_valid"] == 1.0
             assert min(abs(row["rm_score"] - c) for c in rm_candidates) <= 1e-4, (row, rm_candidates)
             assert abs(row["score"] - (row["rm_score"] + rules)) <= 1e-4, row  # the composed total
             checked += 1
     assert checked == 32
+    assert plain_run["servers_started"] == 2, "the server was never killed"
 
 
 @pytest.mark.server

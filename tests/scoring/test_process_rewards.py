@@ -17,7 +17,6 @@ from verl_vllm_rm.parity.reference import sequence_scores, step_scores
 from verl_vllm_rm.scoring.reward_model import StepRewardError
 
 pytestmark = pytest.mark.server
-SERVER_ARGS = ["--dtype", "float32", "--max-model-len", "512", "--enforce-eager"]
 VERIFIER = "from verl.utils.reward_score import default_compute_score as compute_score\n"
 
 
@@ -37,8 +36,8 @@ def step_id(tokenizer) -> int:
 
 
 @pytest.fixture(scope="module")
-def step_server(tiny_rm, step_id):
-    with running_server(tiny_rm, [*SERVER_ARGS, "--step-tag-id", str(step_id)]) as server:
+def step_server(tiny_rm, step_id, server_args):
+    with running_server(tiny_rm, [*server_args, "--step-tag-id", str(step_id)]) as server:
         yield server
 
 

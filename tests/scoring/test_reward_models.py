@@ -21,15 +21,14 @@ from verl_vllm_rm.scoring.options import ClientOptions
 from verl_vllm_rm.scoring.routing import UnroutedDataSourceError
 
 pytestmark = pytest.mark.server
-SERVER_ARGS = ["--dtype", "float32", "--max-model-len", "512", "--enforce-eager"]
 FAST_FAIL = {"max_retries": 0, "connect_timeout_s": 2.0, "deadline_s": 10.0}
 
 
 @pytest.fixture(scope="module")
-def other_rm_server(tmp_path_factory, tiny_rm):
+def other_rm_server(tmp_path_factory, tiny_rm, server_args):
     """A second RM on the session RM's tokenizer: other weights, 10x the head scale (for this module only)."""
     path = build_tiny_rm(tmp_path_factory.mktemp("other_rm"), TinyRMSpec(init_seed=7, head_std=1.0))
-    with running_server(path, SERVER_ARGS) as server:
+    with running_server(path, server_args) as server:
         yield server
 
 

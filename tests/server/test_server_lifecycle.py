@@ -39,7 +39,7 @@ def cache_config(url: str) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def own_server(tmp_path_factory, tiny_rm, server_args):
+def own_server(tmp_path_factory, tiny_rm, server_args_default_kv):
     real_python = find_server_python()
     folder = tmp_path_factory.mktemp("server_python")
     marker = folder / "used"
@@ -49,7 +49,7 @@ def own_server(tmp_path_factory, tiny_rm, server_args):
     with pytest.MonkeyPatch.context() as mp:  # for this start only: servers started later must not inherit it
         mp.setenv(SERVER_PYTHON_ENV, str(wrapper))
         mp.setenv("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB
-        server = start_server(tiny_rm, server_args)
+        server = start_server(tiny_rm, server_args_default_kv)
     try:
         yield server, marker
     finally:
