@@ -27,7 +27,7 @@ from verl_vllm_rm.monitor.report import write_report
 
 ONLINE_MODES = ("off", "head_only", "lora", "full")
 # 256 MiB of KV cache, not the server's 2 GiB CPU default: the tiny task's sequences are under 100 tokens, and
-# the server then takes ~1.4 GB (a 7B RM's fp32 KV, ~114 KB a token, still holds ~2,300 tokens).
+# the server then takes ~1.6 GB (a 7B RM's fp32 KV, ~114 KB a token, still holds ~2,300 tokens).
 SERVER_ARGS = ["--dtype", "float32", "--max-model-len", "512", "--enforce-eager", "--kv-cache-memory-bytes",
                str(256 << 20)]
 
