@@ -73,9 +73,9 @@ def hf_model(tiny_rm):
 
 
 @pytest.fixture(scope="session")
-def rm_server(tiny_rm):
+def rm_server(tiny_rm, server_args_default_kv):
     """The main reward server (no API key, no step pooling; the server's default KV cache)."""
-    with running_server(tiny_rm, SERVER_TEST_ARGS) as server:
+    with running_server(tiny_rm, server_args_default_kv) as server:
         yield server
 
 

@@ -3,10 +3,11 @@
 :func:`fleet_for` returns one RM's fleet: a named Ray actor (``vllm_rm_replicas_<rm>``) created
 by whichever process asks first (Ray's ``get_if_exists``), so all of verl's reward-loop workers
 share one. Trainer modes ``vllm_rm*`` ask first, at set-up (:class:`FleetReadings`); under another
-trainer mode the first reward-loop worker to score does. The fleet reserves a placement group with one bundle per replica (``{"CPU":
-cpus_per_replica, "GPU": gpus_per_replica}``), starts one :class:`ServerReplica` actor in each
-bundle, and its constructor returns only when every replica answers ``/health``; Ray holds
-every call to the fleet until then, so the first score waits for all replicas (the health gate).
+trainer mode the first reward-loop worker to score does. The fleet reserves a placement group with
+one bundle per replica (``{"CPU": cpus_per_replica, "GPU": gpus_per_replica}``), starts one
+:class:`ServerReplica` actor in each bundle, and its constructor returns only when every replica
+answers ``/health``; Ray holds every call to the fleet until then, so whoever asks first (the
+trainer's set-up, else the first score) waits for all replicas (the health gate).
 
 A thread per replica watches it every ``health_interval_s``: a replica whose server process is
 gone, or whose ``/health`` fails three times in a row, leaves routing at once and is restarted
