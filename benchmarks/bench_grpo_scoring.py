@@ -178,7 +178,11 @@ def run_one_request(url, rows) -> float:
             assert len(body["data"]) == len(rows)
             return time.perf_counter() - t0
 
-    return asyncio.run(go())
+    loop = asyncio.new_event_loop()  # not asyncio.run: it would unset the loop verl's reward loop keeps reusing
+    try:
+        return loop.run_until_complete(go())
+    finally:
+        loop.close()
 
 
 SETTLE_S = 1.5
@@ -262,6 +266,8 @@ def bench_ceiling(model, tokenizer, shape, reps, seed) -> dict:
 
 
 def _spread(values: list[float]) -> dict[str, float]:
+    if len(values) < 2:  # --reps 1: no spread to tell
+        return {"median": values[0], "q1": values[0], "q3": values[0]}
     q1, median, q3 = statistics.quantiles(values, n=4)
     return {"median": median, "q1": q1, "q3": q3}
 

@@ -101,25 +101,34 @@ def compose(values: Mapping[str, Any], weights: Mapping[str, float], gate: Seque
     """
     if not weights:
         raise ValueError("compose needs at least one weighted component")
-    for kind, names in (("weighted", weights), ("gate", gate)):
-        missing = [name for name in names if name not in values]
-        if missing:
-            raise ValueError(f"no values for {kind} component(s) {missing} (have {sorted(values)}); 'rubric' is "
-                             "the reward model's score and 'verifiable' verl's compute_score: the manager supplies them")
-    picked = {name: values[name] for name in (*weights, *gate)}
-    if all(v is None or isinstance(v, (int, float)) for v in picked.values()):
-        columns: Mapping[str, Any] = {name: math.nan if v is None else float(v) for name, v in picked.items()}
-        total: Any = 0.0
-    else:
-        columns = {name: np.asarray(v, dtype=np.float64) for name, v in picked.items()}
-        shapes = {name: a.shape for name, a in columns.items()}
-        if len(set(shapes.values())) > 1 or any(len(s) != 1 for s in shapes.values()):
-            raise ValueError(f"component values must be 1-D arrays of one length, got shapes {shapes}")
-        total = np.zeros(next(iter(shapes.values())))
-    for name, weight in weights.items():
-        total += weight * columns[name]
-    for name in gate:
-        total *= columns[name]
+    try:
+        weighted = [(weight, values[name]) for name, weight in weights.items()]
+        gates = [values[name] for name in gate]
+    except KeyError:
+        for kind, names in (("weighted", weights), ("gate", gate)):
+            missing = [name for name in names if name not in values]
+            if missing:
+                raise ValueError(f"no values for {kind} component(s) {missing} (have {sorted(values)}); 'rubric' is "
+                                 "the reward model's score and 'verifiable' verl's compute_score: the manager supplies "
+                                 "them") from None
+        raise
+    if all(v is None or isinstance(v, (int, float)) for _, v in weighted) and \
+            all(v is None or isinstance(v, (int, float)) for v in gates):
+        total = 0.0
+        for weight, v in weighted:
+            total += weight * (math.nan if v is None else v)
+        for v in gates:
+            total *= math.nan if v is None else v
+        return float(total)
+    arrays = [np.asarray(v, dtype=np.float64) for _, v in weighted] + [np.asarray(v, dtype=np.float64) for v in gates]
+    shapes = {name: a.shape for name, a in zip((*weights, *gate), arrays)}
+    if len(set(shapes.values())) > 1 or any(len(s) != 1 for s in shapes.values()):
+        raise ValueError(f"component values must be 1-D arrays of one length, got shapes {shapes}")
+    total = np.zeros(arrays[0].shape)
+    for (weight, _), a in zip(weighted, arrays):
+        total += weight * a
+    for a in arrays[len(weighted):]:
+        total *= a
     return total
 
 

@@ -31,7 +31,7 @@ from verl_vllm_rm.scoring.pairwise import NO_WIN_METRICS, MissingReferenceError,
 from verl_vllm_rm.scoring.reward_model import RewardModel, Scored, refuse_token_level_when_streaming
 from verl_vllm_rm.scoring.routing import Route, Router
 from verl_vllm_rm.scoring.rules import RuleScorer, batch_stats, verifiable_score
-from verl_vllm_rm.scoring.rm_inputs import RMInput, Sample, samples_from_batch
+from verl_vllm_rm.scoring.rm_inputs import RMInput, Sample, sample_of_row, samples_from_batch
 
 logger = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ class VLLMRewardManager(RewardManagerBase):
 
     # -- verl reward-loop API -----------------------------------------------------------
     async def run_single(self, data: DataProto) -> dict:
-        return await self._score_sample(samples_from_batch(data)[-1])
+        return await self._score_sample(sample_of_row(data))
 
     def __call__(self, data: DataProto, return_dict: bool = False):
         """Legacy batch API: a reward tensor shaped like ``responses`` (score at the last valid token)."""

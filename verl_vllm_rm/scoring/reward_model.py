@@ -30,7 +30,7 @@ from verl_vllm_rm.scoring.rm_inputs import (
 )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Scored:
     """One RM's answer for one input: the score, the weight version that computed it, when it came, and the
     step scores (a server in step mode)."""

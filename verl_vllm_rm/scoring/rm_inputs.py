@@ -9,16 +9,17 @@ so the whole response, whose last token carries the score, is always scored.
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 from typing import Any, Hashable
+
+import numpy as np
 
 
 class OverlongInputError(ValueError):
     pass
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Sample:
     """One trajectory as plain Python: valid prompt/response ids and its non-tensor fields."""
 
@@ -33,35 +34,40 @@ class Sample:
         return ("uid", str(uid)) if uid is not None else ("prompt", hash(tuple(self.prompt_ids)))
 
 
+class _Rows:
+    """Row access to a verl ``DataProto``: numpy views of its tensors, taken once; each row read with a few
+    numpy calls on views (a torch call costs microseconds even on one row)."""
+
+    def __init__(self, data: Any):
+        batch = data.batch
+        self.prompts, self.responses = batch["prompts"].numpy(), batch["responses"].numpy()
+        self.mask = batch["attention_mask"].numpy()
+        self.columns = data.non_tensor_batch.items()
+        self.validate = bool(data.meta_info.get("validate", False))
+
+    def __len__(self) -> int:
+        return len(self.mask)
+
+    def sample(self, i: int) -> Sample:
+        """Row ``i``: the prompt's valid (left-padded) ids, the response's valid (right-padded) ids."""
+        mask, n = self.mask[i], self.prompts.shape[-1]
+        response_len = int(np.count_nonzero(mask[n:]))
+        return Sample(self.prompts[i][mask[:n] != 0].tolist(), self.responses[i, :response_len].tolist(),
+                      {k: v[i] for k, v in self.columns}, self.validate)
+
+
 def samples_from_batch(data: Any) -> list[Sample]:
-    """All rows of a verl ``DataProto`` at once: numpy views of the tensors, one gather, one ``tolist``.
-
-    Called once per batch (``__call__``) and once per row (``run_single``), so it
-    avoids per-row tensor ops: each torch call costs microseconds even on one row.
-    """
-    batch = data.batch
-    prompts, responses = batch["prompts"].numpy(), batch["responses"].numpy()
-    mask = batch["attention_mask"].numpy()
-    prompt_len = prompts.shape[-1]
-    prompt_mask = mask[:, :prompt_len] != 0
-    counts = prompt_mask.sum(-1).tolist()
-    starts = [0, *itertools.accumulate(counts)]
-    flat = prompts[prompt_mask].tolist()
-    response_lens = (mask[:, prompt_len:] != 0).sum(-1).tolist()
-    validate = bool(data.meta_info.get("validate", False))
-    columns = data.non_tensor_batch.items()
-    return [
-        Sample(
-            flat[starts[i] : starts[i + 1]],
-            responses[i, : response_lens[i]].tolist(),
-            {k: v[i] for k, v in columns},
-            validate,
-        )
-        for i in range(len(counts))
-    ]
+    """Every row of a verl ``DataProto`` (the batch ``__call__``)."""
+    rows = _Rows(data)
+    return [rows.sample(i) for i in range(len(rows))]
 
 
-@dataclass(frozen=True)
+def sample_of_row(data: Any, i: int = -1) -> Sample:
+    """One row of a verl ``DataProto``: ``run_single`` gets one-row slices from verl's reward loop."""
+    return _Rows(data).sample(i)
+
+
+@dataclass(frozen=True, slots=True)
 class RMInput:
     token_ids: list[int]
     group_key: Hashable
