@@ -8,7 +8,10 @@ Against the same real vLLM server in one run:
       renders each sample with the RM chat template and POSTs it to ``/classify`` alone;
   (c) one ``/score`` request carrying the same token ids as (a), grouped by prompt.
 Every repetition uses fresh random prompts, so no run profits from an earlier run's
-prefix cache; inside a run, the members of a group share their prompt as in GRPO.
+prefix cache; inside a run, the members of a group share their prompt as in GRPO. In each
+repetition (a), (e) and (c) run back to back in a new order, then (b) and the floor: the
+plugin's cost is also reported from each repetition's adjacent runs (``paired_*``), where the
+server's drift between repetitions (+-10% on a 2-core VM) cancels.
 
 The plugin's own cost per sample is (a - c) / samples, and (e - c - floor) / samples
 on the per-row path, where the floor is verl's own reward loop (row slicing, config
@@ -187,6 +190,9 @@ def run_one_request(url, rows) -> float:
 
 SETTLE_S = 1.5
 PATHS = ("a_vllm_rm", "e_vllm_rm_per_row", "b_verl_builtin_classify", "c_one_batched_request")
+#: the paths whose small differences are the plugin's cost run back to back in each repetition (in a new order
+#: each time), so that the server's drift between repetitions cancels in their paired ratios
+ADJACENT = ("a_vllm_rm", "e_vllm_rm_per_row", "c_one_batched_request")
 
 
 def bench_shape(server_url, model, tokenizer, shape, reps, seed) -> dict:
@@ -205,7 +211,8 @@ def bench_shape(server_url, model, tokenizer, shape, reps, seed) -> dict:
     }
     outside_http: dict[str, list[float]] = {"a_vllm_rm": [], "e_vllm_rm_per_row": []}
     for _ in range(reps + 1):  # the first repetition warms up and is dropped
-        for path in rng.permutation(list(runs)):  # a new order each time: no path always follows another
+        rest = [p for p in runs if p not in ADJACENT]
+        for path in [*rng.permutation(ADJACENT), *rng.permutation(rest)]:  # a new order each time
             groups = make_groups(tokenizer, rng, *shape)  # fresh prompts: no prefix-cache hit from an earlier run
             times[path].append(runs[path](groups))
             if path in outside_http:
@@ -229,6 +236,15 @@ def bench_shape(server_url, model, tokenizer, shape, reps, seed) -> dict:
         "plugin_ms_per_sample": {
             "batch_call (a-c)/n": 1e3 * (med["a_vllm_rm"] - c) / n,
             "per_row (e-c-floor)/n": 1e3 * (med["e_vllm_rm_per_row"] - c - floor) / n,
+        },
+        # the same, from each repetition's adjacent runs (median over repetitions)
+        # the same, from each repetition's adjacent runs: the median over repetitions and a bootstrap 90%
+        # interval of that median, i.e. how finely this run can tell the plugin's cost at all
+        "plugin_ms_per_sample_paired": {
+            "batch_call (a-c)/n": _median_ci([1e3 * (a - c) / n for a, c in zip(
+                *(times[k][1:] for k in ("a_vllm_rm", "c_one_batched_request")))], rng),
+            "per_row (e-c-floor)/n": _median_ci([1e3 * (e - c - f) / n for e, c, f in zip(
+                *(times[k][1:] for k in ("e_vllm_rm_per_row", "c_one_batched_request", "verl_loop_floor")))], rng),
         },
         "verl_loop_floor_ms_per_sample": 1e3 * floor / n,
         # the same runs, minus the time a request was in flight: the trainer side's own time
@@ -263,6 +279,13 @@ def bench_ceiling(model, tokenizer, shape, reps, seed) -> dict:
         "samples_per_s_per_row_without_verl_floor": n / (med["per_row"] - med["verl_loop_floor"]),
         "ms_per_sample": {k: 1e3 * v / n for k, v in med.items()},
     }
+
+
+def _median_ci(values: list[float], rng, resamples: int = 2000) -> dict[str, float]:
+    """The median and a bootstrap 90% interval of it (resampling the repetitions)."""
+    medians = np.median(rng.choice(values, size=(resamples, len(values))), axis=1)
+    return {"median": statistics.median(values), "ci90_low": float(np.quantile(medians, 0.05)),
+            "ci90_high": float(np.quantile(medians, 0.95))}
 
 
 def _spread(values: list[float]) -> dict[str, float]:
@@ -325,6 +348,7 @@ def main(argv=None) -> dict:
                           "e/(c+floor)": round(r["ratio_e_over_c_plus_floor"], 3),
                           "paired a/c": r["paired_a_over_c"], "paired e/(c+floor)": r["paired_e_over_c_plus_floor"],
                           "b/a": round(r["speedup_a_vs_b"], 3), "plugin_ms_per_sample": r["plugin_ms_per_sample"],
+                          "plugin_ms_per_sample_paired": r["plugin_ms_per_sample_paired"],
                           "client_side_ms_per_sample": r["client_side_ms_per_sample"]}))
     for r in ceiling:
         print(json.dumps({"ceiling": r["shape"], "samples_per_s": r["samples_per_s"],

@@ -19,12 +19,15 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
-from bench_rule_rewards import machine
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_rule_rewards, run from anywhere
+from bench_rule_rewards import machine  # noqa: E402
 
 from verl_vllm_rm.monitor.metrics import StepRewards, step_metrics
 

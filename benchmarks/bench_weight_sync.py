@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import subprocess
 import sys
@@ -180,7 +179,7 @@ def trainer_side_only(reps: int, bucket_bytes: int) -> list[dict]:
             gather_s.append(t1 - t0)
             pack_s.append(time.perf_counter() - t1)
         nbytes = sum(b.nbytes for b in buckets)
-        row = {"device": torch.cuda.get_device_name() if cuda else platform.processor(), "wire_dtype": wire_dtype,
+        row = {"device": torch.cuda.get_device_name() if cuda else "cpu", "wire_dtype": wire_dtype,
                "params": sum(t.numel() for t in sharded.values()), "bytes": nbytes, "buckets": len(buckets),
                "gather_s": statistics.median(gather_s[1:]), "pack_s": statistics.median(pack_s[1:]),
                "pack_bytes_per_s": nbytes / statistics.median(pack_s[1:])}
@@ -201,8 +200,10 @@ def main() -> None:
     parser.add_argument("--trainer-side-only", action="store_true")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
-    machine = {"python": platform.python_version(), "torch": torch.__version__, "cpu": platform.processor(),
-               "cpus": __import__("os").cpu_count()}
+    sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_rule_rewards, run from anywhere
+    from bench_rule_rewards import machine as machine_info
+
+    machine = {**machine_info(), "torch": torch.__version__}
     if args.trainer_side_only:
         out = args.out or RESULTS / "weight_sync_trainer_side.json"
         rows = trainer_side_only(args.reps, args.bucket_bytes)
@@ -212,7 +213,9 @@ def main() -> None:
             rows = [r for m in args.models.split(",") for r in bench_model(m, Path(tmp), args.modes.split(","),
                                                                           args.reps, args.bucket_bytes)]
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"machine": machine, "bucket_bytes": args.bucket_bytes, "results": rows}, indent=2))
+    date = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+    out.write_text(json.dumps({"date": date, "machine": machine, "bucket_bytes": args.bucket_bytes, "results": rows},
+                              indent=2))
     print(f"wrote {out}")
 
 
