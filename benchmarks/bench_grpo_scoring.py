@@ -237,7 +237,6 @@ def bench_shape(server_url, model, tokenizer, shape, reps, seed) -> dict:
             "batch_call (a-c)/n": 1e3 * (med["a_vllm_rm"] - c) / n,
             "per_row (e-c-floor)/n": 1e3 * (med["e_vllm_rm_per_row"] - c - floor) / n,
         },
-        # the same, from each repetition's adjacent runs (median over repetitions)
         # the same, from each repetition's adjacent runs: the median over repetitions and a bootstrap 90%
         # interval of that median, i.e. how finely this run can tell the plugin's cost at all
         "plugin_ms_per_sample_paired": {

@@ -22,7 +22,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 sys.path.insert(0, str(RESULTS.parent))
 
 
-def profile_path(path: str, url: str, model: str, tokenizer, batches: list, min_percent: float) -> str:
+def profile_path(path: str, url: str, model: str, batches: list, min_percent: float) -> str:
     from pyinstrument import Profiler
     from verl.experimental.reward_loop.reward_loop import RewardLoopWorker
 
@@ -82,7 +82,7 @@ def main(argv=None) -> None:
             batches = [build_batch(make_groups(tokenizer, rng, *shape), tokenizer.pad_token_id)
                        for _ in range(args.batches + 1)]
             for path in ("batch_call", "per_row"):
-                text = profile_path(path, url, model, tokenizer, batches, args.min_percent)
+                text = profile_path(path, url, model, batches, args.min_percent)
                 print(f"===== shape {shape[2]}/{shape[3]} tokens =====\n{text}")
                 if args.save:
                     (RESULTS / f"profile_{path}_{shape[2]}_{shape[3]}.txt").write_text(text)
