@@ -1,4 +1,4 @@
-"""Profile the manager's own cost per sample with pyinstrument (``pip install pyinstrument``).
+"""Profile the manager's own cost per sample with pyinstrument (installed beside the venv, see below).
 
 Both paths of ``bench_grpo_scoring`` against the zero-compute ``/score`` fixture (a
 benchmark fixture: the server costs nothing, so every sampled frame is the trainer
@@ -7,7 +7,10 @@ calling ``run_single`` once per row. Prints pyinstrument's call tree of each pat
 shape (frames under ``--min-percent`` hidden) and writes it to
 ``benchmarks/results/profile_<path>_<shape>.txt`` with ``--save``.
 
-    .venv/bin/python benchmarks/profile_scoring.py --batches 10
+    .venv/bin/pip install --target /tmp/pyinstrument-deps pyinstrument
+    PYTHONPATH=/tmp/pyinstrument-deps .venv/bin/python benchmarks/profile_scoring.py --batches 10
+
+pyinstrument stays out of ``.venv``: ``make test`` checks that the venv holds exactly the pinned set.
 """
 
 from __future__ import annotations
@@ -65,7 +68,9 @@ def main(argv=None) -> None:
     try:
         import pyinstrument  # noqa: F401
     except ImportError:
-        sys.exit("profile_scoring.py needs pyinstrument: .venv/bin/pip install pyinstrument")
+        sys.exit("profile_scoring.py needs pyinstrument, kept out of .venv (make test checks its pinned set): "
+                 ".venv/bin/pip install --target /tmp/pyinstrument-deps pyinstrument, then run with "
+                 "PYTHONPATH=/tmp/pyinstrument-deps")
     import numpy as np
     from transformers import AutoTokenizer
 
