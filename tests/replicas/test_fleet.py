@@ -77,12 +77,18 @@ def test_two_replicas_share_the_load_and_score_like_transformers(fleet_run, toke
     import ray
 
     data = build_batch(grpo_groups, tokenizer.pad_token_id)[SPLIT_GROUPS]
-    for _ in range(3):
+    out = fleet_run.compute_rm_score(data)  # the first call starts the fleet
+    fleet = ray.get_actor(fleet_name("rm"))
+    before = ray.get(fleet.replica_status.remote(refresh=True))
+    for _ in range(2):
         out = fleet_run.compute_rm_score(data)
+    after = ray.get(fleet.replica_status.remote(refresh=True))  # a step's metrics read this at the step's end
+    # counters read now, not as of the supervisors' last /health: they hold every input just scored
+    assert sum(a["scoring"]["inputs"] - b["scoring"]["inputs"] for a, b in zip(after, before)) == 2 * len(data)
     rows = [row_token_ids(g, r) for g in grpo_groups for r in g.response_ids]
     expected = torch.tensor(sequence_scores(hf_model, [rows[i] for i in SPLIT_GROUPS]))
     assert torch.allclose(last_token_rewards(out.batch["rm_scores"], data), expected, atol=1e-4)
-    status = ray.get(ray.get_actor(fleet_name("rm")).replica_status.remote())
+    status = ray.get(fleet.replica_status.remote())
     assert [s["routed"] for s in status] == [True, True] and len({s["url"] for s in status}) == 2
     per_url: dict[str, int] = {}
     for stats in endpoint_stats(fleet_run):

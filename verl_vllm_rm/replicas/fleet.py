@@ -120,7 +120,17 @@ class ReplicaFleet:
                 st.update(health, version)
         return self.urls()
 
-    def replica_status(self) -> list[dict[str, Any]]:
+    def replica_status(self, refresh: bool = False) -> list[dict[str, Any]]:
+        """Each replica's status as of its supervisor's last ``/health`` (up to ``health_interval_s`` old), or with
+        ``refresh`` as of a ``/health`` read now from every replica that answers (a step's metrics need counters
+        that include the step's last requests). A replica that does not answer keeps its status: marking it down
+        is its supervisor's call."""
+        if refresh:
+            healths = [self._health(st.url) for st in self.status]
+            with self.lock:
+                for st, health in zip(self.status, healths):
+                    if health is not None:
+                        st.update(health, self.version)
         with self.lock:
             return [asdict(st) for st in self.status]
 
@@ -239,7 +249,7 @@ class FleetReadings:
 
         out: dict[str, float] = {}
         for rm, fleet in self.fleets.items():
-            now = ray.get(fleet.replica_status.remote())
+            now = ray.get(fleet.replica_status.remote(refresh=True))
             out.update(replica_step_metrics(rm, now, self.last.get(rm)))
             self.last[rm] = now
         return out
