@@ -22,7 +22,7 @@ class Faults:
     fail_times: int = 0  # ... for this many requests
     delay_s: float = 0.0  # sleep before answering
     corrupt: str | None = None  # "nan", "count", "nonjson" (half a body), "index", "truncated" (cut mid-body)
-    corrupt_times: int | None = None  # corrupt this many /score answers (None: all of them)
+    corrupt_times: int | None = None  # corrupt this many /score (or judge) answers (None: all of them)
     drop: bool = False  # close the connection without answering
 
 
@@ -82,7 +82,7 @@ class FaultProxy:
         async with self._session.request(request.method, self.upstream + request.path_qs, data=body,
                                          headers=headers) as up:
             status, text = up.status, await up.text()
-        if f.corrupt and request.path == "/score" and status == 200 and f.corrupt_times != 0:
+        if f.corrupt and request.path in ("/score", "/v1/chat/completions") and status == 200 and f.corrupt_times != 0:
             if f.corrupt_times is not None:
                 f.corrupt_times -= 1
             if f.corrupt == "truncated":

@@ -40,7 +40,8 @@ def causal_lm(tiny_rm: str, out) -> str:
 
 @pytest.mark.parametrize("build, reason", [
     (causal_lm, r"does not support sequence classification \(tasks: \[[^]]*\]\); serve a "  # (a set's order)
-                r"\*ForSequenceClassification reward model"),
+                r"\*ForSequenceClassification reward model with --runner pooling, or a generative judge with "
+                r"--runner generate"),
     (two_label_classifier, r"has num_labels=2; a reward model needs a scalar head \(num_labels=1\)"),
 ], ids=["causal-lm", "two-labels"])
 def test_start_up_refuses_a_model_without_a_scalar_head(tmp_path, tiny_rm, server_args, build, reason):

@@ -14,6 +14,7 @@ import random
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from verl_vllm_rm.dev.tiny_rm import qwen2_config
 from verl_vllm_rm.dev.tiny_task import MAX_OPERAND, all_answers, question
 
 #: For RM tokenizers without a chat template: the turns' contents one after another.
@@ -64,7 +65,7 @@ def sft_examples(tokenizer, n: int, rng: random.Random) -> list[tuple[list[int],
 def build_tiny_policy(rm_dir: str | Path, out_dir: str | Path, spec: TinyPolicySpec = TinyPolicySpec()) -> Path:
     """Create (or reuse) the tiny policy for the RM in ``rm_dir`` under ``out_dir``; returns ``out_dir``."""
     import torch
-    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+    from transformers import GenerationConfig, Qwen2ForCausalLM
 
     out = Path(out_dir)
     stamp = out / "tiny_policy_spec.json"
@@ -72,13 +73,7 @@ def build_tiny_policy(rm_dir: str | Path, out_dir: str | Path, spec: TinyPolicyS
     if stamp.exists() and json.loads(stamp.read_text()) == key:
         return out
     tokenizer = policy_tokenizer(rm_dir)
-    config = Qwen2Config(
-        vocab_size=len(tokenizer), hidden_size=spec.hidden_size, intermediate_size=spec.intermediate_size,
-        num_hidden_layers=spec.num_hidden_layers, num_attention_heads=spec.num_attention_heads,
-        num_key_value_heads=spec.num_key_value_heads, max_position_embeddings=spec.max_position_embeddings,
-        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, bos_token_id=None,
-        tie_word_embeddings=False, torch_dtype="float32",
-    )
+    config = qwen2_config(spec, tokenizer, tie_word_embeddings=False)
     torch.manual_seed(spec.seed)
     model = Qwen2ForCausalLM(config)
     _pretrain(model, tokenizer, spec)

@@ -61,13 +61,24 @@ def build_tokenizer(spec: TinyRMSpec):
     )
 
 
+def qwen2_config(spec, tokenizer, **extra):
+    """A float32 ``Qwen2Config`` of ``spec``'s shape (any spec with the shape fields) on ``tokenizer``."""
+    from transformers import Qwen2Config
+
+    shape = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+             "max_position_embeddings")
+    return Qwen2Config(vocab_size=len(tokenizer), **{k: getattr(spec, k) for k in shape},
+                       pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, bos_token_id=None,
+                       torch_dtype="float32", **extra)
+
+
 def build_tiny_rm(out_dir: str | Path, spec: TinyRMSpec = TinyRMSpec()) -> Path:
     """Create (or reuse) the tiny reward model under ``out_dir`` and return its path.
 
     The directory is reused when it already holds a model built from the same spec.
     """
     import torch
-    from transformers import Qwen2Config, Qwen2ForSequenceClassification
+    from transformers import Qwen2ForSequenceClassification
 
     out = Path(out_dir)
     stamp = out / "tiny_rm_spec.json"
@@ -75,21 +86,7 @@ def build_tiny_rm(out_dir: str | Path, spec: TinyRMSpec = TinyRMSpec()) -> Path:
         return out
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(spec)
-    config = Qwen2Config(
-        vocab_size=len(tokenizer),
-        hidden_size=spec.hidden_size,
-        intermediate_size=spec.intermediate_size,
-        num_hidden_layers=spec.num_hidden_layers,
-        num_attention_heads=spec.num_attention_heads,
-        num_key_value_heads=spec.num_key_value_heads,
-        max_position_embeddings=spec.max_position_embeddings,
-        num_labels=1,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=None,
-        tie_word_embeddings=False,
-        torch_dtype="float32",
-    )
+    config = qwen2_config(spec, tokenizer, num_labels=1, tie_word_embeddings=False)
     torch.manual_seed(spec.seed if spec.init_seed is None else spec.init_seed)
     model = Qwen2ForSequenceClassification(config)
     with torch.no_grad():

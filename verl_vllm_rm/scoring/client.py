@@ -129,6 +129,11 @@ class VLLMRewardClient:
             payload["model"] = self.options.model
         return await self._call("POST", "/score", payload, validate=lambda body: _validate_scores(body, len(chunk)))
 
+    async def post(self, path: str, payload: Any, validate: Callable[[Any], Any] | None = None) -> Any:
+        """POST ``payload`` to ``path`` (e.g. a judge's ``/v1/chat/completions``) with this client's routing,
+        retries and deadline; ``validate`` reads the answer, and an exception it raises is not retried."""
+        return await self._call("POST", path, payload, validate=validate)
+
     async def get_model_version(self) -> int:
         body = await self._call("GET", "/runtime_version")
         version = body.get("version") if isinstance(body, dict) else None

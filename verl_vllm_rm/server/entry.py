@@ -5,11 +5,17 @@ We run vLLM's own server (``run_server``) unchanged and hook exactly one seam,
 keeps working; we only change a few defaults (pooling runner, loopback host,
 port 8001, a bounded KV cache on CPU) and, before the engine loads, refuse
 weight updates on a non-loopback address without an API key (``exposure``).
+
+With ``--runner generate`` it serves a generative judge instead of a reward model:
+vLLM's own ``/v1/chat/completions`` answers the judge's prompts, and structured
+output defaults to xgrammar without free whitespace (a small judge otherwise pads
+its JSON with whitespace until ``max_tokens`` and the answer never parses).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import math
 import os
@@ -99,12 +105,29 @@ def apply_reward_defaults(args: argparse.Namespace, parser) -> None:
     _check_exposure(args, bool(tokens))
     if tokens:
         args.middleware = [*args.middleware, auth.enable(tokens)]
+    if args.runner == "generate":
+        _judge_defaults(args, parser)
     if args.enable_weight_updates:
         _enable_weight_updates(args)
     if args.step_tag_id is not None:
         pooler = dict(args.pooler_config or {}) if not hasattr(args.pooler_config, "__dataclass_fields__") else {}
         pooler.update(tok_pooling_type="STEP", step_tag_id=args.step_tag_id)
         args.pooler_config = pooler
+
+
+def _judge_defaults(args: argparse.Namespace, parser) -> None:
+    """A judge (``--runner generate``): no RM-only flag, and answers constrained without free whitespace."""
+    for flag, given in (("--enable-weight-updates", args.enable_weight_updates),
+                        ("--step-tag-id", args.step_tag_id is not None)):
+        if given:
+            raise SystemExit(f"verl-vllm-rm: {flag} is for a reward model (--runner pooling); a generative judge "
+                             f"(--runner generate) takes no {flag}: drop one of the two")
+    default = parser.get_default("structured_outputs_config")
+    if args.structured_outputs_config == default:
+        args.structured_outputs_config = dataclasses.replace(default, backend="xgrammar", disable_any_whitespace=True)
+    elif not args.structured_outputs_config.disable_any_whitespace:
+        logger.warning("judge: --structured-outputs-config without disable_any_whitespace: a small judge may pad "
+                       "its JSON answer with whitespace until max_tokens, and an answer that does not parse fails")
 
 
 def _check_exposure(args: argparse.Namespace, has_api_key: bool) -> None:
@@ -137,6 +160,7 @@ def _enable_weight_updates(args: argparse.Namespace) -> None:
 
 def _reward_state(args: argparse.Namespace, model_config) -> RewardServerState:
     return RewardServerState(
+        kind="judge" if args.runner == "generate" else "reward_model",
         served_models=list(args.served_model_name or [args.model]),
         max_model_len=model_config.max_model_len,
         vocab_size=model_config.get_vocab_size(),
@@ -147,12 +171,18 @@ def _reward_state(args: argparse.Namespace, model_config) -> RewardServerState:
     )
 
 
-def _check_reward_model(supported_tasks, model_config) -> None:
+def _check_served_model(args: argparse.Namespace, supported_tasks, model_config) -> None:
+    """A reward model (a scalar classification head) or, with ``--runner generate``, a model that generates."""
+    if args.runner == "generate":
+        if "generate" not in supported_tasks:
+            raise SystemExit(f"verl-vllm-rm: {model_config.model} does not generate (tasks: {list(supported_tasks)}); "
+                             "a judge (--runner generate) needs a *ForCausalLM model")
+        return
     if "classify" not in supported_tasks:
         raise SystemExit(
             f"verl-vllm-rm: {model_config.model} does not support sequence classification "
             f"(tasks: {list(supported_tasks)}); serve a *ForSequenceClassification reward model "
-            "with --runner pooling"
+            "with --runner pooling, or a generative judge with --runner generate"
         )
     num_labels = getattr(model_config.hf_config, "num_labels", 1)
     if num_labels != 1:
@@ -164,7 +194,7 @@ def _check_reward_model(supported_tasks, model_config) -> None:
 
 def _hooked_build_app(original):
     def build_app(args, supported_tasks=None, model_config=None):
-        _check_reward_model(supported_tasks, model_config)
+        _check_served_model(args, supported_tasks, model_config)
         app = original(args, supported_tasks, model_config)
         install_reward_routes(app)
         app.state.reward = _reward_state(args, model_config)

@@ -32,6 +32,7 @@ class ScoreCounters:
 class RewardServerState:
     """What the reward routes need besides the engine; lives in ``app.state.reward``."""
 
+    kind: str  # "reward_model", or "judge" (--runner generate: no /score, vLLM's chat route answers)
     served_models: list[str]
     max_model_len: int
     vocab_size: int

@@ -23,10 +23,10 @@ async def health(request: Request) -> JSONResponse:
     try:
         await request.app.state.engine_client.check_health()
     except Exception as e:  # the engine is dead: say so, with the cause
-        return JSONResponse({"status": "error", "type": "reward_model", "error": str(e)}, status_code=503)
+        return JSONResponse({"status": "error", "type": state.kind, "error": str(e)}, status_code=503)
     body = {
         "status": "ok",
-        "type": "reward_model",
+        "type": state.kind,
         "model": state.served_models[0],
         "version": state.version,
         "max_model_len": state.max_model_len,
@@ -49,6 +49,11 @@ async def score(request: Request) -> JSONResponse:
     state: RewardServerState = request.app.state.reward
     engine = request.app.state.engine_client
     counters, t0 = state.scoring, time.perf_counter()
+    if state.kind != "reward_model":
+        counters.refused += 1
+        return error_response(f"this server serves {state.served_models[0]} as a generative judge (--runner "
+                              "generate), which gives no scalar score: send /score to a reward-model server "
+                              "(--runner pooling) and judge prompts to /v1/chat/completions", 400)
     try:
         req = parse_score_request(
             await read_body(request, state.max_request_bytes), state.served_models, state.max_score_batch

