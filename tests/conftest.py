@@ -191,6 +191,16 @@ def verl_config(tiny_rm):
     return make
 
 
+@pytest.fixture(scope="module")
+def judge_server(tmp_path_factory, server_args):
+    """A tiny random causal-LM judge served with ``--runner generate`` (per module: 1.4 GB while it lives)."""
+    from verl_vllm_rm.dev.tiny_judge import build_tiny_judge
+
+    model = build_tiny_judge(tmp_path_factory.mktemp("tiny_judge"))
+    with running_server(model, [*server_args, "--runner", "generate", "--max-model-len", "2048"]) as server:
+        yield server
+
+
 @pytest.fixture(scope="session")
 def grpo_groups(tokenizer):
     """4 prompts x 4 responses of different lengths, with gsm8k-style ground truths."""

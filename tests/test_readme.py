@@ -4,7 +4,7 @@ import dataclasses
 import re
 from pathlib import Path
 
-from verl_vllm_rm.scoring.options import ManagerOptions
+from verl_vllm_rm.scoring.options import ClientOptions, JudgeOptions, ManagerOptions
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
@@ -28,6 +28,13 @@ def test_every_option_is_documented_and_every_documented_option_exists():
     fields = {f.name for f in dataclasses.fields(ManagerOptions)}
     assert fields - documented == set(), "options missing from the README"
     assert documented - fields == set(), "README documents options that do not exist"
+
+
+def test_every_judge_option_is_documented():
+    rows = re.findall(r"^\| `judge\.([a-z_]+)`(?: / `judge\.([a-z_]+)`)? \|", _config_section(), re.M)
+    documented = {name for row in rows for name in row if name}
+    own = {f.name for f in dataclasses.fields(JudgeOptions)} - {f.name for f in dataclasses.fields(ClientOptions)}
+    assert documented == own
 
 
 def test_opening_shows_tiny_ppo_as_the_way_to_try_any_rm():

@@ -57,7 +57,7 @@ def test_from_dict_accepts_omegaconf_and_the_result_pickles():
     "raw, message",
     [
         ({"components": ["rubric", "formt"]},
-         r"unknown reward component 'formt'; valid: rubric, verifiable, format, length, thought_length, ngram, "
+         r"unknown reward component 'formt'; valid: rubric, verifiable, judge, format, length, thought_length, ngram, "
          r"gallery:<name>"),
         ({"components": ["gallery:"]}, "unknown reward component 'gallery:'"),
         ({"components": ["rubric", 3]}, r"rewards\.components\[1\] must be a string, got 3"),

@@ -12,21 +12,13 @@ from itertools import combinations
 
 import pytest
 
-from verl_vllm_rm.dev.tiny_judge import build_tiny_judge
-from verl_vllm_rm.replicas.launcher import running_server
 from verl_vllm_rm.rewards.judge import JudgeAnswerError
 from verl_vllm_rm.scoring.client import RewardRequestError, RewardServerError, VLLMRewardClient
-from verl_vllm_rm.scoring.judge_client import JudgeClient, JudgeOptions
+from verl_vllm_rm.scoring.judge_client import JudgeClient
+from verl_vllm_rm.scoring.options import JudgeOptions
 
 PROMPT = "What is 12 + 30?"
 RESPONSES = ["42.", "It is 42 because 12 + 30 = 42.", "41", "I cannot say.", "Forty-two.", "12 + 30 = 43"]
-
-
-@pytest.fixture(scope="module")
-def judge_server(tmp_path_factory, server_args):
-    model = build_tiny_judge(tmp_path_factory.mktemp("tiny_judge"))
-    with running_server(model, [*server_args, "--runner", "generate", "--max-model-len", "2048"]) as server:
-        yield server
 
 
 def judge(url: str, prompt: str = PROMPT, responses=RESPONSES, reference: str | None = "42", **options):
@@ -139,16 +131,20 @@ def test_the_judge_server_says_what_it_is_and_refuses_score(judge_server):
 
 
 @pytest.mark.parametrize("options, error", [
-    ({"mode": "ranked"}, "judge mode 'ranked' is not one of"),
-    ({"aggregation": "borda"}, "judge aggregation 'borda' is not one of"),
+    ({"mode": "ranked"}, r"judge.mode='ranked' is not one of \['pointwise', 'pairwise', 'listwise'\]"),
+    ({"aggregation": "borda"}, r"judge.aggregation='borda' is not one of \['winrate', 'copeland', 'elo'\]"),
+    ({"group_size": 0}, "judge group_size must be >= 1"),
+    ({"group_timeout_s": 0.0}, "group_timeout_s must be > 0"),
     ({"template": "Judge {response}"}, r"must use \{prompt\} and \{responses\}.*unknown \['response'\]"),
     ({"max_tokens": 0}, "judge max_tokens must be > 0"),
     ({"temperature": -1.0}, "judge temperature must be >= 0"),
     ({"server_url": ["judge:8000"]}, "must start with http:// or https://"),
 ])
 def test_bad_options_are_refused_naming_the_option(options, error):
-    with pytest.raises(ValueError, match=error):
-        JudgeOptions(**options)
+    from verl_vllm_rm.options import ConfigError, build
+
+    with pytest.raises(ConfigError, match=error):
+        build(JudgeOptions, options, "judge")
 
 
 def test_groups_a_mode_cannot_judge_are_refused_before_any_request(dead_url):

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import logging
 import time
-import types
 
 import numpy as np
 import pytest
@@ -20,7 +19,6 @@ from verl_vllm_rm.options import ConfigError
 from verl_vllm_rm.scoring.whitening_checkpoint import (
     WHITENING_FILE,
     WhiteningCheckpoint,
-    _manager,
     whitened_reward_models,
 )
 
@@ -131,8 +129,3 @@ def test_only_vllm_rm_runs_with_whitened_rms_have_statistics(verl_config):
     naive = verl_config("http://127.0.0.1:1", "reward.reward_manager.name=naive", whiten="running")
     assert whitened_reward_models(naive) == []
 
-
-def test_a_worker_without_vllm_rms_manager_is_named():
-    worker = types.SimpleNamespace(reward_manager=object())
-    with pytest.raises(ConfigError, match="holds object, not vllm_rm's manager"):
-        _manager(worker)

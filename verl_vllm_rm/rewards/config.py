@@ -9,6 +9,8 @@ Components:
 
 * ``rubric``: the reward model's score (supplied by the manager);
 * ``verifiable``: verl's ``compute_score`` result (supplied by the manager);
+* ``judge``: a generative judge's score in [-1, 1] of the response within its prompt group
+  (supplied by the manager from ``reward_kwargs.judge``);
 * ``format``, ``length``, ``thought_length``, ``ngram``: rule rewards computed
   here (``compose.compute_rule_rewards``);
 * ``gallery:<name>``: any point-wise rm-gallery reward by registry name, with
@@ -49,7 +51,7 @@ from verl_vllm_rm.rewards.gallery import PREFIX as GALLERY_PREFIX
 from verl_vllm_rm.rewards.length import check_band, check_overlong
 from verl_vllm_rm.rewards.ngram import check_ngram_params
 
-EXTERNAL_COMPONENTS = ("rubric", "verifiable")
+EXTERNAL_COMPONENTS = ("rubric", "verifiable", "judge")
 RULE_COMPONENTS = ("format", "length", "thought_length", "ngram")
 DEFAULT_COMPONENTS = ("rubric", "format", "length", "ngram")
 RECIPE_WEIGHTS = MappingProxyType({"rubric": 0.95, "format": 0.05})

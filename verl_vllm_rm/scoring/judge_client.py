@@ -15,53 +15,20 @@ the whole group, ``pairwise`` once per response against the reference answer
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import combinations
-from typing import Any, Literal, Sequence
+from typing import Any, Sequence
 
 from verl_vllm_rm.rewards.judge import (
-    AGGREGATIONS, DEFAULT_PRINCIPLES, DEFAULT_TEMPLATES, JUDGE_MODES, MAX_LISTWISE, Aggregation, JudgeAnswerError,
-    JudgeMode, answer_constraint, check_template, pairwise_scores, parse_answer, pointwise_scores, ranking_scores,
-    render_prompt,
+    DEFAULT_TEMPLATES, MAX_LISTWISE, JudgeAnswerError, answer_constraint, pairwise_scores, parse_answer,
+    pointwise_scores, ranking_scores, render_prompt,
 )
 from verl_vllm_rm.scoring.client import VLLMRewardClient
-from verl_vllm_rm.scoring.options import ClientOptions
+from verl_vllm_rm.scoring.options import JudgeOptions
 
-PairwiseAgainst = Literal["reference", "group"]
 CHAT_PATH = "/v1/chat/completions"
 #: a pairwise verdict against the reference as a score: won 1, tie 0, lost -1 (response is A, reference B)
 VERDICT_SCORE = {"A": 1.0, "tie": 0.0, "B": -1.0}
-
-
-@dataclass(frozen=True)
-class JudgeOptions(ClientOptions):
-    """A generative judge: where it is served (the client options) and how it judges."""
-
-    mode: JudgeMode = "listwise"
-    principles: list[str] = field(default_factory=lambda: list(DEFAULT_PRINCIPLES))
-    template: str | None = None  # None: the mode's DEFAULT_TEMPLATES entry
-    pairwise_against: PairwiseAgainst = "reference"
-    aggregation: Aggregation = "winrate"  # pairwise among the group's members
-    max_tokens: int = 128
-    temperature: float = 0.0
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.mode not in JUDGE_MODES:
-            raise ValueError(f"judge mode {self.mode!r} is not one of {list(JUDGE_MODES)}")
-        if self.aggregation not in AGGREGATIONS:
-            raise ValueError(f"judge aggregation {self.aggregation!r} is not one of {list(AGGREGATIONS)}")
-        if self.template is not None:
-            check_template(self.mode, self.template)
-        if self.max_tokens <= 0:
-            raise ValueError(f"judge max_tokens must be > 0, got {self.max_tokens}")
-        if self.temperature < 0:
-            raise ValueError(f"judge temperature must be >= 0, got {self.temperature}")
-
-    def client_options(self) -> ClientOptions:
-        names = {f.name for f in dataclasses.fields(ClientOptions)}
-        return ClientOptions(**{n: getattr(self, n) for n in names})
 
 
 @dataclass

@@ -25,6 +25,7 @@ from verl.utils.reward_score import default_compute_score
 from verl_vllm_rm.rewards.compose import rule_keys
 from verl_vllm_rm.rewards.steps import token_rewards
 from verl_vllm_rm.scoring.client import RewardServerError
+from verl_vllm_rm.scoring.judging import JUDGE_KEYS, SampleJudge
 from verl_vllm_rm.scoring.legacy import warn_misrouted_config
 from verl_vllm_rm.scoring.options import ConfigError, ManagerOptions, parse_options, reward_kwargs_of
 from verl_vllm_rm.scoring.pairwise import NO_WIN_METRICS, MissingReferenceError, reference_text, win_metrics
@@ -57,6 +58,7 @@ class VLLMRewardManager(RewardManagerBase):
         try:
             rm_options = self.options.reward_model_options()
             self.router = Router(self.options, tokenizer)
+            self.judge = SampleJudge(self.options, config, tokenizer) if self.options.judge is not None else None
         except ValueError as e:
             raise ConfigError(str(e)) from e
         refuse_token_level_when_streaming(config, rm_options)
@@ -64,6 +66,9 @@ class VLLMRewardManager(RewardManagerBase):
         #: per-RM keys in reward_extra_info: with several RMs, or a whitened one
         self.per_member = len(self.reward_models) > 1 or any(o.whiten != "none" for o in rm_options)
         self.info_keys = self._info_keys()
+        #: set around verl's validation by trainer mode vllm_rm (mark_validation): verl's per-trajectory reward
+        #: call carries no validate flag
+        self.validating = False
         self.last_batch_stats: dict[str, float] = {}
         self._examined: Counter = Counter()
         self.failed = 0
@@ -71,13 +76,14 @@ class VLLMRewardManager(RewardManagerBase):
 
     # -- verl reward-loop API -----------------------------------------------------------
     async def run_single(self, data: DataProto) -> dict:
-        return await self._score_sample(sample_of_row(data))
+        return await self._score_sample(sample_of_row(data, validate=self.validating))
 
     def __call__(self, data: DataProto, return_dict: bool = False):
         """Legacy batch API: a reward tensor shaped like ``responses`` (score at the last valid token)."""
 
         async def score_all():
-            tasks = [asyncio.ensure_future(self._score_sample(s)) for s in samples_from_batch(data)]
+            tasks = [asyncio.ensure_future(self._score_sample(s))
+                     for s in samples_from_batch(data, validate=self.validating)]
             try:
                 return await asyncio.gather(*tasks)
             except BaseException:  # the step fails: stop its other requests instead of leaving them queued
@@ -125,7 +131,8 @@ class VLLMRewardManager(RewardManagerBase):
     def close(self) -> None:
         """Close this manager's HTTP sessions (verl keeps managers for the whole run)."""
         async def close_all() -> None:
-            await asyncio.gather(*(rm.close() for rm in self.reward_models.values()))
+            judge = [self.judge.close()] if self.judge is not None else []
+            await asyncio.gather(*(rm.close() for rm in self.reward_models.values()), *judge)
 
         self.loop.run_until_complete(close_all())
 
@@ -144,6 +151,8 @@ class VLLMRewardManager(RewardManagerBase):
             keys += [k for k in rule_keys(rules.config) if k not in keys]
         if any(rules.needs_verifiable for rules in self.router.rule_scorers):
             keys.append("verifiable_score")
+        if self.judge is not None:
+            keys += JUDGE_KEYS
         return tuple(keys)
 
     async def _score_sample(self, sample: Sample) -> dict:
@@ -156,8 +165,9 @@ class VLLMRewardManager(RewardManagerBase):
         ref_task = asyncio.ensure_future(self._reference_score(sample, route, members, rm_inputs)) \
             if pairwise and members else None
         rules = route.rules
-        needs_text = rules.needs_verifiable or rules.has_rules
+        needs_text = rules.needs_verifiable or rules.has_rules or rules.needs_judge
         text = self.tokenizer.decode(sample.response_ids, skip_special_tokens=True) if needs_text else ""
+        judge_task = asyncio.ensure_future(self.judge.score(sample, text)) if rules.needs_judge else None
         rules_future = self._rule_components(rules, sample, text) if rules.has_rules else None
         verifiable, extras = await verifiable_score(self.compute_score, self.loop, sample, text) \
             if rules.needs_verifiable else (None, {})
@@ -165,18 +175,21 @@ class VLLMRewardManager(RewardManagerBase):
         try:
             answers = [await self._member_answer(rm, future, rm_input)
                        for rm, future, rm_input in zip(members, futures, rm_inputs)]
+            judged, judge_info = await judge_task if judge_task is not None else (None, {})
         except BaseException:
-            if ref_task is not None:
-                ref_task.cancel()
+            for task in (ref_task, judge_task):
+                if task is not None:
+                    task.cancel()
             raise
         info = dict.fromkeys(self.info_keys)
         info.update(self._rm_info(route, members, rm_inputs, answers, submitted, learn=not sample.validate))
-        valid = info["rm_valid"] != 0.0
+        info.update(judge_info)
+        valid = info["rm_valid"] != 0.0 and info.get("judge_valid") != 0.0
         if not valid:
             self.failed += 1
 
         def total_of(rm_value: float | None) -> float:
-            return rules.total({**components, "rubric": rm_value, "verifiable": verifiable})
+            return rules.total({**components, "rubric": rm_value, "verifiable": verifiable, "judge": judged})
 
         total = total_of(info["rm_score"]) if valid else 0.0
         reward_score: float | list[float] = total

@@ -19,11 +19,12 @@ from verl_vllm_rm.protocol.defaults import API_KEY_ENV, DEFAULT_SERVER_URL
 from verl_vllm_rm.replicas.options import ReplicaOptions
 from verl_vllm_rm.rewards.config import CombineMode, RewardConfig
 from verl_vllm_rm.rewards.ensemble import EnsembleMethod
+from verl_vllm_rm.rewards.judge import DEFAULT_PRINCIPLES, Aggregation, JudgeMode, check_template
 from verl_vllm_rm.rewards.steps import SCALAR_STEP_REWARDS, StepReward
 from verl_vllm_rm.scoring.pairwise import validate_reference_source
 from verl_vllm_rm.scoring.rm_inputs import check_rubric_template
 
-__all__ = ["ClientOptions", "ConfigError", "ManagerOptions", "RewardModelOptions", "RouteOptions", "parse_options"]
+__all__ = ["ClientOptions", "ConfigError", "JudgeOptions", "ManagerOptions", "RewardModelOptions", "RouteOptions", "parse_options"]
 
 InputFormat = Literal["token_ids", "chat_template"]
 OverlongPolicy = Literal["truncate_prompt_left", "error"]
@@ -31,6 +32,7 @@ FailurePolicy = Literal["raise", "mask"]
 PairwiseMode = Literal["auto", "always", "never"]
 MissingReference = Literal["raise", "skip"]
 Whiten = Literal["none", "running"]
+PairwiseAgainst = Literal["reference", "group"]
 
 
 @dataclass(frozen=True)
@@ -116,8 +118,38 @@ class RewardModelOptions(ClientOptions):
             )
 
     def client_options(self) -> ClientOptions:
-        names = {f.name for f in dataclasses.fields(ClientOptions)}
-        return ClientOptions(**{n: getattr(self, n) for n in names})
+        return _client_options(self)
+
+
+@dataclass(frozen=True)
+class JudgeOptions(ClientOptions):
+    """A generative judge: where it is served (the client options) and how it judges."""
+
+    mode: JudgeMode = "listwise"
+    principles: list[str] = field(default_factory=lambda: list(DEFAULT_PRINCIPLES))
+    template: str | None = None  # None: the mode's DEFAULT_TEMPLATES entry
+    pairwise_against: PairwiseAgainst = "reference"
+    aggregation: Aggregation = "winrate"  # pairwise among the group's members
+    max_tokens: int = 128
+    temperature: float = 0.0
+    failure_policy: FailurePolicy = "raise"  # mask: a failed judgement masks its samples (judge_valid 0)
+    group_size: int | None = None  # members per prompt group; None: actor_rollout_ref.rollout.n (val_kwargs.n)
+    group_timeout_s: float = 600.0  # a group not complete this long after its first member fails
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.template is not None:
+            check_template(self.mode, self.template)
+        if self.max_tokens <= 0:
+            raise ValueError(f"judge max_tokens must be > 0, got {self.max_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"judge temperature must be >= 0, got {self.temperature}")
+        _check_bounds(self, positive=("group_timeout_s",))
+        if self.group_size is not None and self.group_size < 1:
+            raise ValueError(f"judge group_size must be >= 1, got {self.group_size}")
+
+    def client_options(self) -> ClientOptions:
+        return _client_options(self)
 
 
 @dataclass(frozen=True)
@@ -149,6 +181,7 @@ class ManagerOptions(RewardModelOptions):
     pairwise: PairwiseMode = "auto"
     reference_source: str = "ground_truth"
     missing_reference: MissingReference = "raise"
+    judge: JudgeOptions | None = None  # a generative judge: the 'judge' component of the composition
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -176,10 +209,18 @@ class ManagerOptions(RewardModelOptions):
                                  "token-level step rewards, which do not ensemble: give it a route of its own or a "
                                  f"scalar step_reward ({', '.join(SCALAR_STEP_REWARDS)})")
             composition = route.rewards or self.reward_config()
+            if "judge" in composition.enabled and self.judge is None:
+                raise ValueError(f"routes[{i}] (data_source {route.data_source}) composes 'judge' and reward_kwargs "
+                                 "has no judge section: add judge: {server_url: [...], mode: ...} or drop 'judge'")
             if "rubric" in composition.enabled and not self.route_models(route):
                 raise ValueError(f"routes[{i}] (data_source {route.data_source}) composes 'rubric' (the reward "
                                  "models' score) but scores with no reward model: list some in its reward_models "
                                  "or drop 'rubric' from its rewards")
+
+        if self.judge is not None and not any("judge" in (r.rewards or self.reward_config()).enabled
+                                              for r in self.route_options()):
+            raise ValueError("reward_kwargs.judge is set and no reward composition enables 'judge': add it to "
+                             "rewards.components (with a weight) or drop the judge section")
 
     def reward_model_options(self) -> tuple[RewardModelOptions, ...]:
         """The run's reward models: each ``reward_models`` entry over the top-level options, or the top-level
@@ -217,6 +258,11 @@ class ManagerOptions(RewardModelOptions):
     def reward_config(self) -> RewardConfig:
         """The reward composition: ``rewards`` when given, else the one ``combine``/``alpha`` stand for."""
         return self.rewards if self.rewards is not None else RewardConfig.from_combine(self.combine, self.alpha)
+
+
+def _client_options(opts: ClientOptions) -> ClientOptions:
+    """The client part of a section that extends :class:`ClientOptions`."""
+    return ClientOptions(**{f.name: getattr(opts, f.name) for f in dataclasses.fields(ClientOptions)})
 
 
 def _check_bounds(opts: ClientOptions, positive: tuple[str, ...] = (), non_negative: tuple[str, ...] = ()) -> None:

@@ -38,12 +38,12 @@ class _Rows:
     """Row access to a verl ``DataProto``: numpy views of its tensors, taken once; each row read with a few
     numpy calls on views (a torch call costs microseconds even on one row)."""
 
-    def __init__(self, data: Any):
+    def __init__(self, data: Any, validate: bool = False):
         batch = data.batch
         self.prompts, self.responses = batch["prompts"].numpy(), batch["responses"].numpy()
         self.mask = batch["attention_mask"].numpy()
         self.columns = data.non_tensor_batch.items()
-        self.validate = bool(data.meta_info.get("validate", False))
+        self.validate = validate or bool(data.meta_info.get("validate", False))
 
     def __len__(self) -> int:
         return len(self.mask)
@@ -56,15 +56,16 @@ class _Rows:
                       {k: v[i] for k, v in self.columns}, self.validate)
 
 
-def samples_from_batch(data: Any) -> list[Sample]:
-    """Every row of a verl ``DataProto`` (the batch ``__call__``)."""
-    rows = _Rows(data)
+def samples_from_batch(data: Any, validate: bool = False) -> list[Sample]:
+    """Every row of a verl ``DataProto`` (the batch ``__call__``); ``validate``: validation rows whatever the
+    batch's ``meta_info`` says."""
+    rows = _Rows(data, validate)
     return [rows.sample(i) for i in range(len(rows))]
 
 
-def sample_of_row(data: Any, i: int = -1) -> Sample:
+def sample_of_row(data: Any, i: int = -1, validate: bool = False) -> Sample:
     """One row of a verl ``DataProto``: ``run_single`` gets one-row slices from verl's reward loop."""
-    return _Rows(data).sample(i)
+    return _Rows(data, validate).sample(i)
 
 
 @dataclass(frozen=True, slots=True)

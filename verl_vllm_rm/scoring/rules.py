@@ -33,6 +33,7 @@ class RuleScorer:
         self.gallery = build_gallery_rewards(config)
         # read once per sample, so computed once here
         self.needs_verifiable = "verifiable" in config.enabled  # verl's compute_score runs only when used
+        self.needs_judge = "judge" in config.enabled
         self.has_rules = any(name not in EXTERNAL_COMPONENTS for name in config.enabled)  # computed here
 
     def components(
@@ -81,10 +82,11 @@ def batch_stats(infos: list[dict[str, Any]]) -> dict[str, float]:
     """Mean/std/min/max of every numeric ``reward_extra_info`` key over a batch, plus the reward std."""
     if not infos:
         return {}
-    columns = {
-        k: np.asarray([i[k] if i[k] is not None else np.nan for i in infos], dtype=float)
-        for k in infos[0] if isinstance(infos[0][k], (int, float)) or infos[0][k] is None
-    }
+    def numeric(key: str) -> bool:  # by its first value that is not None (a failed sample's may be None)
+        return isinstance(next((i[key] for i in infos if i[key] is not None), 0.0), (int, float))
+
+    columns = {k: np.asarray([i[k] if i[k] is not None else np.nan for i in infos], dtype=float)
+               for k in infos[0] if numeric(k)}
     stats = component_stats(columns)
     stats["reward/last_step_std"] = float(np.std(columns["score"])) if "score" in columns else float("nan")
     return stats

@@ -31,6 +31,7 @@ from verl_vllm_rm.monitor.metrics import StepRewards, step_metrics
 from verl_vllm_rm.options import ConfigError
 from verl_vllm_rm.replicas.fleet import FleetReadings
 from verl_vllm_rm.scoring.options import run_reward_models
+from verl_vllm_rm.scoring.reward_workers import mark_validation
 from verl_vllm_rm.scoring.whitening_checkpoint import WhiteningCheckpoint, whitened_reward_models
 
 logger = logging.getLogger(__name__)
@@ -130,6 +131,19 @@ class RewardMetrics:
             self.log_reward_metrics(metrics, step_metrics(self.step_rewards[1], self.rm_normalized))
             metrics.update(self.fleets.step_metrics())
         return batch
+
+    # verl 0.9.1 calls reward managers once per trajectory without telling them validation from training: the
+    # sync trainer validates with nothing else in flight, so it tells every worker (the async modes roll out
+    # training batches during validation, so their samples are not told apart)
+    def on_validate_begin(self):
+        super().on_validate_begin()
+        if self.base_mode == "sync":
+            mark_validation(self.get_reward_handles(), True)
+
+    def on_validate_end(self):
+        if self.base_mode == "sync":
+            mark_validation(self.get_reward_handles(), False)
+        super().on_validate_end()
 
     def _save_checkpoint(self):
         if self.whitening is not None:

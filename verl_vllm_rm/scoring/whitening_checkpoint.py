@@ -20,6 +20,7 @@ from omegaconf import DictConfig
 
 from verl_vllm_rm.options import ConfigError
 from verl_vllm_rm.rewards.ensemble import Moments
+from verl_vllm_rm.scoring.reward_workers import manager_of, on_every_worker
 
 logger = logging.getLogger(__name__)
 
@@ -33,36 +34,15 @@ def whitened_reward_models(config: DictConfig) -> list[str]:
     return [o.name for o in run_reward_models(config) if o.whiten == "running"]
 
 
-def _manager(worker: Any) -> Any:
-    """The ``vllm_rm`` manager of one of verl's ``RewardLoopWorker`` actors (runs inside it)."""
-    from verl_vllm_rm.scoring.manager import VLLMRewardManager
-
-    manager = getattr(worker, "reward_manager", None)
-    if not isinstance(manager, VLLMRewardManager):
-        raise ConfigError(f"reward-loop worker {type(worker).__name__} holds {type(manager).__name__}, not "
-                          "vllm_rm's manager: its whitening statistics cannot be saved")
-    return manager
-
-
 def _seen_in_worker(worker: Any) -> dict[str, dict[str, float]]:
-    return {name: rm.whitening.seen.to_dict() for name, rm in _manager(worker).reward_models.items()
+    return {name: rm.whitening.seen.to_dict() for name, rm in manager_of(worker).reward_models.items()
             if rm.whitening is not None}
 
 
 def _start_worker_from(worker: Any, priors: dict[str, dict[str, float]]) -> None:
-    reward_models = _manager(worker).reward_models
+    reward_models = manager_of(worker).reward_models
     for name, prior in priors.items():
         reward_models[name].whitening.start_from(Moments.from_dict(prior, f"whitening prior of {name!r}"))
-
-
-def _on_every_worker(workers: Sequence[Any], fn: Any, *args: Any) -> list:
-    """``fn(worker, *args)`` inside each actor; ``__ray_call__`` runs a function on the actor instance, as verl's
-    RewardLoopWorker has no method for this. (No workers, no Ray: ``ray.get`` would start a cluster.)"""
-    if not workers:
-        return []
-    import ray
-
-    return ray.get([w.__ray_call__.remote(fn, *args) for w in workers])
 
 
 class WhiteningCheckpoint:
@@ -75,7 +55,7 @@ class WhiteningCheckpoint:
 
     def merged(self) -> dict[str, Moments]:
         """The statistics the run started from, merged with every worker's scores since."""
-        seen = _on_every_worker(self.workers, _seen_in_worker)
+        seen = on_every_worker(self.workers, _seen_in_worker)
         merged = {}
         for name in self.names:
             moments = self.prior[name]
@@ -110,7 +90,7 @@ class WhiteningCheckpoint:
         for name in sorted(set(saved) - set(self.names)):
             logger.warning("%s has whitening statistics of %r, which this run does not whiten: ignored", path, name)
         priors = {name: self.prior[name].to_dict() for name in self.names}
-        _on_every_worker(self.workers, _start_worker_from, priors)
+        on_every_worker(self.workers, _start_worker_from, priors)
         return dict(self.prior)
 
     @staticmethod

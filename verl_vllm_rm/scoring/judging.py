@@ -1,0 +1,111 @@
+"""The manager's ``judge`` component: each sample's score from its prompt group's one judgement.
+
+Every sample joins its group's rendezvous (:mod:`verl_vllm_rm.scoring.rendezvous`): a plain object
+when the whole group is in this process, the run's named Ray actor inside verl's reward-loop
+workers (members reach different workers). Groups are keyed by ``uid`` and hold
+``judge.group_size`` members, by default verl's ``actor_rollout_ref.rollout.n``
+(``val_kwargs.n`` for samples marked as validation).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import numbers
+from typing import Any, Callable
+
+from verl_vllm_rm.scoring.options import JudgeOptions, ManagerOptions
+from verl_vllm_rm.scoring.pairwise import reference_text
+from verl_vllm_rm.scoring.rendezvous import JudgeRendezvous, rendezvous_actor
+from verl_vllm_rm.scoring.rm_inputs import Sample, prompt_text
+
+logger = logging.getLogger(__name__)
+#: what every sample's ``reward_extra_info`` gets from the judge (None where its mode gives no such value)
+JUDGE_KEYS = ("judge_score", "judge_valid", "judge_rank", "judge_raw", "judge_verdicts", "judge_answer")
+
+
+class JudgeError(RuntimeError):
+    """The judge failed for a sample whose judge ``failure_policy`` is raise."""
+
+
+def group_sizes(options: JudgeOptions, config: Any) -> tuple[int, int]:
+    """Members per group in training and in validation."""
+    if options.group_size is not None:
+        return options.group_size, options.group_size
+    from omegaconf import OmegaConf
+
+    rollout = OmegaConf.select(config, "actor_rollout_ref.rollout", default=None)
+    if rollout is None or rollout.get("n") is None:
+        raise ValueError("judge needs the prompt groups' size: set reward_kwargs.judge.group_size, or run with "
+                         "verl's actor_rollout_ref.rollout.n")
+    return int(rollout.n), int(OmegaConf.select(rollout, "val_kwargs.n", default=1))
+
+
+def _in_ray_actor() -> bool:
+    try:
+        import ray
+    except ImportError:
+        return False
+    return ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None
+
+
+class SampleJudge:
+    """Judges samples by group for one manager (``num_examine`` groups keep the judge's raw answer)."""
+
+    def __init__(self, manager_options: ManagerOptions, config: Any, tokenizer: Any) -> None:
+        self.options: JudgeOptions = manager_options.judge
+        self.sizes = group_sizes(self.options, config)
+        self.num_examine, self.reference_source = manager_options.num_examine, manager_options.reference_source
+        self.tokenizer = tokenizer
+        self.examined: set[str] = set()
+        self.failed = 0
+        self._join: Callable[..., Any] | None = None
+        self._local: JudgeRendezvous | None = None
+
+    async def score(self, sample: Sample, response: str) -> tuple[float | None, dict[str, Any]]:
+        """The sample's judge score (None when the judgement failed and the policy masks it) and its info keys."""
+        prompt, reference = prompt_text(self.tokenizer, sample), reference_text(sample.fields, self.reference_source)
+        key = str(sample.fields.get("uid", sample.group_key))
+        member = sample.fields.get("session_id")
+        member = int(member) if isinstance(member, numbers.Integral) else member
+        n = self.sizes[sample.validate]
+        try:
+            judgement, index = await self.join(key, member, (prompt, response, reference), n,
+                                               self.options.group_timeout_s)
+        except Exception as e:
+            if self.options.failure_policy == "raise":
+                raise JudgeError(f"the judge failed for sample uid={key} (judge.failure_policy is raise; mask "
+                                 f"drops the judge's part of these samples instead): {e}") from e
+            self.failed += 1
+            logger.warning("vllm_rm: masking the judge for sample uid=%s: %s", key, e)
+            return None, {"judge_valid": 0.0}
+        info: dict[str, Any] = {"judge_score": judgement.scores[index], "judge_valid": 1.0}
+        if judgement.ranking is not None:
+            info["judge_rank"] = float(judgement.ranking.index(index))
+        if judgement.raw is not None:
+            raw = judgement.raw[index]
+            info["judge_raw"] = float(raw) if isinstance(raw, int) else {"A": 1.0, "tie": 0.0, "B": -1.0}[raw]
+        if judgement.verdicts is not None:
+            mine = {f"{i}-{j}": v for (i, j), v in judgement.verdicts.items() if index in (i, j)}
+            info["judge_verdicts"] = json.dumps(mine, separators=(",", ":"))
+        if key in self.examined or len(self.examined) < self.num_examine:
+            self.examined.add(key)
+            info["judge_answer"] = "\n".join(judgement.answers)
+        return judgement.scores[index], info
+
+    @property
+    def join(self) -> Callable[..., Any]:
+        """The rendezvous' ``join``: the Ray actor's inside a Ray actor (verl's workers), else a local one's."""
+        if self._join is None:
+            if _in_ray_actor():
+                actor = rendezvous_actor(self.options)
+                self._join = lambda *args: actor.join.remote(*args)
+            else:
+                self._local = JudgeRendezvous(self.options)
+                self._join = self._local.join
+        return self._join
+
+    async def close(self) -> None:
+        """Close the local rendezvous' judge client (the Ray actor's lives as long as the run's workers)."""
+        if self._local is not None:
+            await self._local.client.close()
