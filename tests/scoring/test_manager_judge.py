@@ -121,7 +121,7 @@ def test_a_member_that_never_arrives_fails_its_group_under_raise(rm_server, judg
 
     mgr = load_manager(tokenizer, rm_server.url, tiny_rm, judge_kwargs(judge_server.url, group_timeout_s=2.0))
     try:
-        with pytest.raises(JudgeError, match=r"judge failed for sample uid=.*has 3 of its 4 members 2\.\ds after "
+        with pytest.raises(JudgeError, match=r"judge failed for training sample uid=.*group size 4 .*has 3 of its 4 members 2\.\ds after "
                                              r"the first arrived .*a member never came"):
             mgr(missing_member_batch(grpo_groups, tokenizer))
     finally:

@@ -133,8 +133,8 @@ def main_ppo_overrides(cfg: TinyPPOConfig, inputs: Inputs, server_url: str | Non
         f"trainer.v1.trainer_mode={'vllm_rm' if cfg.online == 'off' else 'vllm_rm_online'}",
         *reward_model_overrides(cfg, inputs, server_url),
         f"+reward.reward_kwargs.rewards={REWARDS}",
-        # verl 0.9.1's agent loop does not tell reward managers a sample is from validation, so "auto"
-        # never fires in main_ppo; "always" scores the reference once per prompt group and step.
+        # "always": win metrics in training too (one reference score per prompt group and step); "auto" would
+        # give them in validation only (trainer mode vllm_rm tells the reward-loop workers when it validates)
         "+reward.reward_kwargs.pairwise=always",
         "+reward.reward_kwargs.reference_source=extra_info:reference",
         "+reward.reward_kwargs.num_examine=0",

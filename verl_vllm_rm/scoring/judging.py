@@ -29,16 +29,30 @@ class JudgeError(RuntimeError):
 
 
 def group_sizes(options: JudgeOptions, config: Any) -> tuple[int, int]:
-    """Members per group in training and in validation."""
-    if options.group_size is not None:
-        return options.group_size, options.group_size
+    """Members per group in training and in validation. A mode that scores a response against the others of
+    its group (listwise, pointwise's min-max, pairwise among members) refuses groups of one: every score would
+    be 0, a reward without signal."""
     from omegaconf import OmegaConf
 
-    rollout = OmegaConf.select(config, "actor_rollout_ref.rollout", default=None)
-    if rollout is None or rollout.get("n") is None:
-        raise ValueError("judge needs the prompt groups' size: set reward_kwargs.judge.group_size, or run with "
-                         "verl's actor_rollout_ref.rollout.n")
-    return int(rollout.n), int(OmegaConf.select(rollout, "val_kwargs.n", default=1))
+    if options.group_size is not None:
+        sizes = (options.group_size, options.group_size)
+    else:
+        rollout = OmegaConf.select(config, "actor_rollout_ref.rollout", default=None)
+        if rollout is None or rollout.get("n") is None:
+            raise ValueError("judge needs the prompt groups' size: set reward_kwargs.judge.group_size, or run with "
+                             "verl's actor_rollout_ref.rollout.n")
+        sizes = (int(rollout.n), int(OmegaConf.select(rollout, "val_kwargs.n", default=1)))
+    if options.mode == "pairwise" and options.pairwise_against == "reference":
+        return sizes
+    validates = OmegaConf.select(config, "trainer.val_before_train", default=False) or \
+        (OmegaConf.select(config, "trainer.test_freq", default=-1) or -1) > 0
+    for size, phase, knob in ((sizes[0], "training", "actor_rollout_ref.rollout.n"),
+                              (sizes[1] if validates else 2, "validation", "actor_rollout_ref.rollout.val_kwargs.n")):
+        if size < 2:
+            raise ValueError(f"judge mode {options.mode} compares each response with the others of its group, and "
+                             f"{phase} groups hold {size} response(s) ({knob}): set it to 2 or more, or judge "
+                             "mode=pairwise with pairwise_against=reference")
+    return sizes
 
 
 def _in_ray_actor() -> bool:
@@ -74,8 +88,10 @@ class SampleJudge:
                                                self.options.group_timeout_s)
         except Exception as e:
             if self.options.failure_policy == "raise":
-                raise JudgeError(f"the judge failed for sample uid={key} (judge.failure_policy is raise; mask "
-                                 f"drops the judge's part of these samples instead): {e}") from e
+                phase = "validation" if sample.validate else "training"
+                raise JudgeError(f"the judge failed for {phase} sample uid={key}, group size {n} (judge.failure_policy "
+                                 f"is raise; mask drops the judge's part of these samples instead; verl's validation "
+                                 f"samples are told apart only under trainer.v1.trainer_mode=vllm_rm): {e}") from e
             self.failed += 1
             logger.warning("vllm_rm: masking the judge for sample uid=%s: %s", key, e)
             return None, {"judge_valid": 0.0}

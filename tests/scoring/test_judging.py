@@ -1,0 +1,40 @@
+"""Group sizes of the judge component from verl's config, and the groups a mode refuses (pure; the judge itself
+is in test_manager_judge.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from verl_vllm_rm.options import ConfigError
+from verl_vllm_rm.scoring.judging import group_sizes
+from verl_vllm_rm.scoring.loader import vllm_rm_config
+from verl_vllm_rm.scoring.options import JudgeOptions
+
+NO_VALIDATION = ["trainer.val_before_train=False", "trainer.test_freq=-1"]
+
+
+@pytest.mark.parametrize("overrides, judge, sizes", [
+    (["actor_rollout_ref.rollout.n=8", "actor_rollout_ref.rollout.val_kwargs.n=2"], {}, (8, 2)),
+    (["actor_rollout_ref.rollout.n=8", *NO_VALIDATION], {}, (8, 1)),  # no validation: its size does not matter
+    ([], {"group_size": 4}, (4, 4)),
+    ([], {"mode": "pairwise"}, (1, 1)),  # against the reference: a response alone is enough
+])
+def test_group_sizes_come_from_verls_rollout(tiny_rm, overrides, judge, sizes):
+    assert group_sizes(JudgeOptions(**judge), vllm_rm_config("http://127.0.0.1:1", tiny_rm, {}, overrides)) == sizes
+
+
+@pytest.mark.parametrize("mode", ["listwise", "pointwise", "pairwise_group"])
+@pytest.mark.parametrize("overrides, phase", [
+    ([], r"training groups hold 1 response\(s\) \(actor_rollout_ref.rollout.n\)"),
+    (["actor_rollout_ref.rollout.n=4"], r"validation groups hold 1 response\(s\) \(actor_rollout_ref.rollout.val_kwargs.n\)"),
+])
+def test_modes_that_compare_within_a_group_refuse_groups_of_one(tokenizer, tiny_rm, mode, overrides, phase):
+    from verl_vllm_rm.scoring.loader import load_manager
+
+    judge = {"server_url": ["http://127.0.0.1:1"], "mode": mode.split("_")[0]}
+    if mode == "pairwise_group":
+        judge["pairwise_against"] = "group"
+    kwargs = {"rewards": {"components": ["rubric", "judge"]}, "judge": judge}
+    with pytest.raises(ConfigError, match=rf"judge mode {judge['mode']} compares each response with the others "
+                                          rf"of its group, and {phase}: set it to 2 or more"):
+        load_manager(tokenizer, "http://127.0.0.1:1", tiny_rm, kwargs, overrides)
