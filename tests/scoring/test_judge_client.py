@@ -152,3 +152,32 @@ def test_groups_a_mode_cannot_judge_are_refused_before_any_request(dead_url):
         judge(dead_url, responses=[str(k) for k in range(13)], mode="listwise")
     with pytest.raises(ValueError, match="pairwise_against=reference needs the prompt's reference answer"):
         judge(dead_url, reference=None, mode="pairwise")
+
+
+def test_rm_gallerys_listwise_judge_on_the_same_server_agrees_on_what_it_parsed(judge_server):
+    """rm-gallery 0.1.7's own listwise judge (``AlignmentReward``, its LLM-judge reward for RL training) pointed at
+    the same server, on the same prompt and responses: its scores are our ``ranking_scores`` of the ranking it
+    parsed. It cannot ask for structured output, so a small judge's free text rarely holds its ``<result>`` tag;
+    it then falls back to the natural order without a word, where our client never reads an unconstrained
+    answer and raises on one that does not parse (test_an_answer_cut_at_max_tokens_is_an_error_not_a_score)."""
+    from rm_gallery.gallery.evaluation.llm_judge.rewards.alignment import AlignmentReward
+
+    from verl_vllm_rm.rewards.judge import ranking_scores
+
+    health = asyncio.run(_health(judge_server.url))
+    reward = AlignmentReward(model_name=health["model"], base_url=f"{judge_server.url}/v1", api_key="unused",
+                             eval_mode="listwise", max_tokens=64, llm_timeout=60.0, max_retries=0)
+    template, said = reward.evaluator.template, []
+    parse = template.parse_result
+    object.__setattr__(template, "parse_result", lambda text, n: said.append(text) or parse(text, n))  # a spy
+    for responses in (RESPONSES, RESPONSES[::-1], RESPONSES[2:]):
+        out = reward.evaluator.evaluate(PROMPT, responses, "42")
+        assert said, "rm-gallery's judge got no answer from the server"
+        ranking = parse(said[-1], len(responses))
+        assert out["ranking"] == ranking and out["scores"] == pytest.approx(ranking_scores(ranking))
+        said.clear()
+
+
+async def _health(url: str) -> dict:
+    async with VLLMRewardClient(url) as client:
+        return await client.health()

@@ -152,23 +152,33 @@ def test_a_member_that_never_arrives_masks_its_group_under_mask(rm_server, judge
 @pytest.mark.parametrize("judge, cause", [
     ({"max_tokens": 4}, "cut at max_tokens"),
     ({"server_url": ["http://127.0.0.1:9"], "max_retries": 1, "backoff_base_s": 0.01}, "failed after 2 attempt"),
-], ids=["answer-cut-short", "judge-unreachable"])
+    ({"read_timeout_s": 0.3, "max_retries": 1, "backoff_base_s": 0.01}, r"failed after 2 attempt.*timed out"),
+], ids=["answer-cut-short", "judge-unreachable", "judge-times-out"])
 def test_a_failed_judgement_goes_through_the_failure_policy(rm_server, judge_server, tokenizer, tiny_rm, grpo_groups,
                                                             judge, cause):
+    """Each failure under ``raise`` stops the batch naming it, under ``mask`` every sample of the failed groups is
+    masked and counted. The slow judge is the real one behind a proxy that delays each answer by 5 s."""
+    from fault_proxy import FaultProxy
+
     from verl_vllm_rm.scoring.judging import JudgeError
 
     data = build_batch(grpo_groups, tokenizer.pad_token_id)
-    for policy in ("raise", "mask"):
-        mgr = load_manager(tokenizer, rm_server.url, tiny_rm,
-                           judge_kwargs(judge_server.url, failure_policy=policy, **judge))
-        try:
-            if policy == "raise":
-                with pytest.raises(JudgeError, match=cause):
-                    mgr(data)
-                continue
-            out = mgr(data, return_dict=True)
-            assert out["reward_extra_info"]["judge_valid"] == [0.0] * len(data)
-            assert out["reward_extra_info"]["score"] == [0.0] * len(data)  # masked, and counted: never a number
-            assert mgr.judge.failed == len(data)
-        finally:
-            mgr.close()
+    proxy = FaultProxy(judge_server.url).start()
+    proxy.faults.delay_s = 5.0 if "read_timeout_s" in judge else 0.0
+    try:
+        for policy in ("raise", "mask"):
+            mgr = load_manager(tokenizer, rm_server.url, tiny_rm,
+                               judge_kwargs(proxy.url, failure_policy=policy, **judge))
+            try:
+                if policy == "raise":
+                    with pytest.raises(JudgeError, match=cause):
+                        mgr(data)
+                    continue
+                out = mgr(data, return_dict=True)
+                assert out["reward_extra_info"]["judge_valid"] == [0.0] * len(data)
+                assert out["reward_extra_info"]["score"] == [0.0] * len(data)  # masked and counted: never a number
+                assert mgr.judge.failed == len(data)
+            finally:
+                mgr.close()
+    finally:
+        proxy.stop()

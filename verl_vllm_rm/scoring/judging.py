@@ -14,6 +14,7 @@ import logging
 import numbers
 from typing import Any, Callable
 
+from verl_vllm_rm.scoring.judge_client import VERDICT_SCORE
 from verl_vllm_rm.scoring.options import JudgeOptions, ManagerOptions
 from verl_vllm_rm.scoring.pairwise import reference_text
 from verl_vllm_rm.scoring.rendezvous import JudgeRendezvous, rendezvous_actor
@@ -100,7 +101,7 @@ class SampleJudge:
             info["judge_rank"] = float(judgement.ranking.index(index))
         if judgement.raw is not None:
             raw = judgement.raw[index]
-            info["judge_raw"] = float(raw) if isinstance(raw, int) else {"A": 1.0, "tie": 0.0, "B": -1.0}[raw]
+            info["judge_raw"] = float(raw) if isinstance(raw, int) else VERDICT_SCORE[raw]
         if judgement.verdicts is not None:
             mine = {f"{i}-{j}": v for (i, j), v in judgement.verdicts.items() if index in (i, j)}
             info["judge_verdicts"] = json.dumps(mine, separators=(",", ":"))
