@@ -9,12 +9,11 @@ every style and GRPO has something to choose between.
 
 from __future__ import annotations
 
-import json
 import random
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from verl_vllm_rm.dev.tiny_rm import qwen2_config
+from verl_vllm_rm.dev.tiny_rm import cached_model_dir, qwen2_config
 from verl_vllm_rm.dev.tiny_task import MAX_OPERAND, all_answers, question
 
 #: For RM tokenizers without a chat template: the turns' contents one after another.
@@ -64,25 +63,22 @@ def sft_examples(tokenizer, n: int, rng: random.Random) -> list[tuple[list[int],
 
 def build_tiny_policy(rm_dir: str | Path, out_dir: str | Path, spec: TinyPolicySpec = TinyPolicySpec()) -> Path:
     """Create (or reuse) the tiny policy for the RM in ``rm_dir`` under ``out_dir``; returns ``out_dir``."""
-    import torch
-    from transformers import GenerationConfig, Qwen2ForCausalLM
 
-    out = Path(out_dir)
-    stamp = out / "tiny_policy_spec.json"
+    def build():
+        import torch
+        from transformers import GenerationConfig, Qwen2ForCausalLM
+
+        tokenizer = policy_tokenizer(rm_dir)
+        config = qwen2_config(spec, tokenizer, tie_word_embeddings=False)
+        torch.manual_seed(spec.seed)
+        model = Qwen2ForCausalLM(config)
+        _pretrain(model, tokenizer, spec)
+        model.generation_config = GenerationConfig(eos_token_id=tokenizer.eos_token_id,
+                                                   pad_token_id=tokenizer.pad_token_id)
+        return model, tokenizer
+
     key = {**asdict(spec), "rm": str(Path(rm_dir).resolve())}
-    if stamp.exists() and json.loads(stamp.read_text()) == key:
-        return out
-    tokenizer = policy_tokenizer(rm_dir)
-    config = qwen2_config(spec, tokenizer, tie_word_embeddings=False)
-    torch.manual_seed(spec.seed)
-    model = Qwen2ForCausalLM(config)
-    _pretrain(model, tokenizer, spec)
-    model.generation_config = GenerationConfig(eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out, safe_serialization=True)
-    tokenizer.save_pretrained(out)
-    stamp.write_text(json.dumps(key))
-    return out
+    return cached_model_dir(out_dir, "tiny_policy_spec.json", key, build)
 
 
 def _pretrain(model, tokenizer, spec: TinyPolicySpec) -> float:

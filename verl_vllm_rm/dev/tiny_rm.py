@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any, Callable
 
 from verl_vllm_rm.parity.corpus import STEP, synthetic_corpus
 
@@ -72,26 +73,37 @@ def qwen2_config(spec, tokenizer, **extra):
                        torch_dtype="float32", **extra)
 
 
+def cached_model_dir(out_dir: str | Path, stamp_name: str, key: dict, build: Callable[[], tuple[Any, Any]]) -> Path:
+    """``out_dir`` as it is when its stamp file says it was built from ``key``; otherwise ``build()``'s
+    (model, tokenizer) saved there (safetensors) with the stamp. Returns the directory."""
+    out = Path(out_dir)
+    stamp = out / stamp_name
+    if stamp.exists() and json.loads(stamp.read_text()) == key:
+        return out
+    model, tokenizer = build()
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    stamp.write_text(json.dumps(key))
+    return out
+
+
 def build_tiny_rm(out_dir: str | Path, spec: TinyRMSpec = TinyRMSpec()) -> Path:
     """Create (or reuse) the tiny reward model under ``out_dir`` and return its path.
 
     The directory is reused when it already holds a model built from the same spec.
     """
-    import torch
-    from transformers import Qwen2ForSequenceClassification
 
-    out = Path(out_dir)
-    stamp = out / "tiny_rm_spec.json"
-    if stamp.exists() and json.loads(stamp.read_text()) == asdict(spec):
-        return out
-    out.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer(spec)
-    config = qwen2_config(spec, tokenizer, num_labels=1, tie_word_embeddings=False)
-    torch.manual_seed(spec.seed if spec.init_seed is None else spec.init_seed)
-    model = Qwen2ForSequenceClassification(config)
-    with torch.no_grad():
-        model.score.weight.normal_(0.0, spec.head_std)
-    model.save_pretrained(out, safe_serialization=True)
-    tokenizer.save_pretrained(out)
-    stamp.write_text(json.dumps(asdict(spec)))
-    return out
+    def build():
+        import torch
+        from transformers import Qwen2ForSequenceClassification
+
+        tokenizer = build_tokenizer(spec)
+        config = qwen2_config(spec, tokenizer, num_labels=1, tie_word_embeddings=False)
+        torch.manual_seed(spec.seed if spec.init_seed is None else spec.init_seed)
+        model = Qwen2ForSequenceClassification(config)
+        with torch.no_grad():
+            model.score.weight.normal_(0.0, spec.head_std)
+        return model, tokenizer
+
+    return cached_model_dir(out_dir, "tiny_rm_spec.json", asdict(spec), build)
