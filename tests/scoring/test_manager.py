@@ -63,6 +63,19 @@ def test_run_single_matches_and_groups_into_one_request(load_manager, fault_prox
     assert len(set(uids)) == len(grpo_groups)
 
 
+@pytest.mark.timeout(120)
+def test_the_batch_call_sends_its_samples_at_once_not_after_the_coalescing_window(
+        load_manager, fault_proxy, verl_config, tokenizer, hf_model, grpo_groups):
+    """The batch call knows when every sample is queued and sends them then: with an hour-long coalescing window
+    it still returns (without the flush it would wait out the window, and this test its timeout)."""
+    mgr = load_manager(verl_config(fault_proxy.url, coalesce_ms=3_600_000, max_length=512), tokenizer)
+    data = build_batch(grpo_groups, tokenizer.pad_token_id)
+    assert len(data) < mgr.rm.options.max_batch_seqs  # the batch alone never fills a request
+    picked = last_token_rewards(mgr(data), data)
+    assert torch.allclose(picked, torch.tensor(expected_scores(hf_model, grpo_groups)), atol=1e-4)
+    assert [r["path"] for r in fault_proxy.requests] == ["/score"] and mgr.rm.batcher.requests_sent == 1
+
+
 @pytest.mark.parametrize("mode", ["add", "multiply", "weighted"])
 def test_combination_with_verifiable_reward(load_manager, rm_server, verl_config, tokenizer, hf_model, grpo_groups, mode):
     mgr = load_manager(verl_config(rm_server.url, combine=mode, alpha=0.25), tokenizer)

@@ -77,9 +77,9 @@ class GroupBatcher:
         future = loop.create_future()
         self._pending.append(_Pending(key, item, future))
         if len(self._pending) >= self._max_seqs:
-            self._flush()
+            self.flush()
         elif self._timer is None:
-            self._timer = loop.call_later(self._coalesce_s, self._flush)
+            self._timer = loop.call_later(self._coalesce_s, self.flush)
         return future
 
     @property
@@ -101,7 +101,8 @@ class GroupBatcher:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
-    def _flush(self) -> None:
+    def flush(self) -> None:
+        """Send what is queued now (the coalescing timer does it otherwise)."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None

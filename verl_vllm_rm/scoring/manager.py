@@ -85,6 +85,11 @@ class VLLMRewardManager(RewardManagerBase):
             tasks = [asyncio.ensure_future(self._score_sample(s))
                      for s in samples_from_batch(data, validate=self.validating)]
             try:
+                # each task submits its sample before it first waits (once the server's max_model_len is known):
+                # the whole batch is queued now, so send it instead of coalesce_ms later
+                await asyncio.sleep(0)
+                for rm in self.reward_models.values():
+                    rm.batcher.flush()
                 return await asyncio.gather(*tasks)
             except BaseException:  # the step fails: stop its other requests instead of leaving them queued
                 for task in tasks:

@@ -36,10 +36,11 @@ class Sample:
 
 class _Rows:
     """Row access to a verl ``DataProto``: numpy views of its tensors, taken once; each row read with a few
-    numpy calls on views (a torch call costs microseconds even on one row)."""
+    numpy calls on views (a torch call costs microseconds even on one row). The tensors come from one
+    ``items()`` pass: TensorDict's ``__getitem__`` costs ~3 us a key, a third of a one-row read."""
 
     def __init__(self, data: Any, validate: bool = False):
-        batch = data.batch
+        batch = dict(data.batch.items())
         self.prompts, self.responses = batch["prompts"].numpy(), batch["responses"].numpy()
         self.mask = batch["attention_mask"].numpy()
         self.columns = data.non_tensor_batch.items()
