@@ -80,14 +80,11 @@ class VLLMRewardManager(RewardManagerBase):
 
     def __call__(self, data: DataProto, return_dict: bool = False):
         """Legacy batch API: a reward tensor shaped like ``responses`` (score at the last valid token)."""
-
         async def score_all():
             tasks = [asyncio.ensure_future(self._score_sample(s))
                      for s in samples_from_batch(data, validate=self.validating)]
             try:
-                # each task submits its sample before it first waits (once the server's max_model_len is known):
-                # the whole batch is queued now, so send it instead of coalesce_ms later
-                await asyncio.sleep(0)
+                await asyncio.sleep(0)  # each task has queued its sample (max_model_len known): send, no coalescing
                 for rm in self.reward_models.values():
                     rm.batcher.flush()
                 return await asyncio.gather(*tasks)
