@@ -9,10 +9,9 @@ scale), combine their scores (``rewards.ensemble``), optionally call verl's
 from __future__ import annotations
 
 import asyncio
-import logging
-import math
 import time
 from collections import Counter
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -24,17 +23,35 @@ from verl.experimental.reward_loop.reward_manager.base import RewardManagerBase
 from verl.utils.reward_score import default_compute_score
 from verl_vllm_rm.rewards.compose import rule_keys
 from verl_vllm_rm.rewards.steps import token_rewards
-from verl_vllm_rm.scoring.client import RewardServerError
 from verl_vllm_rm.scoring.judging import JUDGE_KEYS, SampleJudge
 from verl_vllm_rm.scoring.legacy import warn_misrouted_config
 from verl_vllm_rm.scoring.options import ConfigError, ManagerOptions, parse_options, reward_kwargs_of
 from verl_vllm_rm.scoring.pairwise import NO_WIN_METRICS, MissingReferenceError, reference_text, win_metrics
-from verl_vllm_rm.scoring.reward_model import RewardModel, Scored, refuse_token_level_when_streaming
+from verl_vllm_rm.scoring.reward_model import RewardModel, refuse_token_level_when_streaming
+from verl_vllm_rm.scoring.rm_answers import member_answer, rm_info
 from verl_vllm_rm.scoring.routing import Route, Router
 from verl_vllm_rm.scoring.rules import RuleScorer, batch_stats, verifiable_score
 from verl_vllm_rm.scoring.rm_inputs import RMInput, Sample, sample_of_row, samples_from_batch
 
-logger = logging.getLogger(__name__)
+
+@dataclass(slots=True)
+class _Started:
+    """A sample between ``_start`` and ``_finish``: its queued requests (one per RM) and its other parts, running."""
+
+    sample: Sample
+    route: Route
+    members: list[RewardModel]
+    rm_inputs: list[RMInput]
+    answers: list[asyncio.Future]
+    submitted: float
+    pairwise: bool
+    reference: asyncio.Future | None
+    judge: asyncio.Future | None
+    rules: asyncio.Future | None
+    verifiable: asyncio.Future | None
+
+    def futures(self) -> list[asyncio.Future]:
+        return [*self.answers, *(f for f in (self.reference, self.judge, self.rules, self.verifiable) if f)]
 
 
 @register("vllm_rm")
@@ -76,23 +93,30 @@ class VLLMRewardManager(RewardManagerBase):
 
     # -- verl reward-loop API -----------------------------------------------------------
     async def run_single(self, data: DataProto) -> dict:
-        return await self._score_sample(sample_of_row(data, validate=self.validating))
+        sample = sample_of_row(data, validate=self.validating)
+        route, members = self._route(sample)
+        await self._probe(members)
+        return await self._finish(self._start(sample, route, members))
 
     def __call__(self, data: DataProto, return_dict: bool = False):
-        """Legacy batch API: a reward tensor shaped like ``responses`` (score at the last valid token)."""
+        """Legacy batch API: a reward tensor shaped like ``responses`` (score at the last valid token).
+        Every sample is queued before the first is awaited: no task per sample, one request per budget."""
         async def score_all():
-            tasks = [asyncio.ensure_future(self._score_sample(s))
-                     for s in samples_from_batch(data, validate=self.validating)]
+            samples = samples_from_batch(data, validate=self.validating)
+            routes = [self._route(sample) for sample in samples]
+            await self._probe({rm for _, members in routes for rm in members})
+            started: list[_Started] = []
             try:
-                await asyncio.sleep(0)  # each task has queued its sample (max_model_len known): send, no coalescing
-                for rm in self.reward_models.values():
+                started = [self._start(sample, *route) for sample, route in zip(samples, routes)]
+                for rm in self.reward_models.values():  # every sample is queued: send now, no coalescing window
                     rm.batcher.flush()
-                return await asyncio.gather(*tasks)
+                return [await self._finish(s) for s in started]
             except BaseException:  # the step fails: stop its other requests instead of leaving them queued
-                for task in tasks:
-                    task.cancel()
+                pending = [f for s in started for f in s.futures()]
+                for future in pending:
+                    future.cancel()
                 cancels = [rm.batcher.cancel_in_flight() for rm in self.reward_models.values()]
-                await asyncio.gather(*tasks, *cancels, return_exceptions=True)
+                await asyncio.gather(*pending, *cancels, return_exceptions=True)
                 raise
 
         outputs = self.loop.run_until_complete(score_all())
@@ -157,34 +181,51 @@ class VLLMRewardManager(RewardManagerBase):
             keys += JUDGE_KEYS
         return tuple(keys)
 
-    async def _score_sample(self, sample: Sample) -> dict:
+    def _route(self, sample: Sample) -> tuple[Route, list[RewardModel]]:
         route = self.router.route(sample.fields.get("data_source", ""))
-        members = [self.reward_models[name] for name in route.reward_models]
-        rm_inputs = [await rm.rm_input(sample) for rm in members]  # no task each: max_len is asked once a run
+        return route, [self.reward_models[name] for name in route.reward_models]
+
+    @staticmethod
+    async def _probe(members) -> None:
+        """Each RM's ``max_model_len`` known (its server asked once a run), as :meth:`_start` needs."""
+        if not all(rm.ready for rm in members):
+            await asyncio.gather(*(rm.max_len() for rm in members))
+
+    def _start(self, sample: Sample, route: Route, members: list[RewardModel]) -> _Started:
+        """Queue the sample's requests to its RMs and start its other parts (reference, judge, rules, verl's
+        compute_score); :meth:`_finish` awaits them."""
+        rm_inputs = [rm.rm_input(sample) for rm in members]
         submitted = time.perf_counter()
-        futures = [rm.submit(rm_input) for rm, rm_input in zip(members, rm_inputs)]
+        answers = [rm.submit(rm_input) for rm, rm_input in zip(members, rm_inputs)]
         pairwise = self.options.pairwise == "always" or (self.options.pairwise == "auto" and sample.validate)
-        ref_task = asyncio.ensure_future(self._reference_score(sample, route, members, rm_inputs)) \
+        reference = asyncio.ensure_future(self._reference_score(sample, route, members, rm_inputs)) \
             if pairwise and members else None
         rules = route.rules
         needs_text = rules.needs_verifiable or rules.has_rules or rules.needs_judge
         text = self.tokenizer.decode(sample.response_ids, skip_special_tokens=True) if needs_text else ""
-        judge_task = asyncio.ensure_future(self.judge.score(sample, text)) if rules.needs_judge else None
-        rules_future = self._rule_components(rules, sample, text) if rules.has_rules else None
-        verifiable, extras = await verifiable_score(self.compute_score, self.loop, sample, text) \
-            if rules.needs_verifiable else (None, {})
-        components = await rules_future if rules_future is not None else {}
+        return _Started(
+            sample, route, members, rm_inputs, answers, submitted, pairwise, reference,
+            judge=asyncio.ensure_future(self.judge.score(sample, text)) if rules.needs_judge else None,
+            rules=self._rule_components(rules, sample, text) if rules.has_rules else None,
+            verifiable=asyncio.ensure_future(verifiable_score(self.compute_score, self.loop, sample, text))
+            if rules.needs_verifiable else None)
+
+    async def _finish(self, s: _Started) -> dict:
+        sample, route, members, rm_inputs, rules = s.sample, s.route, s.members, s.rm_inputs, s.route.rules
         try:
-            answers = [await self._member_answer(rm, future, rm_input)
-                       for rm, future, rm_input in zip(members, futures, rm_inputs)]
-            judged, judge_info = await judge_task if judge_task is not None else (None, {})
+            components = await s.rules if s.rules is not None else {}
+            verifiable, extras = await s.verifiable if s.verifiable is not None else (None, {})
+            answers = [await member_answer(rm, future, rm_input, ensemble=len(self.reward_models) > 1)
+                       for rm, future, rm_input in zip(members, s.answers, rm_inputs)]
+            judged, judge_info = await s.judge if s.judge is not None else (None, {})
         except BaseException:
-            for task in (ref_task, judge_task):
+            for task in (s.reference, s.judge):
                 if task is not None:
                     task.cancel()
             raise
         info = dict.fromkeys(self.info_keys)
-        info.update(self._rm_info(route, members, rm_inputs, answers, submitted, learn=not sample.validate))
+        info.update(rm_info(route, members, rm_inputs, answers, s.submitted, learn=not sample.validate,
+                            per_member=self.per_member))
         info.update(judge_info)
         valid = info["rm_valid"] != 0.0 and info.get("judge_valid") != 0.0
         if not valid:
@@ -202,11 +243,11 @@ class VLLMRewardManager(RewardManagerBase):
         info.update(score=total, **components)
         if verifiable is not None:
             info.update(verifiable_score=verifiable, **extras)
-        if pairwise and ref_task is None:  # a route without RMs: no win rate, same keys as the others
+        if s.pairwise and s.reference is None:  # a route without RMs: no win rate, same keys as the others
             info.update(NO_WIN_METRICS)
-        if ref_task is not None:
+        if s.reference is not None:
             try:
-                reference = await ref_task
+                reference = await s.reference
             except MissingReferenceError:
                 raise
             except Exception:  # the reference's score failed like the sample's would: same policy
@@ -217,48 +258,6 @@ class VLLMRewardManager(RewardManagerBase):
                         else NO_WIN_METRICS)
         self._maybe_print(sample, info)
         return {"reward_score": reward_score, "reward_extra_info": info}
-
-    async def _member_answer(self, rm: RewardModel, future: asyncio.Future,
-                             rm_input: RMInput) -> tuple[Scored, float] | None:
-        """One RM's answer and its raw reward; ``None`` when it failed and its failure policy masks it."""
-        try:
-            scored = await future
-            return scored, rm.value(scored, rm_input)
-        except Exception as e:
-            if rm.options.failure_policy == "raise":
-                if len(self.reward_models) > 1:
-                    raise RewardServerError(f"reward model {rm.name!r} failed (its failure_policy is raise; "
-                                            f"failure_policy=mask drops it from the ensemble instead): {e}") from e
-                raise
-            rm.failed += 1
-            logger.warning("vllm_rm: masking reward model %r for sample uid=%s after a failed score: %s",
-                           rm.name, rm_input.group_key, e)
-            return None
-
-    def _rm_info(self, route: Route, members: list[RewardModel], rm_inputs: list[RMInput],
-                 answers: list[tuple[Scored, float] | None], submitted: float, learn: bool) -> dict[str, Any]:
-        """The RM part of ``reward_extra_info``: the ensemble (``rm_score``), each member's raw score, and the
-        request's bookkeeping. A route without RMs gets None (no RM asked, nothing failed). Only training samples
-        (``learn``) update the whitening: validation is scored on the training scale without moving it."""
-        info: dict[str, Any] = {"rm_prompt_tokens_dropped": float(sum(i.prompt_tokens_dropped for i in rm_inputs)),
-                                "rm_tokens": float(sum(len(i.token_ids) for i in rm_inputs))}
-        if not members:
-            return info
-        present = [scored for scored, _ in filter(None, answers)]
-        scaled = [math.nan if a is None else rm.scale(a[1], update=learn) for rm, a in zip(members, answers)]
-        valid = bool(present)
-        value, std = route.combine(scaled) if valid else (0.0, 0.0)
-        info.update(rm_score=value if valid else 0.0, rm_valid=float(valid),
-                    rm_latency_ms=(max((a.done for a in present), default=time.perf_counter()) - submitted) * 1000.0,
-                    rm_weight_version=float(min(a.version for a in present)) if valid else -1.0)
-        if self.per_member:
-            info["rm_ensemble_std"] = std if valid else None
-            for rm, answer, x in zip(members, answers, scaled):
-                info[f"rm_score_{rm.name}"] = None if answer is None else answer[1]
-                info[f"rm_valid_{rm.name}"] = float(answer is not None)
-                if rm.whitening is not None:
-                    info[f"rm_scaled_{rm.name}"] = None if answer is None else x
-        return info
 
     async def _reference_score(self, sample: Sample, route: Route, members: list[RewardModel],
                                rm_inputs: list[RMInput]) -> float | None:

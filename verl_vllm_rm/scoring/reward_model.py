@@ -74,9 +74,15 @@ class RewardModel:
         self._max_length: int | None = options.max_length
         self.step_tag_id: int | None = None  # known once the health probe ran (step_reward needs it)
 
-    async def rm_input(self, sample: Sample) -> RMInput:
+    @property
+    def ready(self) -> bool:
+        """Whether :meth:`rm_input` can run: ``max_model_len`` (and with ``step_reward`` the step tag) known."""
+        return self._max_length is not None and (self.options.step_reward == "none" or self.step_tag_id is not None)
+
+    def rm_input(self, sample: Sample) -> RMInput:
+        """The sample's input to this RM (:attr:`ready`: else await :meth:`max_len` first)."""
         prompt_ids, response_ids = self.render(sample, sample.response_ids, None)
-        ids, dropped = fit_to_length(prompt_ids, response_ids, await self.max_len(), self.options.overlong_policy)
+        ids, dropped = fit_to_length(prompt_ids, response_ids, self._max_length, self.options.overlong_policy)
         return RMInput(ids, sample.group_key, dropped, len(prompt_ids) - dropped)
 
     def value(self, scored: Scored, rm_input: RMInput) -> float:
@@ -121,7 +127,7 @@ class RewardModel:
     async def max_len(self) -> int:
         """The option, else the server's ``max_model_len`` (with ``step_reward``, the health probe runs either
         way: it also gives the step tag)."""
-        if self._max_length is None or (self.options.step_reward != "none" and self.step_tag_id is None):
+        if not self.ready:
             await self.probe()
         return self._max_length
 

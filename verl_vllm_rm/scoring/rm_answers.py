@@ -1,0 +1,62 @@
+"""The reward models' part of one sample's reward: each member's answer under its failure policy, and the
+ensemble's value with its bookkeeping in ``reward_extra_info``."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from typing import Any
+
+from verl_vllm_rm.scoring.client import RewardServerError
+from verl_vllm_rm.scoring.reward_model import RewardModel, Scored
+from verl_vllm_rm.scoring.rm_inputs import RMInput
+from verl_vllm_rm.scoring.routing import Route
+
+logger = logging.getLogger(__name__)
+
+
+async def member_answer(rm: RewardModel, future: asyncio.Future, rm_input: RMInput,
+                        *, ensemble: bool) -> tuple[Scored, float] | None:
+    """One RM's answer and its raw reward; ``None`` when it failed and its failure policy masks it."""
+    try:
+        scored = await future
+        return scored, rm.value(scored, rm_input)
+    except Exception as e:
+        if rm.options.failure_policy == "raise":
+            if ensemble:
+                raise RewardServerError(f"reward model {rm.name!r} failed (its failure_policy is raise; "
+                                        f"failure_policy=mask drops it from the ensemble instead): {e}") from e
+            raise
+        rm.failed += 1
+        logger.warning("vllm_rm: masking reward model %r for sample uid=%s after a failed score: %s",
+                       rm.name, rm_input.group_key, e)
+        return None
+
+
+def rm_info(route: Route, members: list[RewardModel], rm_inputs: list[RMInput],
+            answers: list[tuple[Scored, float] | None], submitted: float, *, learn: bool,
+            per_member: bool) -> dict[str, Any]:
+    """The RM part of ``reward_extra_info``: the ensemble (``rm_score``), each member's raw score (``per_member``),
+    and the request's bookkeeping. A route without RMs gets None (no RM asked, nothing failed). Only training
+    samples (``learn``) update the whitening: validation is scored on the training scale without moving it."""
+    info: dict[str, Any] = {"rm_prompt_tokens_dropped": float(sum(i.prompt_tokens_dropped for i in rm_inputs)),
+                            "rm_tokens": float(sum(len(i.token_ids) for i in rm_inputs))}
+    if not members:
+        return info
+    present = [scored for scored, _ in filter(None, answers)]
+    scaled = [math.nan if a is None else rm.scale(a[1], update=learn) for rm, a in zip(members, answers)]
+    valid = bool(present)
+    value, std = route.combine(scaled) if valid else (0.0, 0.0)
+    info.update(rm_score=value if valid else 0.0, rm_valid=float(valid),
+                rm_latency_ms=(max((a.done for a in present), default=time.perf_counter()) - submitted) * 1000.0,
+                rm_weight_version=float(min(a.version for a in present)) if valid else -1.0)
+    if per_member:
+        info["rm_ensemble_std"] = std if valid else None
+        for rm, answer, x in zip(members, answers, scaled):
+            info[f"rm_score_{rm.name}"] = None if answer is None else answer[1]
+            info[f"rm_valid_{rm.name}"] = float(answer is not None)
+            if rm.whitening is not None:
+                info[f"rm_scaled_{rm.name}"] = None if answer is None else x
+    return info
