@@ -1,5 +1,6 @@
 """The ``vllm_rm`` manager loaded through verl's own ``load_reward_manager`` (real server, real verl)."""
 
+import asyncio
 import json
 
 import numpy as np
@@ -121,6 +122,20 @@ def test_overlong_error_policy(load_manager, rm_server, verl_config, tokenizer, 
     mgr = load_manager(verl_config(rm_server.url, max_length=32, overlong_policy="error"), tokenizer)
     with pytest.raises(OverlongInputError, match="exceed the reward model's max length 32"):
         mgr(build_batch(grpo_groups, tokenizer.pad_token_id))
+
+
+def test_a_sample_that_cannot_start_stops_the_batch_and_leaves_nothing_running(
+        load_manager, rm_server, verl_config, tokenizer, grpo_groups):
+    """The batch call starts its samples one by one (requests queued, verl's compute_score running); an overlong
+    sample further down raises, and the samples started before it are cancelled, not left running."""
+    lengths = [len(row_token_ids(g, r)) for g, r in rows_in_order(grpo_groups)]
+    limit = max(lengths[:2])
+    assert any(n > limit for n in lengths[2:])  # the first two rows start, a later one cannot
+    mgr = load_manager(verl_config(rm_server.url, max_length=limit, overlong_policy="error", combine="add"), tokenizer)
+    with pytest.raises(OverlongInputError, match=f"exceed the reward model's max length {limit}"):
+        mgr(build_batch(grpo_groups, tokenizer.pad_token_id))
+    assert [t for t in asyncio.all_tasks(mgr.loop) if not t.done()] == []
+    assert mgr.rm.batcher.in_flight == 0
 
 
 GRPO_SUMS = [(3, 4), (12, 30), (7, 8), (100, 23)]  # how conftest's grpo_groups are built

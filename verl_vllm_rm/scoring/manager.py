@@ -107,7 +107,8 @@ class VLLMRewardManager(RewardManagerBase):
             await self._probe({rm for _, members in routes for rm in members})
             started: list[_Started] = []
             try:
-                started = [self._start(sample, *route) for sample, route in zip(samples, routes)]
+                for sample, route in zip(samples, routes):  # a loop: a sample that fails to start (an overlong
+                    started.append(self._start(sample, *route))  # input) leaves the started ones to cancel below
                 for rm in self.reward_models.values():  # every sample is queued: send now, no coalescing window
                     rm.batcher.flush()
                 return [await self._finish(s) for s in started]
