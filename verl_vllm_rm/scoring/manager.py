@@ -47,11 +47,11 @@ class _Started:
     pairwise: bool
     reference: asyncio.Future | None
     judge: asyncio.Future | None
-    rules: asyncio.Future | None
+    components: asyncio.Future | None  # of the rule components
     verifiable: asyncio.Future | None
 
     def futures(self) -> list[asyncio.Future]:
-        return [*self.answers, *(f for f in (self.reference, self.judge, self.rules, self.verifiable) if f)]
+        return [*self.answers, *(f for f in (self.reference, self.judge, self.components, self.verifiable) if f)]
 
 
 @register("vllm_rm")
@@ -153,7 +153,7 @@ class VLLMRewardManager(RewardManagerBase):
 
     async def warm_up(self) -> None:
         """Connect to every RM's server and read its ``max_model_len`` (otherwise done by the first sample)."""
-        await asyncio.gather(*(rm.max_len() for rm in self.reward_models.values()))
+        await self._probe(self.reward_models.values())
 
     def close(self) -> None:
         """Close this manager's HTTP sessions (verl keeps managers for the whole run)."""
@@ -207,14 +207,14 @@ class VLLMRewardManager(RewardManagerBase):
         return _Started(
             sample, route, members, rm_inputs, answers, submitted, pairwise, reference,
             judge=asyncio.ensure_future(self.judge.score(sample, text)) if rules.needs_judge else None,
-            rules=self._rule_components(rules, sample, text) if rules.has_rules else None,
+            components=self._rule_components(rules, sample, text) if rules.has_rules else None,
             verifiable=asyncio.ensure_future(verifiable_score(self.compute_score, self.loop, sample, text))
             if rules.needs_verifiable else None)
 
     async def _finish(self, s: _Started) -> dict:
         sample, route, members, rm_inputs, rules = s.sample, s.route, s.members, s.rm_inputs, s.route.rules
         try:
-            components = await s.rules if s.rules is not None else {}
+            components = await s.components if s.components is not None else {}
             verifiable, extras = await s.verifiable if s.verifiable is not None else (None, {})
             answers = [await member_answer(rm, future, rm_input, ensemble=len(self.reward_models) > 1)
                        for rm, future, rm_input in zip(members, s.answers, rm_inputs)]
