@@ -138,6 +138,31 @@ def test_a_sample_that_cannot_start_stops_the_batch_and_leaves_nothing_running(
     assert mgr.rm.batcher.in_flight == 0
 
 
+def test_per_row_calls_scored_together_still_fail_alone(
+        load_manager, rm_server, verl_config, tokenizer, hf_model, grpo_groups):
+    """verl's per-row calls of one loop iteration are scored as one set (RowQueue): a row that cannot start (an
+    overlong input) gets its own error, and every other row its reward, as if each had been scored alone."""
+    lengths = [len(row_token_ids(g, r)) for g, r in rows_in_order(grpo_groups)]
+    limit = sorted(lengths)[len(lengths) // 2]
+    mgr = load_manager(verl_config(rm_server.url, max_length=limit, overlong_policy="error"), tokenizer)
+    data = build_batch(grpo_groups, tokenizer.pad_token_id)
+
+    async def score_rows():
+        return await asyncio.gather(*(mgr.run_single(data[i : i + 1]) for i in range(len(data))),
+                                    return_exceptions=True)
+
+    outs = mgr.loop.run_until_complete(score_rows())
+    expected = expected_scores(hf_model, grpo_groups)
+    for n, out, score in zip(lengths, outs, expected):
+        if n > limit:
+            assert isinstance(out, OverlongInputError) and f"max length {limit}" in str(out)
+        else:
+            assert out["reward_score"] == pytest.approx(score, abs=1e-4)
+    assert 0 < sum(n > limit for n in lengths) < len(lengths)
+    assert mgr.rm.batcher.requests_sent == 1  # the rows that started went in one request
+    assert [t for t in asyncio.all_tasks(mgr.loop) if not t.done()] == []
+
+
 GRPO_SUMS = [(3, 4), (12, 30), (7, 8), (100, 23)]  # how conftest's grpo_groups are built
 GRPO_THINK = [1, 3, 0, 6]
 

@@ -11,18 +11,20 @@ from typing import Any
 
 from verl_vllm_rm.scoring.client import RewardServerError
 from verl_vllm_rm.scoring.reward_model import RewardModel, Scored
-from verl_vllm_rm.scoring.rm_inputs import RMInput
+from verl_vllm_rm.scoring.rm_inputs import RMInput, Sample
 from verl_vllm_rm.scoring.routing import Route
 
 logger = logging.getLogger(__name__)
 
 
-async def member_answer(rm: RewardModel, future: asyncio.Future, rm_input: RMInput,
-                        *, ensemble: bool) -> tuple[Scored, float] | None:
-    """One RM's answer and its raw reward; ``None`` when it failed and its failure policy masks it."""
+def member_answer(rm: RewardModel, outcome: Scored | BaseException, rm_input: RMInput,
+                  *, ensemble: bool) -> tuple[Scored, float] | None:
+    """One RM's answer (its awaited :class:`Scored`, or the error its request raised) and its raw reward;
+    ``None`` when it failed and its failure policy masks it."""
     try:
-        scored = await future
-        return scored, rm.value(scored, rm_input)
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome, rm.value(outcome, rm_input)
     except Exception as e:
         if rm.options.failure_policy == "raise":
             if ensemble:
@@ -60,3 +62,11 @@ def rm_info(route: Route, members: list[RewardModel], rm_inputs: list[RMInput],
             if rm.whitening is not None:
                 info[f"rm_scaled_{rm.name}"] = None if answer is None else x
     return info
+
+
+async def reference_score(sample: Sample, text: str, route: Route, members: list[RewardModel],
+                          rm_inputs: list[RMInput]) -> float:
+    """The route's ensemble score of the prompt's reference answer ``text``, each member's scored once per
+    prompt group. Whitened members use their current scale; a reference never updates it."""
+    raw = await asyncio.gather(*(rm.reference_score(sample, i, text) for rm, i in zip(members, rm_inputs)))
+    return route.combine([rm.scale(x, update=False) for rm, x in zip(members, raw)])[0]

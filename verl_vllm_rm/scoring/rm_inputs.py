@@ -34,39 +34,38 @@ class Sample:
         return ("uid", str(uid)) if uid is not None else ("prompt", hash(tuple(self.prompt_ids)))
 
 
-class _Rows:
-    """Row access to a verl ``DataProto``: numpy views of its tensors, taken once; each row read with a few
-    numpy calls on views (a torch call costs microseconds even on one row). The tensors come from one
-    ``items()`` pass: TensorDict's ``__getitem__`` costs ~3 us a key, a third of a one-row read."""
+def _arrays(data: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Numpy views of a verl ``DataProto``'s prompts, responses and attention mask, from one ``items()`` pass
+    (TensorDict's ``__getitem__`` costs ~3 us a key; a torch call costs microseconds even on one row)."""
+    batch = dict(data.batch.items())
+    return batch["prompts"].numpy(), batch["responses"].numpy(), batch["attention_mask"].numpy()
 
-    def __init__(self, data: Any, validate: bool = False):
-        batch = dict(data.batch.items())
-        self.prompts, self.responses = batch["prompts"].numpy(), batch["responses"].numpy()
-        self.mask = batch["attention_mask"].numpy()
-        self.columns = data.non_tensor_batch.items()
-        self.validate = validate or bool(data.meta_info.get("validate", False))
 
-    def __len__(self) -> int:
-        return len(self.mask)
-
-    def sample(self, i: int) -> Sample:
-        """Row ``i``: the prompt's valid (left-padded) ids, the response's valid (right-padded) ids."""
-        mask, n = self.mask[i], self.prompts.shape[-1]
-        response_len = int(np.count_nonzero(mask[n:]))
-        return Sample(self.prompts[i][mask[:n] != 0].tolist(), self.responses[i, :response_len].tolist(),
-                      {k: v[i] for k, v in self.columns}, self.validate)
+def _sample(prompts: np.ndarray, responses: np.ndarray, mask: np.ndarray, columns: Any, i: int,
+            validate: bool) -> Sample:
+    """Row ``i``: the prompt's valid (left-padded) ids, the response's valid (right-padded) ids, read with a
+    few numpy calls on views."""
+    row_mask, n = mask[i], prompts.shape[-1]
+    response_len = int(np.count_nonzero(row_mask[n:]))
+    return Sample(prompts[i][row_mask[:n] != 0].tolist(), responses[i, :response_len].tolist(),
+                  {k: v[i] for k, v in columns}, validate)
 
 
 def samples_from_batch(data: Any, validate: bool = False) -> list[Sample]:
     """Every row of a verl ``DataProto`` (the batch ``__call__``); ``validate``: validation rows whatever the
     batch's ``meta_info`` says."""
-    rows = _Rows(data, validate)
-    return [rows.sample(i) for i in range(len(rows))]
+    prompts, responses, mask = _arrays(data)
+    columns, validate = data.non_tensor_batch.items(), _validating(data, validate)
+    return [_sample(prompts, responses, mask, columns, i, validate) for i in range(len(mask))]
 
 
 def sample_of_row(data: Any, i: int = -1, validate: bool = False) -> Sample:
     """One row of a verl ``DataProto``: ``run_single`` gets one-row slices from verl's reward loop."""
-    return _Rows(data, validate).sample(i)
+    return _sample(*_arrays(data), data.non_tensor_batch.items(), i, _validating(data, validate))
+
+
+def _validating(data: Any, validate: bool) -> bool:
+    return validate or bool(data.meta_info.get("validate", False))
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,6 +23,7 @@ from verl_vllm_rm.rewards import (
     compute_rule_rewards,
     think_tag_ids,
 )
+from verl_vllm_rm.scoring.pairwise import reference_text
 
 
 class RuleScorer:
@@ -47,9 +48,26 @@ class RuleScorer:
         )
         return {name: float(v[0]) for name, v in values.items()}
 
+    def start(self, loop: asyncio.AbstractEventLoop, tokenizer: Any, sample: Any, text: str,
+              reference_source: str) -> asyncio.Future:
+        """One sample's rule components, as a future: computed inline, or in a thread when rm-gallery rewards
+        run (LLM judges may block on HTTP: kept off the event loop)."""
+        if not self.gallery:  # vectorised numpy on one row: cheaper inline than in a thread
+            done = loop.create_future()
+            done.set_result(self.components(sample.response_ids, text, "", None))
+            return done
+        prompt = tokenizer.decode(sample.prompt_ids, skip_special_tokens=True)
+        reference = reference_text(sample.fields, reference_source)
+        return loop.run_in_executor(None, self.components, sample.response_ids, text, prompt, reference)
+
     def total(self, values: Mapping[str, float | None]) -> float:
         """``sum(weight_i * component_i) * prod(gate_j)`` over the composition's components."""
         return compose(values, self.config.weights, self.config.gate)
+
+    def total_of(self, components: Mapping[str, float], verifiable: float | None, judged: float | None,
+                 rm_value: float | None) -> float:
+        """One sample's reward from its RM value and its other components."""
+        return self.total({**components, "rubric": rm_value, "verifiable": verifiable, "judge": judged})
 
 
 async def verifiable_score(compute_score: Callable, loop: asyncio.AbstractEventLoop, sample: Any,

@@ -1,0 +1,53 @@
+"""What the manager reports per sample besides the reward: the ``reward_extra_info`` keys, and the
+``num_examine`` samples printed per ``data_source``."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any, Iterable, Mapping
+
+from verl_vllm_rm.rewards.compose import rule_keys
+from verl_vllm_rm.scoring.judging import JUDGE_KEYS
+from verl_vllm_rm.scoring.reward_model import RewardModel
+from verl_vllm_rm.scoring.rm_inputs import Sample
+from verl_vllm_rm.scoring.rules import RuleScorer
+
+
+def info_keys(reward_models: Mapping[str, RewardModel], per_member: bool, rule_scorers: Iterable[RuleScorer],
+              judge: bool) -> tuple[str, ...]:
+    """Every ``reward_extra_info`` key a sample can get: each sample gets all of them (None where its route
+    has no such value), because verl builds its columns from the first sample's keys."""
+    keys = ["score", "rm_score", "rm_valid", "rm_prompt_tokens_dropped", "rm_tokens", "rm_latency_ms",
+            "rm_weight_version"]
+    if per_member:
+        keys.append("rm_ensemble_std")
+        for name, rm in reward_models.items():
+            keys += [f"rm_score_{name}", f"rm_valid_{name}"]
+            keys += [f"rm_scaled_{name}"] if rm.whitening is not None else []
+    rule_scorers = list(rule_scorers)
+    for rules in rule_scorers:
+        keys += [k for k in rule_keys(rules.config) if k not in keys]
+    if any(rules.needs_verifiable for rules in rule_scorers):
+        keys.append("verifiable_score")
+    if judge:
+        keys += JUDGE_KEYS
+    return tuple(keys)
+
+
+class Examiner:
+    """Prints the first ``num_examine`` samples of each ``data_source`` (prompt, response, every info key)."""
+
+    def __init__(self, tokenizer: Any, num_examine: int):
+        self.tokenizer, self.num_examine = tokenizer, num_examine
+        self._examined: Counter = Counter()
+
+    def maybe_print(self, sample: Sample, info: Mapping[str, Any]) -> None:
+        source = sample.fields.get("data_source", "unknown")
+        if self._examined[source] >= self.num_examine:
+            return
+        self._examined[source] += 1
+        print(f"[vllm_rm] data_source={source}")
+        print("[prompt]", self.tokenizer.decode(sample.prompt_ids, skip_special_tokens=True))
+        print("[response]", self.tokenizer.decode(sample.response_ids, skip_special_tokens=True))
+        for key, value in info.items():
+            print(f"[{key}]", round(value, 6) if isinstance(value, float) else value)
