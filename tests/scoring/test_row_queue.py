@@ -4,7 +4,8 @@ import asyncio
 
 import pytest
 
-from verl_vllm_rm.scoring.row_queue import RowQueue, fail
+from verl_vllm_rm.scoring.batching import fail
+from verl_vllm_rm.scoring.row_queue import RowQueue
 
 
 def run(coro):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Awaitable, Callable, Hashable, Sequence, TypeVar
+from typing import Awaitable, Callable, Hashable, Iterable, Sequence, TypeVar
 
 T = TypeVar("T")
 ScoreFn = Callable[[list], Awaitable[list[float]]]
@@ -41,6 +41,20 @@ def group_order(keys: Sequence[Hashable]) -> list[int]:
     for i, k in enumerate(keys):
         first_seen.setdefault(k, i)
     return sorted(range(len(keys)), key=lambda i: (first_seen[keys[i]], i))
+
+
+def fail(future: asyncio.Future, error: BaseException) -> None:
+    """Give one caller its error (unless it is gone: a cancelled caller's future is done)."""
+    if not future.done():
+        future.set_exception(error)
+
+
+def fail_all(futures: Iterable[asyncio.Future], e: BaseException) -> None:
+    """Give every caller still waiting the error that ended their set: ``e``, or for an interrupt (cancellation,
+    KeyboardInterrupt, which the one interrupted re-raises) a RuntimeError that names it."""
+    error = e if isinstance(e, Exception) else RuntimeError(f"scoring interrupted: {e!r}")
+    for future in futures:
+        fail(future, error)
 
 
 @dataclass
@@ -120,10 +134,7 @@ class GroupBatcher:
         try:
             scores = await self._score_fn([p.item for p in chunk])
         except BaseException as e:  # delivered to every caller of this chunk, never swallowed
-            error = e if isinstance(e, Exception) else RuntimeError(f"scoring interrupted: {e!r}")
-            for p in chunk:
-                if not p.future.done():
-                    p.future.set_exception(error)
+            fail_all((p.future for p in chunk), e)
             if not isinstance(e, Exception):
                 raise
             return

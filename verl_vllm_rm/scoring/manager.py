@@ -22,6 +22,7 @@ from verl.experimental.reward_loop.reward_manager import register
 from verl.experimental.reward_loop.reward_manager.base import RewardManagerBase
 from verl.utils.reward_score import default_compute_score
 from verl_vllm_rm.rewards.steps import token_rewards
+from verl_vllm_rm.scoring.batching import fail
 from verl_vllm_rm.scoring.extra_info import Examiner, info_keys
 from verl_vllm_rm.scoring.judging import SampleJudge
 from verl_vllm_rm.scoring.legacy import warn_misrouted_config
@@ -30,7 +31,7 @@ from verl_vllm_rm.scoring.pairwise import NO_WIN_METRICS, MissingReferenceError,
 from verl_vllm_rm.scoring.reward_model import RewardModel, refuse_token_level_when_streaming
 from verl_vllm_rm.scoring.rm_answers import member_answer, reference_score, rm_info
 from verl_vllm_rm.scoring.routing import Route, Router
-from verl_vllm_rm.scoring.row_queue import Row, RowQueue, fail
+from verl_vllm_rm.scoring.row_queue import Row, RowQueue
 from verl_vllm_rm.scoring.rules import batch_stats, verifiable_score
 from verl_vllm_rm.scoring.rm_inputs import RMInput, Sample, sample_of_row, samples_from_batch
 

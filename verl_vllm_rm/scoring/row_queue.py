@@ -13,6 +13,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Awaitable, Callable
 
+from verl_vllm_rm.scoring.batching import fail_all
+
 Row = tuple[Any, asyncio.Future]  # (the caller's argument, the future its call awaits)
 
 
@@ -43,9 +45,7 @@ class RowQueue:
         try:
             await self._handle(rows)
         except BaseException as e:  # a failure of the whole set (or its cancellation): every caller left hears it
-            error = e if isinstance(e, Exception) else RuntimeError(f"scoring interrupted: {e!r}")
-            for _, future in rows:
-                fail(future, error)
+            fail_all((future for _, future in rows), e)
             if not isinstance(e, Exception):
                 raise
 
@@ -55,9 +55,3 @@ class RowQueue:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-
-
-def fail(future: asyncio.Future, error: BaseException) -> None:
-    """Give one row its error (unless its caller is gone: a cancelled call's future is done)."""
-    if not future.done():
-        future.set_exception(error)
