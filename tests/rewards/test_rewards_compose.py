@@ -169,7 +169,7 @@ def test_combine_shorthand_is_a_composition(word_tokenizer, mode, expected, need
     # the manager calls compute_score only when needed and adds no rule keys to reward_extra_info
     assert (rules.needs_verifiable, rules.has_rules) == (needs_verifiable, False)
     for rm, ver, want in zip(RUBRIC, VERIFIABLE, expected):
-        assert rules.total({"rubric": rm, "verifiable": ver if needs_verifiable else None}) == pytest.approx(want)
+        assert rules.total({}, ver if needs_verifiable else None, None, rm) == pytest.approx(want)
 
 
 def test_combine_shorthand_rejects_an_unknown_mode():

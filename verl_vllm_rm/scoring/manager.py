@@ -101,8 +101,7 @@ class VLLMRewardManager(RewardManagerBase):
         async def score_all():
             samples = samples_from_batch(data, validate=self.validating)
             routes = [self._route(sample) for sample in samples]
-            if not self._ready:
-                await self._probe({rm for _, members in routes for rm in members})
+            await self._probe({rm for _, members in routes for rm in members})
             started: list[_Started] = []
             try:
                 for sample, route in zip(samples, routes):  # a loop: a sample that fails to start (an overlong
@@ -135,8 +134,7 @@ class VLLMRewardManager(RewardManagerBase):
                 live.append((future, sample, self._route(sample)))
             except Exception as e:
                 fail(future, e)
-        if not self._ready:
-            await self._probe({rm for *_, (_, members) in live for rm in members})
+        await self._probe({rm for *_, (_, members) in live for rm in members})
         started: list[tuple[asyncio.Future, _Started]] = []
         try:
             for future, sample, route in live:
@@ -208,6 +206,8 @@ class VLLMRewardManager(RewardManagerBase):
 
     async def _probe(self, members) -> None:
         """Each RM's ``max_model_len`` known (its server asked once a run), as :meth:`_start` needs."""
+        if self._ready:
+            return
         await asyncio.gather(*(rm.max_len() for rm in members if not rm.ready))
         self._ready = all(rm.ready for rm in self.reward_models.values())
 
@@ -259,7 +259,7 @@ class VLLMRewardManager(RewardManagerBase):
         valid = info["rm_valid"] != 0.0 and info.get("judge_valid") != 0.0
         if not valid:
             self.failed += 1
-        total_of = partial(rules.total_of, components, verifiable, judged)
+        total_of = partial(rules.total, components, verifiable, judged)
         total = total_of(info["rm_score"]) if valid else 0.0
         reward_score: float | list[float] = total
         if valid and route.token_level:  # each step's share of the reward on its step tag (assemble_rm_scores)

@@ -60,14 +60,12 @@ class RuleScorer:
         reference = reference_text(sample.fields, reference_source)
         return loop.run_in_executor(None, self.components, sample.response_ids, text, prompt, reference)
 
-    def total(self, values: Mapping[str, float | None]) -> float:
-        """``sum(weight_i * component_i) * prod(gate_j)`` over the composition's components."""
+    def total(self, components: Mapping[str, float], verifiable: float | None, judged: float | None,
+              rm_value: float | None) -> float:
+        """One sample's reward from its RM value and its other components: ``sum(weight_i * component_i) *
+        prod(gate_j)`` over the composition's components."""
+        values = {**components, "rubric": rm_value, "verifiable": verifiable, "judge": judged}
         return compose(values, self.config.weights, self.config.gate)
-
-    def total_of(self, components: Mapping[str, float], verifiable: float | None, judged: float | None,
-                 rm_value: float | None) -> float:
-        """One sample's reward from its RM value and its other components."""
-        return self.total({**components, "rubric": rm_value, "verifiable": verifiable, "judge": judged})
 
 
 async def verifiable_score(compute_score: Callable, loop: asyncio.AbstractEventLoop, sample: Any,
