@@ -1,6 +1,12 @@
 """``vllm_rm`` inside verl's real ``main_ppo`` (GRPO on CPU through the harness, the real vLLM server):
 the rewards verl trained on are the server's scores of the exact token ids it generated, also across the
-server's SIGKILL and restart in the middle of the run."""
+server's SIGKILL and restart in the middle of the run, composed with the rules and a generative judge.
+
+The judge (one run for both, as a run costs minutes): every reward holds half the listwise judge's score of
+the response within its group, judged once per group across verl's two reward-loop workers; validation groups
+hold ``val_kwargs.n`` = 2 responses, which only works because trainer mode ``vllm_rm`` tells the workers when
+verl validates (verl's per-trajectory reward calls do not say; a validation group would otherwise wait for 4
+members until ``group_timeout_s`` and fail the run)."""
 
 from __future__ import annotations
 
@@ -17,12 +23,16 @@ from verl_vllm_rm.dev.ppo_report import read_dump, read_metrics
 from verl_vllm_rm.http import free_port
 from verl_vllm_rm.replicas.launcher import start_server
 
+GROUP = 4  # tiny-ppo's responses per prompt in training
+JUDGE_WEIGHT = 0.5
+
 
 @pytest.fixture(scope="module")
-def plain_run(tmp_path_factory, tiny_rm, tiny_task, server_args) -> dict:
+def plain_run(tmp_path_factory, tiny_rm, tiny_task, server_args, judge_server) -> dict:
     """vllm_rm in main_ppo: 2 GRPO steps, validation before and after, against a server of this module that is
     SIGKILLed right after step 1 (step 2 is generating: its rewards meet a dead server) and restarted on its
-    port; retries cover the restart (~25 s). The restarted server stays up for the module's checks."""
+    port; retries cover the restart (~25 s). The restarted server stays up for the module's checks. tiny-ppo's
+    composition gains the listwise judge (weight JUDGE_WEIGHT); validation samples 2 responses a prompt."""
     port = free_port()
     servers = [start_server(tiny_rm, server_args, port=port)]
 
@@ -34,8 +44,14 @@ def plain_run(tmp_path_factory, tiny_rm, tiny_task, server_args) -> dict:
 
     try:
         run = tiny_ppo(tmp_path_factory.mktemp("ppo_plain"), tiny_rm, tiny_task["policy"], servers[0].url, steps=2,
-                       on_step=kill_and_restart, extra_overrides=["+reward.reward_kwargs.max_retries=100",
-                                                                  "+reward.reward_kwargs.backoff_max_s=2"])
+                       on_step=kill_and_restart, extra_overrides=[
+                           "+reward.reward_kwargs.max_retries=100", "+reward.reward_kwargs.backoff_max_s=2",
+                           "++reward.reward_kwargs.rewards.components=[rubric,verifiable,format,judge]",
+                           f"++reward.reward_kwargs.rewards.weights.judge={JUDGE_WEIGHT}",
+                           f"+reward.reward_kwargs.judge={{server_url:'{judge_server.url}',mode:listwise,"
+                           "group_timeout_s:120}",
+                           "actor_rollout_ref.rollout.val_kwargs.n=2",
+                           "actor_rollout_ref.rollout.val_kwargs.do_sample=True"])
         run["servers_started"] = len(servers)
         yield run
     finally:
@@ -60,8 +76,9 @@ def test_main_ppo_runs_the_steps_and_writes_the_summary(plain_run):
 @pytest.mark.server
 @pytest.mark.ray
 def test_rewards_verl_trained_on_equal_direct_scores(plain_run):
-    """Every dumped reward = direct /score of the same token ids + gsm8k correctness + FORM_WEIGHT * form, before
-    the server was killed and after its restart (every score valid: the retries covered the restart)."""
+    """Every dumped reward = direct /score of the same token ids + gsm8k correctness + FORM_WEIGHT * form +
+    JUDGE_WEIGHT * the judge's score, before the server was killed and after its restart (every score valid: the
+    retries covered the restart)."""
     from transformers import AutoTokenizer
 
     work = Path(plain_run["rollout_data_dir"]).parent
@@ -74,7 +91,8 @@ def test_rewards_verl_trained_on_equal_direct_scores(plain_run):
         for row, rm_candidates, rules in expected_totals(dump, gens, tokenizer, plain_run["server_url"]):
             assert row["rm_valid"] == 1.0
             assert min(abs(row["rm_score"] - c) for c in rm_candidates) <= 1e-4, (row, rm_candidates)
-            assert abs(row["score"] - (row["rm_score"] + rules)) <= 1e-4, row  # the composed total
+            total = row["rm_score"] + rules + JUDGE_WEIGHT * row["judge_score"]
+            assert abs(row["score"] - total) <= 1e-4, row  # the composed total
             checked += 1
     assert checked == 32
     assert plain_run["servers_started"] == 2, "the server was never killed"
@@ -86,10 +104,37 @@ def test_validation_reports_pairwise_win_rates(plain_run):
     validation = plain_run["validation"]
     assert set(validation) == {0, 2}
     for figures in validation.values():
-        assert {"openai/gsm8k/win/mean@1", "openai/gsm8k/win_and/mean@1"} <= set(figures), sorted(figures)
-        win = next(v for k, v in figures.items() if k.endswith("/win/mean@1"))
-        win_and = next(v for k, v in figures.items() if k.endswith("/win_and/mean@1"))
+        assert {"openai/gsm8k/win/mean@2", "openai/gsm8k/win_and/mean@2"} <= set(figures), sorted(figures)
+        win = next(v for k, v in figures.items() if k.endswith("/win/mean@2"))
+        win_and = next(v for k, v in figures.items() if k.endswith("/win_and/mean@2"))
         assert 0.0 <= win <= win_and <= 1.0
+
+
+@pytest.mark.server
+@pytest.mark.ray
+def test_every_training_reward_holds_the_groups_one_listwise_judgement(plain_run):
+    """(Its share of the reward: test_rewards_verl_trained_on_equal_direct_scores.)"""
+    work = Path(plain_run["rollout_data_dir"]).parent
+    for step in (1, 2):
+        dump = read_dump(work, step)
+        groups: dict[str, list[dict]] = {}
+        for row in dump:
+            groups.setdefault(row["group"], []).append(row)
+        assert len(dump) == 16 and all(len(g) == GROUP for g in groups.values())
+        for members in groups.values():
+            assert sorted(m["judge_rank"] for m in members) == [0.0, 1.0, 2.0, 3.0]  # one ranking per group
+            for m in members:
+                assert m["judge_valid"] == 1.0 and m["rm_valid"] == 1.0
+                assert m["judge_score"] == pytest.approx(1 - 2 * m["judge_rank"] / (GROUP - 1))
+
+
+@pytest.mark.server
+@pytest.mark.ray
+def test_validation_groups_of_val_kwargs_n_are_judged(plain_run):
+    for figures in plain_run["validation"].values():
+        valid = [v for k, v in figures.items() if k.endswith("/judge_valid/mean@2")]
+        ranks = [v for k, v in figures.items() if k.endswith("/judge_rank/mean@2")]
+        assert valid == [1.0] and ranks == [0.5], sorted(figures)  # groups of two: ranks 0 and 1
 
 
 def recomputed(dump: list[dict]) -> dict[str, float]:

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 from verl_vllm_rm.dev.grpo_batch import Group, build_batch
-from verl_vllm_rm.scoring.rm_inputs import sample_of_row, samples_from_batch
+import numpy as np
+import orjson
+import pytest
+
+from verl_vllm_rm.scoring.rm_inputs import OverlongInputError, Sample, fit_to_length, samples_of, samples_of_rows
 
 PAD = 0
 
@@ -17,16 +21,22 @@ def _groups() -> list[Group]:
     ]
 
 
+def _plain(samples: list[Sample]) -> list[tuple]:
+    return [(s.prompt_ids.tolist(), s.response_ids.tolist(), s.fields, s.validate) for s in samples]
+
+
 def test_batch_rows_are_each_rows_valid_ids_and_fields():
     groups = _groups()
     data = build_batch(groups, PAD)
-    samples = samples_from_batch(data)
+    samples = samples_of([data])
     expected = [(g, r) for g in groups for r in g.response_ids]
     assert len(samples) == len(expected) == len(data)
     for sample, (group, response) in zip(samples, expected):
-        assert sample.prompt_ids == group.prompt_ids  # left padding dropped
-        assert sample.response_ids == response  # right padding dropped; a pad-valued id inside is kept
-        assert all(type(x) is int for x in sample.prompt_ids + sample.response_ids)  # JSON-ready, no numpy ints
+        assert sample.prompt_ids.tolist() == group.prompt_ids  # left padding dropped
+        assert sample.response_ids.tolist() == response  # right padding dropped; a pad-valued id inside is kept
+        for ids in (sample.prompt_ids, sample.response_ids):  # JSON-ready as the HTTP layer encodes them
+            assert ids.dtype == np.int64
+            assert orjson.loads(orjson.dumps(ids, option=orjson.OPT_SERIALIZE_NUMPY)) == ids.tolist()
         assert sample.fields["data_source"] == group.data_source
         assert sample.fields["reward_model"]["ground_truth"] == group.ground_truth
         assert sample.validate is False
@@ -34,13 +44,46 @@ def test_batch_rows_are_each_rows_valid_ids_and_fields():
     assert uids[:3] == [uids[0]] * 3 and uids[3:] == [uids[3]] * 2 and uids[0] != uids[3]
 
 
-def test_one_row_slice_reads_exactly_like_its_batch_row():
-    """verl's reward loop hands ``run_single`` ``data[i:i+1]``; the one-row reader must not differ."""
+def test_one_row_slices_read_together_exactly_like_their_batch_rows():
+    """verl's reward loop hands ``run_single`` ``data[i:i+1]``; the rows read together must not differ."""
     data = build_batch(_groups(), PAD)
     data.meta_info["validate"] = True
-    batch = samples_from_batch(data)
-    for i in range(len(data)):
-        assert sample_of_row(data[i : i + 1]) == batch[i]
-        assert sample_of_row(data, i) == batch[i]
-    assert sample_of_row(data) == batch[-1]  # the default: the last row, as run_single reads it
+    batch = samples_of([data])
+    rows = [data[i : i + 1] for i in range(len(data))]
+    assert _plain(samples_of(rows)) == _plain(samples_of_rows(rows)) == _plain(batch)
+    assert _plain([samples_of([row])[0] for row in rows]) == _plain(batch)
     assert all(s.validate for s in batch)
+
+
+def test_a_prompt_mask_with_holes_keeps_exactly_its_valid_ids():
+    """Left padding is read by slicing; a row whose mask is not one block still gets exactly its masked ids."""
+    data = build_batch(_groups(), PAD)
+    n = data.batch["prompts"].shape[1]
+    data.batch["attention_mask"][0, n - 2] = 0  # the prompt [5, 6, 7] loses its middle token
+    assert samples_of([data])[0].prompt_ids.tolist() == [5, 7]
+    others = [(s.prompt_ids.tolist(), s.response_ids.tolist()) for s in samples_of([data])[1:]]
+    assert others == [(g.prompt_ids, r) for g in _groups() for r in g.response_ids][1:]
+
+
+def test_rows_that_cannot_be_read_together_are_read_alone_each_with_its_own_error():
+    wide = build_batch([Group([1, 2, 3, 4, 5, 6], [[7]])], PAD)  # another prompt width: cannot be joined
+    data = build_batch(_groups(), PAD)
+    broken = data[1:2]
+    broken.batch = broken.batch.exclude("attention_mask")  # a malformed row
+    with pytest.raises(ValueError, match="different widths"):
+        samples_of([data[0:1], wide])
+    read = samples_of_rows([data[0:1], wide, broken])
+    assert _plain(read[:1]) == _plain(samples_of([data])[:1])
+    assert read[1].prompt_ids.tolist() == [1, 2, 3, 4, 5, 6] and read[1].response_ids.tolist() == [7]
+    assert isinstance(read[2], KeyError) and "attention_mask" in str(read[2])
+
+
+def test_fit_to_length_joins_lists_and_arrays_as_int64_and_drops_prompt_from_the_left():
+    ids, dropped = fit_to_length(np.array([1, 2, 3]), [4, 5], max_length=4, policy="truncate_prompt_left")
+    assert ids.tolist() == [2, 3, 4, 5] and dropped == 1 and ids.dtype == np.int64
+    ids, dropped = fit_to_length([], [], max_length=4, policy="error")  # empty lists stay integer, not float
+    assert ids.tolist() == [] and dropped == 0 and ids.dtype == np.int64
+    with pytest.raises(OverlongInputError, match="overlong_policy=truncate_prompt_left"):
+        fit_to_length([1, 2, 3], np.array([4, 5]), max_length=4, policy="error")
+    with pytest.raises(OverlongInputError, match="the response alone has 4 tokens"):
+        fit_to_length([1], np.array([2, 3, 4, 5]), max_length=4, policy="truncate_prompt_left")

@@ -42,7 +42,7 @@ def aggregate_steps(steps: Sequence[float], method: str, normalized: bool) -> fl
 def response_steps(steps: Sequence[float], rm_ids: Sequence[int], prompt_len: int, step_tag_id: int) -> list[float]:
     """The step scores of the response: those after the step tags that stand in the prompt part (the first
     ``prompt_len`` ids of the RM input), which the server scores too."""
-    in_prompt = sum(1 for t in rm_ids[:prompt_len] if t == step_tag_id)
+    in_prompt = int(np.count_nonzero(np.asarray(rm_ids[:prompt_len]) == step_tag_id))
     return list(steps[in_prompt:])
 
 
@@ -51,7 +51,7 @@ def token_rewards(response_ids: Sequence[int], step_tag_id: int, steps: Sequence
     """Per-token rewards of one response: ``coef * step_i`` at the i-th step tag and the rest of the reward at the
     last token, where ``total_of(r)`` is the composed reward with the RM component ``r`` (linear in ``r``:
     ``coef = total_of(1) - total_of(0)``). They sum to ``total_of(sum(steps))``."""
-    positions = [i for i, t in enumerate(response_ids) if t == step_tag_id]
+    positions = np.flatnonzero(np.asarray(response_ids) == step_tag_id).tolist()
     if len(positions) != len(steps):
         raise ValueError(f"{len(steps)} step scores for {len(positions)} step tags ({step_tag_id}) in the response")
     rest = total_of(0.0)

@@ -57,10 +57,10 @@ def fail_all(futures: Iterable[asyncio.Future], e: BaseException) -> None:
         fail(future, error)
 
 
-@dataclass
+@dataclass(slots=True)
 class _Pending:
     key: Hashable
-    item: list[int] | str
+    item: Sequence[int] | str  # token ids (a list or a 1-D integer array) or a text
     future: asyncio.Future
 
 
@@ -82,7 +82,7 @@ class GroupBatcher:
         self._in_flight: set[asyncio.Task] = set()
         self.requests_sent = 0
 
-    def submit(self, key: Hashable, item: list[int] | str) -> asyncio.Future:
+    def submit(self, key: Hashable, item: Sequence[int] | str) -> asyncio.Future:
         """Queue ``item``; the returned future (await it) gets its score. Call it on the running loop.
 
         A plain function returning a future, not a coroutine: the caller needs no task per sample.

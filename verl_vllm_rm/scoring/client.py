@@ -25,6 +25,8 @@ import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Sequence
 
+import numpy as np
+
 from verl_vllm_rm import http
 from verl_vllm_rm.protocol.score import ScoreResponseError, Scores, parse_score_response
 from verl_vllm_rm.scoring.batching import split_by_budget
@@ -33,7 +35,11 @@ from verl_vllm_rm.scoring.options import ClientOptions, parse_options
 if TYPE_CHECKING:
     import aiohttp
 
-ScoreInput = str | list[int]
+ScoreInput = str | list[int] | np.ndarray  # a text, or token ids (a list or a 1-D integer array)
+
+
+def _is_ids(x: Any) -> bool:
+    return isinstance(x, list) or (isinstance(x, np.ndarray) and x.ndim == 1 and x.dtype.kind in "iu")
 
 
 class RewardServerError(RuntimeError):
@@ -122,8 +128,8 @@ class VLLMRewardClient:
         chunk = list(chunk)
         if not chunk:
             return Scores()
-        if not (all(isinstance(x, str) for x in chunk) or all(isinstance(x, list) for x in chunk)):
-            raise TypeError("a /score request takes all strings or all token-id lists")
+        if not (all(isinstance(x, str) for x in chunk) or all(_is_ids(x) for x in chunk)):
+            raise TypeError("a /score request takes all strings or all token-id lists (or 1-D integer arrays)")
         payload: dict[str, Any] = {"input": chunk, "normalize": normalize}
         if self.options.model:
             payload["model"] = self.options.model

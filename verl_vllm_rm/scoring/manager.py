@@ -33,7 +33,7 @@ from verl_vllm_rm.scoring.rm_answers import member_answer, reference_score, rm_i
 from verl_vllm_rm.scoring.routing import Route, Router
 from verl_vllm_rm.scoring.row_queue import Row, RowQueue
 from verl_vllm_rm.scoring.rules import batch_stats, verifiable_score
-from verl_vllm_rm.scoring.rm_inputs import RMInput, Sample, sample_of_row, samples_from_batch
+from verl_vllm_rm.scoring.rm_inputs import RMInput, Sample, samples_of, samples_of_rows
 
 
 @dataclass(slots=True)
@@ -99,7 +99,7 @@ class VLLMRewardManager(RewardManagerBase):
         """Legacy batch API: a reward tensor shaped like ``responses`` (score at the last valid token).
         Every sample is queued before the first is awaited: no task per sample, one request per budget."""
         async def score_all():
-            samples = samples_from_batch(data, validate=self.validating)
+            samples = samples_of([data], validate=self.validating)
             routes = [self._route(sample) for sample in samples]
             await self._probe({rm for _, members in routes for rm in members})
             started: list[_Started] = []
@@ -128,9 +128,10 @@ class VLLMRewardManager(RewardManagerBase):
         """verl's per-row calls of one loop iteration, as one loop over the rows; each row gets its own result
         or error, as if scored alone."""
         live = []
-        for data, future in rows:
+        for (_, future), sample in zip(rows, samples_of_rows([data for data, _ in rows], validate=self.validating)):
             try:
-                sample = sample_of_row(data, validate=self.validating)
+                if isinstance(sample, Exception):
+                    raise sample
                 live.append((future, sample, self._route(sample)))
             except Exception as e:
                 fail(future, e)

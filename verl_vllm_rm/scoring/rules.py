@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -38,10 +38,10 @@ class RuleScorer:
         self.has_rules = any(name not in EXTERNAL_COMPONENTS for name in config.enabled)  # computed here
 
     def components(
-        self, response_ids: list[int], text: str, prompt_text: str, reference: str | None
+        self, response_ids: Sequence[int], text: str, prompt_text: str, reference: str | None
     ) -> dict[str, float]:
         """Every enabled rule component (and raw lengths) for one response."""
-        ids = np.asarray([response_ids or [0]], dtype=np.int64)
+        ids = np.asarray([response_ids if len(response_ids) else [0]], dtype=np.int64)
         values = compute_rule_rewards(
             self.config, ids, np.asarray([len(response_ids)]), [text], self.tags, self.gallery,
             prompts=[prompt_text], references=[reference or ""],
