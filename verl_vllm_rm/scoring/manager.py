@@ -260,13 +260,12 @@ class VLLMRewardManager(RewardManagerBase):
         valid = info["rm_valid"] != 0.0 and info.get("judge_valid") != 0.0
         if not valid:
             self.failed += 1
-        total_of = partial(rules.total, components, verifiable, judged)
-        total = total_of(info["rm_score"]) if valid else 0.0
+        total = rules.total(components, verifiable, judged, info["rm_score"]) if valid else 0.0
         reward_score: float | list[float] = total
         if valid and route.token_level:  # each step's share of the reward on its step tag (assemble_rm_scores)
             rm, (scored, _) = members[0], answers[0]
-            reward_score = token_rewards(sample.response_ids, rm.step_tag_id,
-                                         rm.response_steps(scored, s.rm_inputs[0]), total_of)
+            reward_score = token_rewards(sample.response_ids, rm.step_tag_id, rm.response_steps(
+                scored, s.rm_inputs[0]), partial(rules.total, components, verifiable, judged))
         info.update(score=total, **components)
         if verifiable is not None:
             info.update(verifiable_score=verifiable, **extras)

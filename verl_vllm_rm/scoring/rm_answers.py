@@ -43,19 +43,26 @@ def rm_info(route: Route, members: list[RewardModel], rm_inputs: list[RMInput],
     """The RM part of ``reward_extra_info``: the ensemble (``rm_score``), each member's raw score (``per_member``),
     and the request's bookkeeping. A route without RMs gets None (no RM asked, nothing failed). Only training
     samples (``learn``) update the whitening: validation is scored on the training scale without moving it."""
-    info: dict[str, Any] = {"rm_prompt_tokens_dropped": float(sum(i.prompt_tokens_dropped for i in rm_inputs)),
-                            "rm_tokens": float(sum(len(i.token_ids) for i in rm_inputs))}
+    dropped = tokens = 0
+    for rm_input in rm_inputs:  # loops, not generators: this runs once per sample
+        dropped += rm_input.prompt_tokens_dropped
+        tokens += len(rm_input.token_ids)
+    info: dict[str, Any] = {"rm_prompt_tokens_dropped": float(dropped), "rm_tokens": float(tokens)}
     if not members:
         return info
-    present = [scored for scored, _ in filter(None, answers)]
+    present = [a[0] for a in answers if a is not None]
     scaled = [math.nan if a is None else rm.scale(a[1], update=learn) for rm, a in zip(members, answers)]
     valid = bool(present)
-    value, std = route.combine(scaled) if valid else (0.0, 0.0)
-    info.update(rm_score=value if valid else 0.0, rm_valid=float(valid),
-                rm_latency_ms=(max((a.done for a in present), default=time.perf_counter()) - submitted) * 1000.0,
-                rm_weight_version=float(min(a.version for a in present)) if valid else -1.0)
+    if valid:
+        value, std = route.combine(scaled)
+        info.update(rm_score=value, rm_valid=1.0, rm_latency_ms=(max([a.done for a in present]) - submitted) * 1000.0,
+                    rm_weight_version=float(min([a.version for a in present])))
+    else:
+        std = None
+        info.update(rm_score=0.0, rm_valid=0.0, rm_latency_ms=(time.perf_counter() - submitted) * 1000.0,
+                    rm_weight_version=-1.0)
     if per_member:
-        info["rm_ensemble_std"] = std if valid else None
+        info["rm_ensemble_std"] = std
         for rm, answer, x in zip(members, answers, scaled):
             info[f"rm_score_{rm.name}"] = None if answer is None else answer[1]
             info[f"rm_valid_{rm.name}"] = float(answer is not None)
