@@ -33,13 +33,13 @@ SERVER_ARGS = ["--dtype", "float32", "--max-model-len", "1024"]
 
 
 class RequestLog:
-    """Each /score request's (server, start, end), recorded around ``verl_vllm_rm.http.request_json``."""
+    """Each /score request's (server, start, end), recorded around ``verl_vllm_rm.client.http.request_json``."""
 
     def __init__(self) -> None:
         self.spans: list[tuple[str, float, float]] = []
 
     def install(self) -> None:
-        from verl_vllm_rm import http
+        from verl_vllm_rm.client import http
 
         original = http.request_json
 
@@ -70,7 +70,7 @@ LOG = RequestLog()
 
 
 def timed_batch(tokenizer, model: str, url: str, kwargs: dict, data) -> float:
-    from verl_vllm_rm.scoring.loader import load_manager
+    from verl_vllm_rm.dev.loader import load_manager
 
     mgr = load_manager(tokenizer, url, model, {"num_examine": 0, **kwargs})
     try:

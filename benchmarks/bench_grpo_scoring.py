@@ -65,7 +65,7 @@ def make_groups(tokenizer, rng, n_prompts: int, n_responses: int, prompt_len: in
 
 
 class _HttpTimer:
-    """Wall time with at least one request of the manager in flight (around ``verl_vllm_rm.http.request_json``).
+    """Wall time with at least one request of the manager in flight (around ``verl_vllm_rm.client.http.request_json``).
 
     A path's time minus this is what the trainer side spent on its own, measured inside the same run: unlike
     a - c, it does not carry the server's run-to-run noise. It slightly flatters the trainer side: the body's
@@ -76,7 +76,7 @@ class _HttpTimer:
         self.total, self._in_flight, self._since = 0.0, 0, 0.0
 
     def install(self) -> None:
-        from verl_vllm_rm import http
+        from verl_vllm_rm.client import http
 
         original = http.request_json
 
@@ -98,7 +98,7 @@ HTTP = _HttpTimer()
 
 
 def run_ours(url, model, tokenizer, data, settle_s: float | None = None) -> float:
-    from verl_vllm_rm.scoring.loader import load_manager
+    from verl_vllm_rm.dev.loader import load_manager
 
     mgr = load_manager(tokenizer, url, model, {"num_examine": 0})
     try:
@@ -136,7 +136,7 @@ def run_per_row(url, model, data, floor: bool = False, settle_s: float | None = 
     """verl's ``RewardLoopWorker.compute_score_batch``: one ``run_single`` per row, concurrently."""
     from verl.experimental.reward_loop.reward_loop import RewardLoopWorker
 
-    from verl_vllm_rm.scoring.loader import vllm_rm_config
+    from verl_vllm_rm.dev.loader import vllm_rm_config
 
     overrides = [f"reward.reward_manager.name={_register_floor()}"] if floor else []
     worker = RewardLoopWorker(vllm_rm_config(url, model, {"num_examine": 0}, overrides))
@@ -159,7 +159,7 @@ def run_per_row(url, model, data, floor: bool = False, settle_s: float | None = 
 def run_verl_builtin(url, model, data) -> float:
     from verl.experimental.reward_loop.reward_loop import RewardLoopWorker
 
-    from verl_vllm_rm.scoring.loader import compose_verl_config
+    from verl_vllm_rm.dev.loader import compose_verl_config
 
     cfg = compose_verl_config([f"actor_rollout_ref.model.path={model}", "reward.reward_model.enable=True",
                                f"reward.reward_model.model_path={model}", "reward.reward_model.rollout.name=vllm"])

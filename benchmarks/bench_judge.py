@@ -43,8 +43,8 @@ def make_batch(rng: np.random.Generator, prompts: int, responses: int, words: in
 
 
 async def judge_batch(url: str, batch: list[tuple], options: dict) -> dict:
-    from verl_vllm_rm.scoring.judge_client import JudgeClient
-    from verl_vllm_rm.scoring.options import JudgeOptions
+    from verl_vllm_rm.judge.client import JudgeClient
+    from verl_vllm_rm.judge.options import JudgeOptions
 
     client = JudgeClient(JudgeOptions(server_url=[url], **options))
     try:

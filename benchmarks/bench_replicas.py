@@ -156,7 +156,7 @@ def main(argv=None) -> dict:
     import ray
     from zero_compute_server import zero_compute_server
 
-    from verl_vllm_rm.scoring.client import VLLMRewardClient
+    from verl_vllm_rm.client.reward_client import VLLMRewardClient
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     with zero_compute_server() as a, zero_compute_server() as b:

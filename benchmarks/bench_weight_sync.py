@@ -31,7 +31,7 @@ from typing import Callable
 
 import torch
 
-from verl_vllm_rm.http import free_port
+from verl_vllm_rm.client.http import free_port
 from verl_vllm_rm.protocol.inventory import ParamSpec
 from verl_vllm_rm.protocol.wire import DEFAULT_BUCKET_BYTES, BufferPool, open_group, pack, plan_buckets
 from verl_vllm_rm.dev.tiny_rm import TinyRMSpec, build_tiny_rm

@@ -29,7 +29,7 @@ def profile_path(path: str, url: str, model: str, batches: list, min_percent: fl
     from pyinstrument import Profiler
     from verl.experimental.reward_loop.reward_loop import RewardLoopWorker
 
-    from verl_vllm_rm.scoring.loader import vllm_rm_config
+    from verl_vllm_rm.dev.loader import vllm_rm_config
 
     worker = RewardLoopWorker(vllm_rm_config(url, model, {"num_examine": 0}))
     mgr = worker.reward_manager

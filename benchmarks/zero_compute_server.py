@@ -48,7 +48,7 @@ def _serve(port: int) -> None:
 @contextmanager
 def zero_compute_server() -> Iterator[str]:
     """The fixture's base URL, served from a child process for the duration of the block."""
-    from verl_vllm_rm.http import HttpError, free_port, get_json
+    from verl_vllm_rm.client.http import HttpError, free_port, get_json
 
     port = free_port()
     proc = multiprocessing.get_context("spawn").Process(target=_serve, args=(port,), daemon=True)

@@ -15,7 +15,7 @@ from transformers import AutoTokenizer
 from verl_vllm_rm.dev.grpo_batch import Group, build_batch
 from verl_vllm_rm.replicas.launcher import running_server
 from verl_vllm_rm.dev.tiny_rm import build_tiny_rm
-from verl_vllm_rm.scoring.loader import load_manager
+from verl_vllm_rm.dev.loader import load_manager
 
 RESPONSES = [" <think>add</think> <answer>7, thanks</answer>", " The answer is 7.", " please: 7"]
 WEIGHTS = {"rubric": 0.8, "verifiable": 0.5, "format": 1.0}

@@ -13,7 +13,7 @@ from transformers import AutoTokenizer
 from verl_vllm_rm.dev.grpo_batch import Group, build_batch
 from verl_vllm_rm.replicas.launcher import running_server
 from verl_vllm_rm.dev.tiny_rm import build_tiny_rm
-from verl_vllm_rm.scoring.loader import load_manager
+from verl_vllm_rm.dev.loader import load_manager
 
 REFERENCE = " <think>add 3 and 4</think> The answer is 7."
 RESPONSES = [REFERENCE, " The answer is 7.", " The answer is 8.", " so so so so"]

@@ -6,7 +6,7 @@
 import asyncio
 import tempfile
 
-from verl_vllm_rm.scoring.client import VLLMRewardClient
+from verl_vllm_rm.client.reward_client import VLLMRewardClient
 from verl_vllm_rm.replicas.launcher import running_server
 from verl_vllm_rm.dev.tiny_rm import build_tiny_rm
 

@@ -61,7 +61,7 @@ run_main_ppo() {
     local profile=()
     if [[ "${VERL_VLLM_RM_CPU_PROFILE:-0}" == 1 ]]; then
         export VERL_USE_EXTERNAL_MODULES=verl_vllm_rm.dev.cpu_harness.activate${VERL_USE_EXTERNAL_MODULES:+,$VERL_USE_EXTERNAL_MODULES}
-        mapfile -t profile < <(python3 -m verl_vllm_rm.dev.cpu_profile 2)
+        mapfile -t profile < <(python3 -m verl_vllm_rm.dev.cpu_profile 2 "$@")
         [[ ${#profile[@]} -gt 0 ]] || { echo "could not build the CPU profile" >&2; exit 1; }
     fi
     python3 -m verl.trainer.main_ppo "$@" "${profile[@]}"

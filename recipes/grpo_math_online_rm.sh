@@ -17,8 +17,7 @@ RM_MODE=${RM_MODE:-lora}
 PUBLISH_EVERY=${PUBLISH_EVERY:-1}
 export N_GPUS=${N_GPUS:-6}
 export RM_SERVER_FLAGS="--enable-weight-updates ${RM_SERVER_FLAGS:-}"
-# verl imports this module in every process, which registers trainer mode vllm_rm_online.
-export VERL_USE_EXTERNAL_MODULES=verl_vllm_rm.online.trainer_mode
+# Trainer mode vllm_rm_online is registered by the package's verl.plugins entry point: no other setting.
 
 # The weighted math recipe, plus the online RM trainer (later overrides win); the RM trainer publishes
 # into the reward manager's server (online_rm.server_url defaults to reward.reward_kwargs.server_url).
@@ -31,6 +30,5 @@ exec bash "$(dirname "$0")/grpo_math_rm_weighted.sh" \
     +online_rm.reward_key=verifiable_score \
     +online_rm.lr=1e-5 \
     +online_rm.num_workers="${RM_TRAIN_GPUS:-1}" \
-    +ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES=verl_vllm_rm.online.trainer_mode \
     trainer.experiment_name=grpo_gsm8k_online_rm \
     "$@"

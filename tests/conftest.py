@@ -17,7 +17,7 @@ import requests
 from verl_vllm_rm.replicas.launcher import running_server
 from verl_vllm_rm.dev.tiny_rm import STEP, build_tiny_rm, synthetic_corpus
 from verl_vllm_rm.online.bt import collate_pairs
-from verl_vllm_rm.scoring.loader import compose_verl_config, vllm_rm_config
+from verl_vllm_rm.dev.loader import compose_verl_config, vllm_rm_config
 
 # open_sessions_check: the run fails if an aiohttp session is left open; orphan_engines_check: if a server's
 # engine process outlives it; tq_helpers: the `queue` fixture
@@ -134,8 +134,8 @@ def fault_proxy(rm_server):
 @pytest.fixture()
 def attempts(monkeypatch):
     """Every HTTP attempt the client starts, as the URL it went to, in order: a spy on the one async
-    HTTP call (``verl_vllm_rm.http.request_json``) that forwards to it unchanged."""
-    from verl_vllm_rm import http
+    HTTP call (``verl_vllm_rm.client.http.request_json``) that forwards to it unchanged."""
+    from verl_vllm_rm.client import http
 
     seen: list[str] = []
     real = http.request_json
@@ -170,7 +170,7 @@ def load_manager():
 @pytest.fixture(scope="session")
 def dead_url() -> str:
     """A loopback URL with nothing listening (connection refused)."""
-    from verl_vllm_rm.http import free_port
+    from verl_vllm_rm.client.http import free_port
 
     return f"http://127.0.0.1:{free_port()}"
 

@@ -60,7 +60,7 @@ def main(argv: list[str]) -> None:
     from transformers import AutoTokenizer
 
     from verl_vllm_rm.dev.grpo_batch import Group, build_batch
-    from verl_vllm_rm.scoring.loader import load_manager
+    from verl_vllm_rm.dev.loader import load_manager
 
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     mgr = load_manager(tokenizer, args.url, args.model, {"num_examine": 0})

@@ -2,8 +2,10 @@
 
 One room per job; arrows point down only: a room imports only rooms below it in ``LAYERS``.
 ``protocol/`` imports neither verl nor vllm; ``server/`` imports only ``protocol/`` and itself
-and is the only room that imports vllm; only ``scoring/``, ``online/`` and ``dev/`` import verl.
-No import cycles between modules; no module over ``MAX_LINES`` lines.
+and is the only room that imports vllm; only ``scoring/``, ``online/``, ``plugin/`` (verl's seams)
+and ``dev/`` import verl. No import cycles between modules. A file longer than ``LONG_FILE``
+lines must still do one job: it is listed in ``LONG_FILES`` with that job, or split by job
+(never squeezed under the bound).
 """
 
 from __future__ import annotations
@@ -15,11 +17,14 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "verl_vllm_rm"
 # From the ground up: each room may import the rooms before it (and itself).
-LAYERS = ["protocol", "options", "http", "rewards", "monitor", "replicas", "scoring", "parity", "weight_sync", "online", "dev", "cli"]
+LAYERS = ["protocol", "options", "rows", "client", "rewards", "monitor", "replicas", "parity", "judge", "scoring",
+          "weight_sync", "online", "plugin", "dev", "cli"]
 SERVER_MAY_IMPORT = {"protocol"}  # nothing imports server/: it runs in its own environment
-VERL_ROOMS = {"scoring", "online", "dev"}
+VERL_ROOMS = {"scoring", "online", "plugin", "dev"}
 VLLM_ROOMS = {"server"}
-MAX_LINES = 300
+LONG_FILE = 400
+#: files past LONG_FILE lines that still do one job: path -> that job
+LONG_FILES: dict[str, str] = {}
 
 
 def modules(package: Path) -> dict[str, Path]:
@@ -152,14 +157,15 @@ def test_the_server_imports_only_protocol_and_itself(graph):
     assert not [src for src, dsts in inner.items() if room(src) != "server" and any(room(d) == "server" for d in dsts)]
 
 
-def test_files_stay_small():
+def test_a_long_file_is_named_with_its_one_job():
     long = {str(p.relative_to(PACKAGE)): n for p in PACKAGE.rglob("*.py")
-            if (n := len(p.read_text().splitlines())) > MAX_LINES}
-    assert long == {}
+            if (n := len(p.read_text().splitlines())) > LONG_FILE}
+    assert set(long) <= set(LONG_FILES), f"split these by job, or name their one job in LONG_FILES: {long}"
 
 
 def test_the_checks_catch_what_they_forbid(tmp_path):
-    """A planted upward import, a cycle, a stray vllm/verl import and a server import are all reported."""
+    """A planted upward import, a cycle, a stray vllm/verl import and a server import are all reported
+    (parity/ stands below scoring/: the client both use is in client/)."""
     pkg = tmp_path / "verl_vllm_rm"
     files = {
         "__init__.py": "",
@@ -182,14 +188,14 @@ def test_the_checks_catch_what_they_forbid(tmp_path):
     inner, outer = import_graph(pkg)
     assert layer_violations(inner) == [
         "verl_vllm_rm.dev.launch -> verl_vllm_rm.server.entry (dev/ may not import server/)",
+        "verl_vllm_rm.parity.probe -> verl_vllm_rm.scoring.client (parity/ may not import scoring/)",
         "verl_vllm_rm.protocol.score -> verl_vllm_rm.scoring (protocol/ may not import scoring/)",
         "verl_vllm_rm.protocol.score -> verl_vllm_rm.scoring.client (protocol/ may not import scoring/)",
-        "verl_vllm_rm.scoring.client -> verl_vllm_rm.parity.probe (scoring/ may not import parity/)",
         "verl_vllm_rm.server.entry -> verl_vllm_rm.rewards (server/ may not import rewards/)",
         "verl_vllm_rm.server.entry -> verl_vllm_rm.rewards.compose (server/ may not import rewards/)",
     ]
     assert cycles(inner) == [["verl_vllm_rm.parity.probe", "verl_vllm_rm.scoring.client"]]
     assert third_party_violations(outer) == [
         "verl_vllm_rm.parity.probe imports vllm (only ['server'] may)",
-        "verl_vllm_rm.protocol.score imports verl (only ['dev', 'online', 'scoring'] may)",
+        "verl_vllm_rm.protocol.score imports verl (only ['dev', 'online', 'plugin', 'scoring'] may)",
     ]

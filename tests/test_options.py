@@ -210,12 +210,12 @@ def test_reward_models_inherit_the_top_level_options_and_routes_name_known_ones(
                           "reward_models": [{"name": "helpful"}, {"name": "safety", "server_url": ["http://b:1"],
                                                                   "failure_policy": "raise"}],
                           "routes": [{"data_source": "math/*", "reward_models": ["safety"], "ensemble": "min"}]})
-    helpful, safety = opts.reward_model_options()
+    helpful, safety = opts.rm_options
     assert (helpful.server_url, helpful.failure_policy, helpful.max_retries) == (["http://a:1"], "mask", 1)
     assert (safety.server_url, safety.failure_policy, safety.max_retries) == (["http://b:1"], "raise", 1)
     assert opts.route_models(opts.routes[0]) == ("safety",)
     single = parse_options({"server_url": "http://a:1"})
-    assert [rm.name for rm in single.reward_model_options()] == ["rm"]
+    assert [rm.name for rm in single.rm_options] == ["rm"]
     assert single.route_models(single.route_options()[0]) == ("rm",) and single.route_options()[0].data_source == ["*"]
 
 

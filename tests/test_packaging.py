@@ -18,7 +18,7 @@ def test_console_script_and_plugin_entry_point_are_declared():
     scripts = {ep.name: ep.value for ep in entry_points(group="console_scripts")}
     assert scripts["verl-vllm-rm"] == "verl_vllm_rm.cli:main"
     plugins = {ep.name: ep.value for ep in entry_points(group="verl.plugins")}
-    assert plugins["vllm_rm"] == "verl_vllm_rm.scoring.plugin"
+    assert plugins["vllm_rm"] == "verl_vllm_rm.plugin.register"
 
 
 def test_setup_refuses_to_start_on_a_full_disk(tmp_path):

@@ -4,7 +4,9 @@ import dataclasses
 import re
 from pathlib import Path
 
-from verl_vllm_rm.scoring.options import ClientOptions, JudgeOptions, ManagerOptions
+from verl_vllm_rm.client.options import ClientOptions
+from verl_vllm_rm.judge.options import JudgeOptions
+from verl_vllm_rm.scoring.options import ManagerOptions
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()

@@ -20,7 +20,7 @@ def _serve(args: argparse.Namespace, rest: list[str]) -> int:
 
 
 def _score(args: argparse.Namespace, rest: list[str]) -> int:
-    from verl_vllm_rm.http import HttpError, JsonHttp
+    from verl_vllm_rm.client.http import HttpError, JsonHttp
 
     texts = args.text or [line.rstrip("\n") for line in sys.stdin if line.strip()]
     payload = {"input": texts, "normalize": args.normalize}

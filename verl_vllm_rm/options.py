@@ -1,4 +1,5 @@
-"""The one config validator: a mapping (or OmegaConf ``DictConfig``) checked against a dataclass.
+"""The one config validator: a mapping (or OmegaConf ``DictConfig``) checked against a dataclass, and the
+one range check its sections call from ``__post_init__`` (:func:`check_ranges`).
 
 Every option section of the package (``reward.reward_kwargs``, its ``rewards``
 composition, ``+online_rm.*``) is a dataclass, as verl declares its own configs;
@@ -25,10 +26,11 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import operator
 import sys
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal, TypeVar, Union
 
 T = TypeVar("T")
@@ -208,3 +210,28 @@ def _is_scalar(value: Any, tp: type) -> bool:
     if isinstance(value, bool):
         return tp is bool
     return isinstance(value, (int, float) if tp is float else tp)
+
+
+_COMPARISONS = {">": operator.gt, ">=": operator.ge}
+
+
+def check_ranges(section: Any, bounds: Mapping[str, Sequence[str]], prefix: str = "") -> None:
+    """Every named field of an option section within its bound, else a ``ValueError`` naming it.
+
+    ``bounds`` maps a bound to field names: ``"> 0"``, ``">= 0"``, ``">= 1"`` (any number), or a closed
+    interval ``"in [0, 1]"``. An unset optional field (``None``) passes. The message reads
+    ``<prefix><name> must be <bound>, got <value>``; :func:`build` prefixes the section's path.
+    """
+    for bound, names in bounds.items():
+        for name in names:
+            value = getattr(section, name)
+            if value is not None and not _within(value, bound):
+                raise ValueError(f"{prefix}{name} must be {bound}, got {value}")
+
+
+def _within(value: float, bound: str) -> bool:
+    if bound.startswith("in ["):
+        low, high = (float(x) for x in bound[4:-1].split(","))
+        return low <= value <= high
+    op, limit = bound.split()
+    return _COMPARISONS[op](value, float(limit))

@@ -49,7 +49,7 @@ def test_the_harness_registers_cpu_and_the_rollout_backend():
 
 def test_plugin_and_verl_never_load_the_harness():
     """The plugin's normal path (entry point, manager) leaves verl's platforms and torch untouched."""
-    out = _python("import sys, json, verl, verl_vllm_rm.scoring.plugin, verl_vllm_rm.scoring.manager; "
+    out = _python("import sys, json, verl, verl_vllm_rm.plugin.register, verl_vllm_rm.scoring.manager; "
                   "from verl.plugin.platform.platform_manager import PlatformRegistry; "
                   "print(json.dumps(['verl_vllm_rm.dev.cpu_harness.activate' in sys.modules, "
                   "PlatformRegistry.get('cpu')]))")
@@ -108,9 +108,9 @@ def test_policy_on_an_rm_tokenizer_without_chat_template(tmp_path, tiny_rm):
     tokenizer.chat_template = None
     tokenizer.save_pretrained(rm_dir)
     (rm_dir / "chat_template.jinja").unlink(missing_ok=True)
-    from verl_vllm_rm.dev.tiny_policy import TinyPolicySpec
+    from verl_vllm_rm.dev.tiny_policy import SFTWarmUp, TinyPolicySpec
 
-    out = build_tiny_policy(rm_dir, tmp_path / "policy", TinyPolicySpec(sft_steps=2))
+    out = build_tiny_policy(rm_dir, tmp_path / "policy", TinyPolicySpec(sft=SFTWarmUp(steps=2)))
     policy_tok = AutoTokenizer.from_pretrained(out)
     assert policy_tok.chat_template == PLAIN_CHAT_TEMPLATE
     assert policy_tok("The answer is 7. #### 7").input_ids == tokenizer("The answer is 7. #### 7").input_ids

@@ -20,7 +20,7 @@ import pytest
 from ppo_runs import expected_totals, generations, tiny_ppo
 
 from verl_vllm_rm.dev.ppo_report import read_dump, read_metrics
-from verl_vllm_rm.http import free_port
+from verl_vllm_rm.client.http import free_port
 from verl_vllm_rm.replicas.launcher import start_server
 
 GROUP = 4  # tiny-ppo's responses per prompt in training
@@ -252,7 +252,7 @@ def test_managed_replicas_serve_the_rm_and_take_the_online_publishes(compose_con
     """``--replicas N``: the run's config has no server of ours; the RM is on N replicas the plugin starts (weight
     updates enabled when the RM trains online) and the online RM publishes to every one of them."""
     from verl_vllm_rm.dev.tiny_ppo import Inputs, TinyPPOConfig, main_ppo_overrides
-    from verl_vllm_rm.online.trainer_mode import online_rm_config
+    from verl_vllm_rm.plugin.online_mode import online_rm_config
     from verl_vllm_rm.scoring.options import run_reward_models
 
     inputs = Inputs(Path("/m/rm"), Path("/m/policy"), Path("/d/train.parquet"), Path("/d/val.parquet"))

@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from sync_helpers import PARITY_ATOL, max_diff, reset_server, runtime_version, server_scores
 
-from verl_vllm_rm.online.pairs import best_vs_worst_pairs, rollout_sequences
+from verl_vllm_rm.online.pairs import best_vs_worst_pairs
+from verl_vllm_rm.rows import unpadded
 
 
 @pytest.fixture(scope="module")
@@ -29,15 +31,16 @@ def rollout(tokenizer):
     for i, (p, r) in enumerate(rows):
         prompts[i, p_len - len(p):], responses[i, : len(r)] = torch.tensor(p), torch.tensor(r)
         mask[i, p_len - len(p): p_len + len(r)] = 1
-    return uids, rollout_sequences(prompts, responses, mask), rewards, [p + r for p, r in rows]
+    sequences = [np.concatenate(row).tolist() for row in zip(*unpadded(prompts, responses, mask))]
+    return uids, sequences, rewards, [p + r for p, r in rows]
 
 
 def test_pairs_are_best_vs_worst_of_each_group(rollout):
-    uids, sequences, rewards, unpadded = rollout
-    assert sequences == unpadded
+    uids, sequences, rewards, expected = rollout
+    assert sequences == expected
     chosen, rejected = best_vs_worst_pairs(uids, sequences, rewards)
-    assert chosen == [unpadded[4 * g + 1] for g in range(4)]  # first correct response of each group
-    assert rejected == [unpadded[4 * g] for g in range(4)]  # first wrong one
+    assert chosen == [expected[4 * g + 1] for g in range(4)]  # first correct response of each group
+    assert rejected == [expected[4 * g] for g in range(4)]  # first wrong one
     assert best_vs_worst_pairs(uids, sequences, [1.0] * len(uids)) == ([], [])  # no gap, no signal
 
 
@@ -74,7 +77,7 @@ def test_online_rm_recipe_options_are_valid(compose_config):
     from pathlib import Path
 
     from verl_vllm_rm.online.config import OnlineRMConfig
-    from verl_vllm_rm.online.trainer_mode import online_rm_config
+    from verl_vllm_rm.plugin.online_mode import online_rm_config
 
     recipe = Path(__file__).resolve().parents[2] / "recipes" / "grpo_math_online_rm.sh"
     env = dict(os.environ, VERL_VLLM_RM_DRY_RUN="1", RM_PATH="/models/rm")

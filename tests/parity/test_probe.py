@@ -59,9 +59,9 @@ def test_probe_due_without_a_model_or_probes_is_refused_before_sending(ws_server
     assert update_record(ws_server.url) == before
 
 
-@pytest.mark.parametrize("kwargs, needle", [({"every": 0}, "'every' must be >= 1"),
+@pytest.mark.parametrize("kwargs, needle", [({"every": 0}, "parity probe every must be >= 1"),
                                             ({"threshold": 0.9}, "mean(exp|diff|) >= 1"),
-                                            ({"max_probes": 0}, "'max_probes' must be >= 1")])
+                                            ({"max_probes": 0}, "parity probe max_probes must be >= 1")])
 def test_bad_probe_options(kwargs, needle):
     with pytest.raises(ValueError, match=needle.replace("(", r"\(").replace(")", r"\)").replace("|", r"\|")):
         ParityProbe(**kwargs)

@@ -19,7 +19,7 @@ from process_helpers import pid_alive, wait_for_no_orphaned_engines, wait_until
 from verl_vllm_rm.dev.grpo_batch import build_batch, last_token_rewards, row_token_ids
 from verl_vllm_rm.parity.reference import sequence_scores
 from verl_vllm_rm.replicas.fleet import fleet_name
-from verl_vllm_rm.scoring.loader import vllm_rm_config
+from verl_vllm_rm.dev.loader import vllm_rm_config
 
 pytestmark = [pytest.mark.server, pytest.mark.ray]
 SPLIT_GROUPS = np.array([0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15])

@@ -25,11 +25,11 @@ import psutil
 import pytest
 import torch
 
-from verl_vllm_rm.scoring.client import RewardServerError, VLLMRewardClient
+from verl_vllm_rm.client.reward_client import RewardServerError, VLLMRewardClient
 from verl_vllm_rm.dev.grpo_batch import Group, build_batch, last_token_rewards, row_token_ids
 from verl_vllm_rm.parity.reference import sequence_scores
 from verl_vllm_rm.replicas.launcher import RewardServer, start_server
-from verl_vllm_rm.http import free_port
+from verl_vllm_rm.client.http import free_port
 
 from sustained_run import all_rows, step_groups
 

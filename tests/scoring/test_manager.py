@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-from verl_vllm_rm.scoring.client import RewardRequestError, RewardServerError
+from verl_vllm_rm.client.reward_client import RewardRequestError, RewardServerError
 from verl_vllm_rm.scoring.options import ConfigError
 from verl_vllm_rm.dev.grpo_batch import build_batch, last_token_rewards, row_token_ids
 from verl_vllm_rm.parity.reference import sequence_scores
-from verl_vllm_rm.scoring.rm_inputs import OverlongInputError
+from verl_vllm_rm.client.length import OverlongInputError
 
 
 def expected_scores(hf_model, groups):

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from verl_vllm_rm.dev.grpo_batch import build_batch
-from verl_vllm_rm.scoring.loader import load_manager, vllm_rm_config
+from verl_vllm_rm.dev.loader import load_manager, vllm_rm_config
 
 N = 4  # responses per prompt in grpo_groups
 SHUFFLED = np.array([0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15])  # every group on both workers
@@ -76,8 +76,8 @@ def test_two_ray_workers_and_shuffled_rows_judge_each_group_once(ray_two_workers
     import ray
     from verl.experimental.reward_loop.reward_loop import RewardLoopManager
 
-    from verl_vllm_rm.scoring.rendezvous import RENDEZVOUS_ACTOR
-    from verl_vllm_rm.scoring.reward_workers import mark_validation
+    from verl_vllm_rm.judge.rendezvous import RENDEZVOUS_ACTOR
+    from verl_vllm_rm.plugin.reward_workers import mark_validation
 
     kwargs = judge_kwargs(judge_server.url)
     del kwargs["judge"]["group_size"]
@@ -117,7 +117,7 @@ def missing_member_batch(grpo_groups, tokenizer):
 
 def test_a_member_that_never_arrives_fails_its_group_under_raise(rm_server, judge_server, tokenizer, tiny_rm,
                                                                  grpo_groups):
-    from verl_vllm_rm.scoring.judging import JudgeError
+    from verl_vllm_rm.judge.reward import JudgeError
 
     mgr = load_manager(tokenizer, rm_server.url, tiny_rm, judge_kwargs(judge_server.url, group_timeout_s=2.0))
     try:
@@ -160,7 +160,7 @@ def test_a_failed_judgement_goes_through_the_failure_policy(rm_server, judge_ser
     masked and counted. The slow judge is the real one behind a proxy that delays each answer by 5 s."""
     from fault_proxy import FaultProxy
 
-    from verl_vllm_rm.scoring.judging import JudgeError
+    from verl_vllm_rm.judge.reward import JudgeError
 
     data = build_batch(grpo_groups, tokenizer.pad_token_id)
     proxy = FaultProxy(judge_server.url).start()

@@ -5,7 +5,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from verl_vllm_rm.scoring.client import VLLMRewardClient
+from verl_vllm_rm.client.reward_client import VLLMRewardClient
 from verl_vllm_rm.dev.grpo_batch import Group, build_batch
 from verl_vllm_rm.scoring.pairwise import MissingReferenceError
 

@@ -16,8 +16,8 @@ import pytest
 from verl_vllm_rm.dev.grpo_batch import build_batch, row_token_ids
 from verl_vllm_rm.replicas.launcher import running_server
 from verl_vllm_rm.dev.tiny_rm import TinyRMSpec, build_tiny_rm
-from verl_vllm_rm.scoring.client import RewardServerError, VLLMRewardClient
-from verl_vllm_rm.scoring.options import ClientOptions
+from verl_vllm_rm.client.reward_client import RewardServerError, VLLMRewardClient
+from verl_vllm_rm.client.options import ClientOptions
 from verl_vllm_rm.scoring.routing import UnroutedDataSourceError
 
 pytestmark = pytest.mark.server

@@ -4,7 +4,7 @@ import asyncio
 
 import pytest
 
-from verl_vllm_rm.scoring.batching import fail
+from verl_vllm_rm.client.batching import fail
 from verl_vllm_rm.scoring.row_queue import RowQueue
 
 

@@ -18,7 +18,7 @@ import requests
 from process_helpers import listening_ip
 
 from verl_vllm_rm.replicas.launcher import find_server_python, running_server
-from verl_vllm_rm.http import free_port
+from verl_vllm_rm.client.http import free_port
 from verl_vllm_rm.protocol.defaults import API_KEY_ENV, PARENT_PID_ENV
 from verl_vllm_rm.server import exposure
 from verl_vllm_rm.server.exposure import OPT_OUT_FLAG, ExposureRefused, check_exposure, is_loopback_bind

@@ -1,5 +1,5 @@
 """``--runner generate``: the server serves a generative judge. Its defaults and refusals happen before the engine
-loads (checked here in one server-side interpreter); serving a judge is tested in tests/scoring/test_judge_client.py
+loads (checked here in one server-side interpreter); serving a judge is tested in tests/judge/test_judge_client.py
 (a real engine)."""
 
 from __future__ import annotations

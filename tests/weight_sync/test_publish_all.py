@@ -1,9 +1,10 @@
 """``MultiServerPublisher``: one publisher per server, kept between publishes, one result per server."""
 
 import pytest
+import requests
 from sync_helpers import assert_parity, load_rm, reset_server, runtime_version
 
-from verl_vllm_rm.http import HttpError
+from verl_vllm_rm.client.http import HttpError
 from verl_vllm_rm.online.bt import BradleyTerryTrainer, prepare_reward_model
 from verl_vllm_rm.weight_sync import MultiServerPublisher, WeightUpdateRefused
 
@@ -19,9 +20,12 @@ def test_each_publish_bumps_the_version_and_scores_like_the_model(ws_server, tin
             results = fleet.publish(model, version + step, "head_only")
             assert [(r.version, r.num_params) for r in results] == [(version + step, 1)]
             assert runtime_version(ws_server.url) == version + step
+            # one server: one phase (received and applied in one update; a commit would record commit_s)
+            last = requests.get(f"{ws_server.url}/health", timeout=10).json()["last_update"]
+            assert results[0].server["status"] == "ok" and "reload_s" in last and "commit_s" not in last
             assert_parity(ws_server.url, model, probe_ids)
         assert next(iter(fleet.publishers.values())).connected  # the session is kept between publishes
-        with pytest.raises(WeightUpdateRefused, match="not newer"):
+        with pytest.raises(WeightUpdateRefused, match="not newer.*it serves the old version"):
             fleet.publish(model, version + 2, "head_only")
     assert not next(iter(fleet.publishers.values())).connected
 

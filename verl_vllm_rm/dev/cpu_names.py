@@ -2,7 +2,6 @@
 (importing :mod:`verl_vllm_rm.dev.cpu_harness.activate` patches verl in that process)."""
 
 HARNESS_MODULE = "verl_vllm_rm.dev.cpu_harness.activate"
-ONLINE_MODULE = "verl_vllm_rm.online.trainer_mode"  # registers trainer mode vllm_rm_online
 BACKEND_NAME = "hf_cpu"  # actor_rollout_ref.rollout.name of the CPU rollout
 #: When set, each generation (prompt ids, response ids, weight version) is appended to this JSONL file,
 #: so a test can tie verl's decoded rollout dump back to the exact token ids the reward server scored.

@@ -1,7 +1,7 @@
 """The CPU profile: Hydra overrides that make any GRPO ``main_ppo`` run a tiny one verl runs on CPU.
 
-``python -m verl_vllm_rm.dev.cpu_profile [STEPS]`` prints them, one per line (``recipes/common.sh``
-appends them under ``VERL_VLLM_RM_CPU_PROFILE=1``); ``verl-vllm-rm tiny-ppo`` and ``make demo`` use
+``python -m verl_vllm_rm.dev.cpu_profile [STEPS [OVERRIDE ...]]`` prints them, one per line, for a run
+with those overrides (``recipes/common.sh`` appends them under ``VERL_VLLM_RM_CPU_PROFILE=1``); ``verl-vllm-rm tiny-ppo`` and ``make demo`` use
 :func:`cpu_profile` directly. Settings only: the patches are in :mod:`verl_vllm_rm.dev.cpu_harness.patches`.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import sys
 
-from verl_vllm_rm.dev.cpu_names import BACKEND_NAME, ONLINE_MODULE
+from verl_vllm_rm.dev.cpu_names import BACKEND_NAME
 
 #: Hydra overrides verl 0.9.1 needs on CPU (settings, not patches; the patches are in cpu_harness.patches).
 CPU_OVERRIDES = [
@@ -67,8 +67,10 @@ def cpu_profile(steps: int, batch_prompts: int = 4, group_size: int = 4, online:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 2 or not all(a.isdigit() for a in sys.argv[1:]):
-        sys.exit("usage: python -m verl_vllm_rm.dev.cpu_profile [STEPS]  (the run itself: verl-vllm-rm tiny-ppo)")
+    if len(sys.argv) > 1 and not sys.argv[1].isdigit():
+        sys.exit("usage: python -m verl_vllm_rm.dev.cpu_profile [STEPS [OVERRIDE ...]]  "
+                 "(the run itself: verl-vllm-rm tiny-ppo)")
     steps = int(sys.argv[1]) if len(sys.argv) > 1 else 2
+    online = "trainer.v1.trainer_mode=vllm_rm_online" in sys.argv[2:]
     modules = os.environ.get("VERL_USE_EXTERNAL_MODULES", "")
-    print("\n".join(cpu_profile(steps, online=ONLINE_MODULE in modules, external_modules=modules or None)))
+    print("\n".join(cpu_profile(steps, online=online, external_modules=modules or None)))

@@ -13,7 +13,7 @@ import random
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from verl_vllm_rm.dev.tiny_rm import cached_model_dir, qwen2_config
+from verl_vllm_rm.dev.tiny_rm import QwenShape, cached_model_dir, qwen2_config
 from verl_vllm_rm.dev.tiny_task import MAX_OPERAND, all_answers, question
 
 #: For RM tokenizers without a chat template: the turns' contents one after another.
@@ -21,16 +21,22 @@ PLAIN_CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"
 
 
 @dataclass(frozen=True)
-class TinyPolicySpec:
+class SFTWarmUp:
+    """The policy's supervised warm-up on the task's answer form, before any PPO step."""
+
+    steps: int = 150
+    batch: int = 32
+    lr: float = 3e-3
+
+
+@dataclass(frozen=True)
+class TinyPolicySpec(QwenShape):
+    """The tiny policy: its layers (smaller than the RM's), context and SFT warm-up."""
+
     hidden_size: int = 64
     intermediate_size: int = 128
-    num_hidden_layers: int = 2
-    num_attention_heads: int = 4
-    num_key_value_heads: int = 2
     max_position_embeddings: int = 512
-    sft_steps: int = 150
-    sft_batch: int = 32
-    sft_lr: float = 3e-3
+    sft: SFTWarmUp = SFTWarmUp()
     seed: int = 0
 
 
@@ -86,11 +92,11 @@ def _pretrain(model, tokenizer, spec: TinyPolicySpec) -> float:
     import torch
 
     rng = random.Random(spec.seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=spec.sft_lr)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=spec.sft.lr)
     model.train()
     loss = torch.tensor(0.0)
-    for _ in range(spec.sft_steps):
-        batch = sft_examples(tokenizer, spec.sft_batch, rng)
+    for _ in range(spec.sft.steps):
+        batch = sft_examples(tokenizer, spec.sft.batch, rng)
         width = max(len(ids) for ids, _ in batch)
         input_ids = torch.full((len(batch), width), tokenizer.pad_token_id)
         labels = torch.full((len(batch), width), -100)

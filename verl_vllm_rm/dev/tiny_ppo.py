@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from verl_vllm_rm.dev.cpu_names import GENERATION_LOG_ENV, HARNESS_MODULE, ONLINE_MODULE
+from verl_vllm_rm.dev.cpu_names import GENERATION_LOG_ENV, HARNESS_MODULE
 from verl_vllm_rm.dev.cpu_profile import cpu_profile
 from verl_vllm_rm.dev.ppo_report import print_step, read_metrics, summarize
 from verl_vllm_rm.monitor.report import write_report
@@ -162,10 +162,9 @@ def main_ppo_overrides(cfg: TinyPPOConfig, inputs: Inputs, server_url: str | Non
 
 
 def main_ppo_env(cfg: TinyPPOConfig) -> dict[str, str]:
-    modules = [HARNESS_MODULE] + ([ONLINE_MODULE] if cfg.online != "off" else [])
     return dict(
         os.environ,
-        VERL_USE_EXTERNAL_MODULES=",".join(modules),
+        VERL_USE_EXTERNAL_MODULES=HARNESS_MODULE,
         VERL_FILE_LOGGER_PATH=str(cfg.work_dir / "metrics.jsonl"),
         **{GENERATION_LOG_ENV: str(cfg.work_dir / "generations.jsonl")},
         TOKENIZERS_PARALLELISM="false",
@@ -176,7 +175,7 @@ def main_ppo_env(cfg: TinyPPOConfig) -> dict[str, str]:
 def served_version(url: str | None, metrics: dict) -> int | None:
     """The RM weight version served right after a step: the server's ``/runtime_version``, or, on managed
     replicas (no ``url``), the version the step published, else the one the replicas served during it."""
-    from verl_vllm_rm.http import HttpError, get_json
+    from verl_vllm_rm.client.http import HttpError, get_json
     from verl_vllm_rm.scoring.options import DEFAULT_RM_NAME
 
     if url is None:

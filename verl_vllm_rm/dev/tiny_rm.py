@@ -9,7 +9,7 @@ without downloading anything. vLLM-CPU's attention takes a head_dim of 32, 64, 8
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Callable
 
@@ -22,16 +22,22 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 @dataclass(frozen=True)
-class TinyRMSpec:
-    """Shape of the tiny reward model; the defaults start on vLLM-CPU."""
+class QwenShape:
+    """The layers of a tiny Qwen2 model (:func:`qwen2_config`); the defaults start on vLLM-CPU."""
 
-    vocab_size: int = 1000
     hidden_size: int = 128
     intermediate_size: int = 256
     num_hidden_layers: int = 2
     num_attention_heads: int = 4
     num_key_value_heads: int = 2
+
+
+@dataclass(frozen=True)
+class TinyRMSpec(QwenShape):
+    """The tiny reward model: its layers, context, tokenizer and head."""
+
     max_position_embeddings: int = 2048
+    vocab_size: int = 1000
     head_std: float = 0.1
     seed: int = 0  # the tokenizer's corpus, and the weights unless init_seed is set
     init_seed: int | None = None  # other weights on the same tokenizer (an ensemble's second RM)
@@ -62,13 +68,12 @@ def build_tokenizer(spec: TinyRMSpec):
     )
 
 
-def qwen2_config(spec, tokenizer, **extra):
-    """A float32 ``Qwen2Config`` of ``spec``'s shape (any spec with the shape fields) on ``tokenizer``."""
+def qwen2_config(spec: QwenShape, tokenizer, **extra):
+    """A float32 ``Qwen2Config`` of ``spec``'s layers and ``max_position_embeddings`` on ``tokenizer``."""
     from transformers import Qwen2Config
 
-    shape = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-             "max_position_embeddings")
-    return Qwen2Config(vocab_size=len(tokenizer), **{k: getattr(spec, k) for k in shape},
+    shape = {f.name: getattr(spec, f.name) for f in fields(QwenShape)}
+    return Qwen2Config(vocab_size=len(tokenizer), max_position_embeddings=spec.max_position_embeddings, **shape,
                        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, bos_token_id=None,
                        torch_dtype="float32", **extra)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from verl_vllm_rm.options import build
+from verl_vllm_rm.options import build, check_ranges
 from verl_vllm_rm.parity.probe import ParityProbe
 from verl_vllm_rm.protocol.names import RewardModelTrainingMode
 from verl_vllm_rm.protocol.wire import DEFAULT_BUCKET_BYTES
@@ -43,10 +43,7 @@ class OnlineRMConfig:
                              f"replicas of that RM), got server_url={self.server_url!r}, "
                              f"reward_model={self.reward_model!r}")
         RewardModelTrainingMode.parse(self.training_mode)
-        if self.publish_every < 1:
-            raise ValueError(f"publish_every must be >= 1, got {self.publish_every}")
-        if self.parity_every < 0:
-            raise ValueError(f"parity_every must be >= 0 (0 turns the probe off), got {self.parity_every}")
+        check_ranges(self, {">= 1": ("publish_every",), ">= 0": ("parity_every",)})  # parity_every 0: no probe
 
     def parity_probe(self) -> ParityProbe | None:
         return ParityProbe(every=self.parity_every, threshold=self.parity_threshold) if self.parity_every else None

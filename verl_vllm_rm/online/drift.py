@@ -13,7 +13,7 @@ from typing import Callable
 
 import numpy as np
 
-from verl_vllm_rm.http import JsonHttp
+from verl_vllm_rm.client.http import JsonHttp
 from verl_vllm_rm.monitor.alarms import drift
 from verl_vllm_rm.protocol.score import parse_score_response
 

@@ -1,6 +1,6 @@
 """The trainer-side handle of online RM training: rollout batch -> best-vs-worst pairs -> a worker-group step.
 
-``trainer_mode.py`` plugs it into verl's PPO loop.
+``plugin/online_mode.py`` plugs it into verl's PPO loop.
 """
 
 from __future__ import annotations

@@ -4,25 +4,12 @@ A group is the responses sampled for one prompt (same ``uid``). Ranking them by
 the verifiable (rule) reward gives free preference labels for the reward model:
 the best response is "chosen", the worst "rejected". Groups whose best and worst
 rewards differ by no more than ``min_gap`` (e.g. all correct) carry no signal
-and are skipped. Tensor-only; the verl wrapper lives in ``online/driver.py``.
+and are skipped. Plain lists; the verl wrapper lives in ``online/driver.py``.
 """
 
 from __future__ import annotations
 
 from typing import Hashable, Sequence
-
-import torch
-
-
-def rollout_sequences(prompts: torch.Tensor, responses: torch.Tensor, attention_mask: torch.Tensor) -> list[list[int]]:
-    """Prompt + response token ids per row, padding removed (verl's left/right-padded layout)."""
-    p_len = prompts.shape[1]
-    rows = []
-    for i in range(prompts.shape[0]):
-        prompt = prompts[i][attention_mask[i, :p_len].bool()]
-        response = responses[i][attention_mask[i, p_len:].bool()]
-        rows.append(torch.cat([prompt, response]).tolist())
-    return rows
 
 
 def best_vs_worst_pairs(

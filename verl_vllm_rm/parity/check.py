@@ -5,10 +5,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from verl_vllm_rm.scoring.client import RewardRequestError, VLLMRewardClient
+from verl_vllm_rm.client.reward_client import RewardRequestError, VLLMRewardClient
 from verl_vllm_rm.parity.embeddings import embedding_health
 from verl_vllm_rm.parity.report import refit_parity
-from verl_vllm_rm.scoring.rm_inputs import fit_to_length
+from verl_vllm_rm.client.length import fit_to_length
 
 
 def probe_token_ids(tokenizer, n: int, seed: int = 0) -> list[list[int]]:

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
+from verl_vllm_rm.options import check_ranges
 from verl_vllm_rm.parity.report import ParityReport, refit_parity
 from verl_vllm_rm.parity.reference import sequence_scores
 
@@ -41,15 +42,36 @@ class ParityProbe:
     max_probes: int = 16
 
     def __post_init__(self) -> None:
-        if self.every < 1:
-            raise ValueError(f"parity probe 'every' must be >= 1, got {self.every}")
+        check_ranges(self, {">= 1": ("every", "max_probes")}, prefix="parity probe ")
         if self.threshold < 1.0:
             raise ValueError(f"parity threshold bounds mean(exp|diff|) >= 1, got {self.threshold}")
-        if self.max_probes < 1:
-            raise ValueError(f"parity probe 'max_probes' must be >= 1, got {self.max_probes}")
 
-    def due(self, publish_count: int) -> bool:
-        return publish_count % self.every == 0
+    def due(self, publish_count: int, model: Any = None, probe_ids: Sequence[Sequence[int]] | None = None) -> bool:
+        """Whether the probe runs after publish number ``publish_count``; when it does, the publish must pass the
+        model itself (a state dict cannot be run) and the token ids to score."""
+        if publish_count % self.every:
+            return False
+        if not isinstance(model, torch.nn.Module) or not probe_ids:
+            raise ValueError("the parity probe is due after this publish: pass the model itself (not a state "
+                             "dict) and probe_ids (token ids to score)")
+        return True
+
+    def check(self, model: torch.nn.Module, probe_ids: Sequence[Sequence[int]], server_urls: Sequence[str],
+              api_key: str | None, version: int, *, leader: bool,
+              agree: Callable[[Exception | None], None]) -> dict[str, dict[str, Any]]:
+        """The parity check after a publish: the model's reference scores once (on every rank of a distributed
+        trainer: a sharded forward is collective), compared with each server's by the ``leader`` (rank 0);
+        ``agree(error)`` lets every rank learn the leader's outcome. The figures by server URL."""
+        reference = self.reference_scores(model, probe_ids)
+        error, figures = None, {}
+        if leader:
+            try:
+                for url in server_urls:
+                    figures[url] = self.compare(reference, probe_ids, url, api_key, version).as_dict()
+            except Exception as e:  # every rank learns it through agree
+                error = e
+        agree(error)
+        return figures
 
     def reference_scores(self, model: torch.nn.Module, probes: Sequence[Sequence[int]]) -> list[float]:
         """The trainer model's scores, one unpadded sequence at a time, in eval mode."""
@@ -63,7 +85,7 @@ class ParityProbe:
     def compare(self, reference: Sequence[float], probes: Sequence[Sequence[int]], server_url: str,
                 api_key: str | None, version: int) -> ParityReport:
         """Score ``probes`` on the server and compare; logs the figures, raises :class:`ParityError`."""
-        from verl_vllm_rm.scoring.client import VLLMRewardClient
+        from verl_vllm_rm.client.reward_client import VLLMRewardClient
 
         probes = [list(ids) for ids in probes[: self.max_probes]]
         client = VLLMRewardClient(server_url, api_key=api_key, max_retries=1, deadline_s=120.0)

@@ -13,7 +13,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Sequence
 
-from verl_vllm_rm.scoring.client import VLLMRewardClient
+from verl_vllm_rm.client.reward_client import VLLMRewardClient
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ import threading
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
-from verl_vllm_rm.http import HttpError, get_json
+from verl_vllm_rm.client.http import HttpError, get_json
 from verl_vllm_rm.replicas.metrics import replica_step_metrics
 from verl_vllm_rm.replicas.options import ReplicaOptions
 from verl_vllm_rm.replicas.replica import ServerReplica

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Iterator, Sequence
 
-from verl_vllm_rm.http import HttpError, free_port, get_json
+from verl_vllm_rm.client.http import HttpError, free_port, get_json
 from verl_vllm_rm.protocol.defaults import PARENT_PID_ENV
 
 SERVER_PYTHON_ENV = "VERL_VLLM_RM_SERVER_PYTHON"

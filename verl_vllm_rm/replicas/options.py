@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from verl_vllm_rm.options import check_ranges
+
 PlacementStrategy = Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"]
 
 
@@ -26,13 +28,9 @@ class ReplicaOptions:
     max_restart_backoff_s: float = 60.0
 
     def __post_init__(self) -> None:
-        if self.num_replicas < 1:
-            raise ValueError(f"replicas.num_replicas must be >= 1, got {self.num_replicas}")
-        if self.gpus_per_replica < 0 or self.cpus_per_replica < 0:
-            raise ValueError("replicas.gpus_per_replica and replicas.cpus_per_replica must be >= 0")
-        for name in ("startup_timeout_s", "health_interval_s", "restart_backoff_s", "max_restart_backoff_s"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"replicas.{name} must be > 0, got {getattr(self, name)}")
+        check_ranges(self, {">= 1": ("num_replicas",), ">= 0": ("gpus_per_replica", "cpus_per_replica"),
+                            "> 0": ("startup_timeout_s", "health_interval_s", "restart_backoff_s",
+                                    "max_restart_backoff_s")}, prefix="replicas.")
         if self.max_restart_backoff_s < self.restart_backoff_s:
             raise ValueError("replicas.max_restart_backoff_s must be >= replicas.restart_backoff_s")
         reserved = {"--model", "--host", "--port"} & {a.split("=")[0] for a in self.server_args}

@@ -7,9 +7,9 @@ from collections import Counter
 from typing import Any, Iterable, Mapping
 
 from verl_vllm_rm.rewards.compose import rule_keys
-from verl_vllm_rm.scoring.judging import JUDGE_KEYS
+from verl_vllm_rm.judge.reward import JUDGE_KEYS
 from verl_vllm_rm.scoring.reward_model import RewardModel
-from verl_vllm_rm.scoring.rm_inputs import Sample
+from verl_vllm_rm.rows import Sample
 from verl_vllm_rm.scoring.rules import RuleScorer
 
 

@@ -9,58 +9,29 @@ start-up instead of silently using a default.
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Literal, Mapping
 
-from verl_vllm_rm.options import ConfigError, build
-from verl_vllm_rm.protocol.defaults import API_KEY_ENV, DEFAULT_SERVER_URL
+from verl_vllm_rm.client.options import ClientOptions
+from verl_vllm_rm.judge.options import FailurePolicy, JudgeOptions
+from verl_vllm_rm.options import ConfigError, build, check_ranges
+from verl_vllm_rm.protocol.defaults import DEFAULT_SERVER_URL
 from verl_vllm_rm.replicas.options import ReplicaOptions
 from verl_vllm_rm.rewards.config import CombineMode, RewardConfig
 from verl_vllm_rm.rewards.ensemble import EnsembleMethod
-from verl_vllm_rm.rewards.judge import DEFAULT_PRINCIPLES, Aggregation, JudgeMode, check_template
 from verl_vllm_rm.rewards.steps import SCALAR_STEP_REWARDS, StepReward
-from verl_vllm_rm.scoring.pairwise import validate_reference_source
+from verl_vllm_rm.rows import validate_reference_source
 from verl_vllm_rm.scoring.rm_inputs import check_rubric_template
 
-__all__ = ["ClientOptions", "ConfigError", "JudgeOptions", "ManagerOptions", "RewardModelOptions", "RouteOptions", "parse_options"]
+__all__ = ["ConfigError", "ManagerOptions", "RewardModelOptions", "RouteOptions", "parse_options"]
 
 InputFormat = Literal["token_ids", "chat_template"]
 OverlongPolicy = Literal["truncate_prompt_left", "error"]
-FailurePolicy = Literal["raise", "mask"]
 PairwiseMode = Literal["auto", "always", "never"]
 MissingReference = Literal["raise", "skip"]
 Whiten = Literal["none", "running"]
-PairwiseAgainst = Literal["reference", "group"]
-
-
-@dataclass(frozen=True)
-class ClientOptions:
-    """How the trainer talks to the reward server(s)."""
-
-    server_url: list[str] = field(default_factory=lambda: [DEFAULT_SERVER_URL])
-    api_key: str | None = field(default_factory=lambda: os.environ.get(API_KEY_ENV) or None)
-    model: str | None = None
-    connect_timeout_s: float = 10.0
-    read_timeout_s: float = 120.0
-    request_timeout_s: float = 300.0
-    deadline_s: float = 900.0
-    max_retries: int = 4
-    backoff_base_s: float = 0.25
-    backoff_max_s: float = 8.0
-    max_concurrent_requests: int = 8
-    max_batch_seqs: int = 256
-    max_batch_tokens: int = 131072
-    endpoint_cooldown_s: float = 5.0
-
-    def __post_init__(self) -> None:
-        _check_bounds(self, positive=("connect_timeout_s", "read_timeout_s", "request_timeout_s", "deadline_s",
-                                      "max_concurrent_requests", "max_batch_seqs", "max_batch_tokens"),
-                      non_negative=("max_retries", "backoff_base_s", "backoff_max_s", "endpoint_cooldown_s"))
-        for url in self.server_url:
-            if not url.startswith(("http://", "https://")):
-                raise ValueError(f"server_url entry {url!r} must start with http:// or https://")
 
 
 #: A reward model's name: it becomes part of ``reward_extra_info`` keys (``rm_score_<name>``) and metric names.
@@ -98,8 +69,7 @@ class RewardModelOptions(ClientOptions):
                              "started or replicas the plugin starts)")
         if not RM_NAME.fullmatch(self.name):
             raise ValueError(f"reward model name {self.name!r} must match {RM_NAME.pattern} (it names metrics)")
-        if self.max_length is not None and self.max_length <= 0:
-            raise ValueError(f"max_length must be > 0, got {self.max_length}")
+        check_ranges(self, {"> 0": ("max_length",)})
         if self.rubric_template is not None:
             if self.input_format == "chat_template":
                 raise ValueError("rubric_template replaces input_format=chat_template; use one of them")
@@ -117,41 +87,6 @@ class RewardModelOptions(ClientOptions):
                 "(the reward model's tokenizer, whose chat template builds the RM input)"
             )
 
-    def client_options(self) -> ClientOptions:
-        return _client_options(self)
-
-
-@dataclass(frozen=True)
-class JudgeOptions(ClientOptions):
-    """A generative judge: where it is served (the client options) and how it judges."""
-
-    mode: JudgeMode = "listwise"
-    principles: list[str] = field(default_factory=lambda: list(DEFAULT_PRINCIPLES))
-    template: str | None = None  # None: the mode's DEFAULT_TEMPLATES entry
-    pairwise_against: PairwiseAgainst = "reference"
-    aggregation: Aggregation = "winrate"  # pairwise among the group's members
-    max_tokens: int = 128
-    temperature: float = 0.0
-    failure_policy: FailurePolicy = "raise"  # mask: a failed judgement masks its samples (judge_valid 0)
-    group_size: int | None = None  # members per prompt group; None: actor_rollout_ref.rollout.n (val_kwargs.n)
-    group_timeout_s: float = 600.0  # a group not complete this long after its first member fails
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.template is not None:
-            check_template(self.mode, self.template)
-        if self.max_tokens <= 0:
-            raise ValueError(f"judge max_tokens must be > 0, got {self.max_tokens}")
-        if self.temperature < 0:
-            raise ValueError(f"judge temperature must be >= 0, got {self.temperature}")
-        _check_bounds(self, positive=("group_timeout_s",))
-        if self.group_size is not None and self.group_size < 1:
-            raise ValueError(f"judge group_size must be >= 1, got {self.group_size}")
-
-    def client_options(self) -> ClientOptions:
-        return _client_options(self)
-
-
 @dataclass(frozen=True)
 class RouteOptions:
     """Which scorers a sample gets, by its ``data_source`` (first matching route wins)."""
@@ -163,8 +98,7 @@ class RouteOptions:
     rewards: RewardConfig | None = None  # the route's composition; None: the manager's (rewards/combine)
 
     def __post_init__(self) -> None:
-        if self.uncertainty_penalty < 0:
-            raise ValueError(f"uncertainty_penalty must be >= 0, got {self.uncertainty_penalty}")
+        check_ranges(self, {">= 0": ("uncertainty_penalty",)})
 
 
 @dataclass(frozen=True)
@@ -185,17 +119,15 @@ class ManagerOptions(RewardModelOptions):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _check_bounds(self, non_negative=("coalesce_ms", "num_examine"))
-        if not 0.0 <= self.alpha <= 1.0:
-            raise ValueError(f"alpha must be in [0, 1], got {self.alpha}")
+        check_ranges(self, {">= 0": ("coalesce_ms", "num_examine"), "in [0, 1]": ("alpha",)})
         validate_reference_source(self.reference_source)
         if self.rewards is not None and self.combine != "replace":
             raise ValueError(
                 f"combine={self.combine!r} and rewards are exclusive: with a rewards composition, put "
                 "'verifiable' in rewards.components and give it a weight (or in rewards.gate to multiply by it)"
             )
-        by_name = {rm.name: rm for rm in self.reward_model_options()}
-        names = [rm.name for rm in self.reward_model_options()]
+        by_name = {rm.name: rm for rm in self.rm_options}
+        names = [rm.name for rm in self.rm_options]
         if len(set(names)) != len(names):
             raise ValueError(f"reward_models names must be unique, got {names}")
         for i, route in enumerate(self.route_options()):
@@ -222,12 +154,13 @@ class ManagerOptions(RewardModelOptions):
             raise ValueError("reward_kwargs.judge is set and no reward composition enables 'judge': add it to "
                              "rewards.components (with a weight) or drop the judge section")
 
-    def reward_model_options(self) -> tuple[RewardModelOptions, ...]:
+    @cached_property
+    def rm_options(self) -> tuple[RewardModelOptions, ...]:
         """The run's reward models: each ``reward_models`` entry over the top-level options, or the top-level
-        options alone (one RM named ``rm``)."""
-        if not self.reward_models:
-            return (self.single_rm(),)
+        options alone (one RM named ``rm``). Resolved and validated once, on first use (``__post_init__``)."""
         inherited = {f.name: getattr(self, f.name) for f in dataclasses.fields(RewardModelOptions)}
+        if not self.reward_models:
+            return (RewardModelOptions(**inherited),)
         if self.replicas is not None:  # a section is validated again as the entry's own mapping
             inherited["replicas"] = dataclasses.asdict(self.replicas)
         out = []
@@ -242,9 +175,6 @@ class ManagerOptions(RewardModelOptions):
             out.append(build(RewardModelOptions, own, f"reward_models[{i}]"))
         return tuple(out)
 
-    def single_rm(self) -> RewardModelOptions:
-        return RewardModelOptions(**{f.name: getattr(self, f.name) for f in dataclasses.fields(RewardModelOptions)})
-
     def route_options(self) -> tuple[RouteOptions, ...]:
         """The routes; without ``routes``, one route sending every data_source to every RM."""
         return self.routes or (RouteOptions(data_source=["*"]),)
@@ -253,25 +183,11 @@ class ManagerOptions(RewardModelOptions):
         """The RM names a route scores with (``None`` in the route: all of them)."""
         if route.reward_models is not None:
             return tuple(route.reward_models)
-        return tuple(rm.name for rm in self.reward_model_options())
+        return tuple(rm.name for rm in self.rm_options)
 
     def reward_config(self) -> RewardConfig:
         """The reward composition: ``rewards`` when given, else the one ``combine``/``alpha`` stand for."""
         return self.rewards if self.rewards is not None else RewardConfig.from_combine(self.combine, self.alpha)
-
-
-def _client_options(opts: ClientOptions) -> ClientOptions:
-    """The client part of a section that extends :class:`ClientOptions`."""
-    return ClientOptions(**{f.name: getattr(opts, f.name) for f in dataclasses.fields(ClientOptions)})
-
-
-def _check_bounds(opts: ClientOptions, positive: tuple[str, ...] = (), non_negative: tuple[str, ...] = ()) -> None:
-    for name in positive:
-        if getattr(opts, name) <= 0:
-            raise ValueError(f"{name} must be > 0, got {getattr(opts, name)}")
-    for name in non_negative:
-        if getattr(opts, name) < 0:
-            raise ValueError(f"{name} must be >= 0, got {getattr(opts, name)}")
 
 
 def reward_kwargs_of(config: Any) -> dict:
@@ -288,7 +204,7 @@ def run_reward_models(config: Any) -> tuple[RewardModelOptions, ...]:
 
     if OmegaConf.select(config, "reward.reward_manager.name") != "vllm_rm":
         return ()
-    return parse_options(reward_kwargs_of(config)).reward_model_options()
+    return parse_options(reward_kwargs_of(config)).rm_options
 
 
 def parse_options(raw: Mapping[str, Any] | None, cls: type = ManagerOptions) -> Any:

@@ -10,35 +10,10 @@ from __future__ import annotations
 
 from typing import Any, Hashable
 
-REFERENCE_SOURCES = ("ground_truth", "rm_gallery")  # or "extra_info:<key>"
-
 
 class MissingReferenceError(KeyError):
     def __str__(self) -> str:  # KeyError would quote the message
         return str(self.args[0])
-
-
-def validate_reference_source(source: str) -> str:
-    if source in REFERENCE_SOURCES or (source.startswith("extra_info:") and len(source) > len("extra_info:")):
-        return source
-    raise ValueError(
-        f"reference_source={source!r} is not one of {list(REFERENCE_SOURCES)} or 'extra_info:<key>'"
-    )
-
-
-def reference_text(fields: dict[str, Any], source: str) -> str | None:
-    """The reference answer in one sample's non-tensor fields (None when it has none)."""
-    nt = fields
-    if source == "ground_truth":
-        value = (nt.get("reward_model") or {}).get("ground_truth")
-    elif source == "rm_gallery":  # rm-gallery's DataSample shape: extra_info["y"][0]["content"]
-        ys = (nt.get("extra_info") or {}).get("y") or []
-        value = ys[0].get("content") if ys and isinstance(ys[0], dict) else None
-    else:
-        value = (nt.get("extra_info") or {}).get(source.split(":", 1)[1])
-    if value is None or (isinstance(value, str) and not value.strip()):
-        return None
-    return str(value)
 
 
 def win_metrics(score: float, reference: float) -> dict[str, float]:

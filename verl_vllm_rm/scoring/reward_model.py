@@ -16,18 +16,13 @@ from typing import Any, Sequence
 
 from verl_vllm_rm.rewards.ensemble import RunningWhitening
 from verl_vllm_rm.rewards.steps import aggregate_steps, response_steps
-from verl_vllm_rm.scoring.batching import GroupBatcher
-from verl_vllm_rm.scoring.client import VLLMRewardClient
+from verl_vllm_rm.client.batching import GroupBatcher
+from verl_vllm_rm.client.length import fit_to_length
+from verl_vllm_rm.rows import Sample, prompt_text
+from verl_vllm_rm.client.reward_client import VLLMRewardClient
 from verl_vllm_rm.scoring.options import ConfigError, RewardModelOptions
 from verl_vllm_rm.scoring.pairwise import ReferenceCache
-from verl_vllm_rm.scoring.rm_inputs import (
-    RMInput,
-    Sample,
-    chat_template_ids,
-    fit_to_length,
-    prompt_text,
-    rubric_template_ids,
-)
+from verl_vllm_rm.scoring.rm_inputs import RMInput, chat_template_ids, rubric_template_ids
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,9 +9,10 @@ import math
 import time
 from typing import Any
 
-from verl_vllm_rm.scoring.client import RewardServerError
+from verl_vllm_rm.client.reward_client import RewardServerError
 from verl_vllm_rm.scoring.reward_model import RewardModel, Scored
-from verl_vllm_rm.scoring.rm_inputs import RMInput, Sample
+from verl_vllm_rm.rows import Sample
+from verl_vllm_rm.scoring.rm_inputs import RMInput
 from verl_vllm_rm.scoring.routing import Route
 
 logger = logging.getLogger(__name__)

@@ -12,12 +12,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 
 from verl_vllm_rm.rewards.ensemble import ensemble
 from verl_vllm_rm.scoring.options import ManagerOptions, RouteOptions
+from verl_vllm_rm.scoring.reward_model import RewardModel
 from verl_vllm_rm.scoring.rules import RuleScorer
 
 
@@ -28,10 +29,10 @@ class UnroutedDataSourceError(KeyError):
 
 @dataclass
 class Route:
-    """A route as the manager uses it: its RMs (names, in order), ensemble, and its composition's scorer."""
+    """A route as the manager uses it: its RMs (in order), ensemble, and its composition's scorer."""
 
     options: RouteOptions
-    reward_models: tuple[str, ...]
+    members: list[RewardModel]
     rules: RuleScorer
     token_level: bool = False  # its one RM gives token-level step rewards
 
@@ -50,10 +51,12 @@ class Route:
 
 
 class Router:
-    def __init__(self, options: ManagerOptions, tokenizer: Any):
+    """The run's routes over its reward models (``reward_models``: by name); each data_source's route is found
+    once and kept."""
+
+    def __init__(self, options: ManagerOptions, tokenizer: Any, reward_models: Mapping[str, RewardModel]):
         self.routes: list[Route] = []
         scorers: list[RuleScorer] = []  # routes with equal compositions share one scorer
-        rms = options.reward_model_options()
         for i, route in enumerate(options.route_options()):
             config = route.rewards or options.reward_config()
             rules = next((s for s in scorers if s.config == config), None)
@@ -64,9 +67,9 @@ class Router:
                     where = f"routes[{i}].rewards" if route.rewards is not None else "rewards"
                     raise ValueError(f"reward_kwargs.{where}: {e}") from e
                 scorers.append(rules)
-            names = options.route_models(route)
-            token_level = any(rm.step_reward == "token" for rm in rms if rm.name in names)
-            self.routes.append(Route(route, names, rules, token_level))
+            members = [reward_models[name] for name in options.route_models(route)]
+            token_level = any(rm.options.step_reward == "token" for rm in members)
+            self.routes.append(Route(route, members, rules, token_level))
         self._by_source: dict[str, Route] = {}
 
     def route(self, data_source: str) -> Route:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Awaitable, Callable
 
-from verl_vllm_rm.scoring.batching import fail_all
+from verl_vllm_rm.client.batching import fail_all
 
 Row = tuple[Any, asyncio.Future]  # (the caller's argument, the future its call awaits)
 

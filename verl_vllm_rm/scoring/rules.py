@@ -23,7 +23,7 @@ from verl_vllm_rm.rewards import (
     compute_rule_rewards,
     think_tag_ids,
 )
-from verl_vllm_rm.scoring.pairwise import reference_text
+from verl_vllm_rm.rows import reference_text
 
 
 class RuleScorer:

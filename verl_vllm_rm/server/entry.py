@@ -32,13 +32,13 @@ from verl_vllm_rm.server.exposure import OPT_OUT_FLAG, check_exposure
 from verl_vllm_rm.server.runtime_dir import private_tmpdir
 from verl_vllm_rm.server.score.router import install_reward_routes
 from verl_vllm_rm.server.state import RewardServerState
-from verl_vllm_rm.server.weights.join import DEFAULT_JOIN_TIMEOUT_S
+from verl_vllm_rm.server.weights.state import DEFAULT_JOIN_TIMEOUT_S
 from verl_vllm_rm.protocol.defaults import DEFAULT_HOST, DEFAULT_PORT, PARENT_PID_ENV
 from verl_vllm_rm.server.lifeline import mark_server_process
 from verl_vllm_rm.protocol.names import DEFAULT_HEAD_PATTERNS
 
 
-WORKER_EXTENSION = "verl_vllm_rm.server.worker_extension.WeightSyncWorkerExtension"
+WORKER_EXTENSION = "verl_vllm_rm.server.weights.worker_extension.WeightSyncWorkerExtension"
 CPU_KV_CACHE_BYTES = 2 << 30
 logger = logging.getLogger("verl_vllm_rm.server")
 

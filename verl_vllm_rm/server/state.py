@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from verl_vllm_rm.protocol.errors import RequestError, error_body
-from verl_vllm_rm.server.gate import UpdateGate
+from verl_vllm_rm.server.weights.state import WeightSyncState
 
 
 @dataclass
@@ -40,12 +39,7 @@ class RewardServerState:
     step_tag_id: int | None
     max_score_batch: int
     max_request_bytes: int
-    version: int = 0
-    last_update: dict[str, Any] = field(default_factory=dict)
-    last_failed_update: dict[str, Any] = field(default_factory=dict)
-    pending_update: int | None = None  # the version being received or applied
-    staged_update: dict[str, Any] | None = None  # a received update waiting for /commit_update or /abort_update
-    gate: UpdateGate = field(default_factory=UpdateGate)
+    weights: WeightSyncState = field(default_factory=WeightSyncState)
     scoring: ScoreCounters = field(default_factory=ScoreCounters)
 
 

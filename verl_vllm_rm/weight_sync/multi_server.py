@@ -1,7 +1,8 @@
-"""One reward model published into several servers with a two-phase commit: never two versions serving.
+"""One reward model published into its servers: one phase for one server, a two-phase commit for several.
 
-Every server first receives and stages the version (``publish(..., commit=False)``: the old
-weights keep serving), and only when all have staged it do all apply it (``commit``). If a
+With several servers, never two versions serve: every server first receives and stages the
+version (``publish(..., commit=False)``: the old weights keep serving), and only when all have
+staged it do all apply it (``commit``). If a
 server refuses the update, or the servers are a fixed list a client routes over, one failure
 aborts the version everywhere: all keep serving the old one and the error is raised. With
 managed replicas (``on_commit`` given: the fleet routes only the replicas on its version), a
@@ -18,8 +19,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any, Callable, Sequence
-
-import torch
 
 from verl_vllm_rm.parity.probe import ParityProbe
 from verl_vllm_rm.protocol.inventory import WeightUpdateRefused
@@ -92,17 +91,41 @@ class MultiServerPublisher(ClosedOnExit):
         probe_ids: Sequence[Sequence[int]] | None = None,
         **publish_kwargs: Any,
     ) -> list[PublishResult]:
-        """Stage ``version`` on every server, then apply it on all; one result per server that serves it.
+        """Publish ``version`` to today's servers; one result per server that serves it.
+
+        One server receives and applies it in one phase. Several are updated with a two-phase
+        commit (:meth:`_stage_and_commit`): never two versions serving. Then the parity probe, when
+        due, compares the model with every server that serves it.
+        """
+        t0 = time.monotonic()
+        self._sync_servers()
+        probe_due = self.parity_probe is not None and self.parity_probe.due(self.publishes + 1, state_dict, probe_ids)
+        if len(self.publishers) == 1:
+            ((url, pub),) = self.publishers.items()
+            try:
+                results = {url: pub.publish(state_dict, version, training_mode, **publish_kwargs)}
+            except Exception as e:
+                raise self._error({url: e}, version, "it serves the old version") from e
+        else:
+            results = self._stage_and_commit(state_dict, version, training_mode, publish_kwargs)
+        self.version = version
+        self.publishes += 1
+        if self.on_commit is not None:
+            self.on_commit(version)  # the fleet routes the replicas on this version only
+        figures: dict[str, dict[str, Any]] = {}
+        if probe_due:
+            first = next(iter(self.publishers.values()))
+            figures = self.parity_probe.check(state_dict, probe_ids, list(results), first.api_key, version,
+                                              leader=first.rank == 0, agree=first.agree)
+        return [replace(r, seconds=time.monotonic() - t0, parity=figures.get(url)) for url, r in results.items()]
+
+    def _stage_and_commit(self, state_dict: StateDictLike, version: int, training_mode: Any,
+                          publish_kwargs: dict[str, Any]) -> dict[str, PublishResult]:
+        """Stage ``version`` on every server, then apply it on all.
 
         The tensors go to the servers in parallel (one thread each) unless the trainer is
         distributed (its ranks gather shards together, so servers are served one after another).
         """
-        t0 = time.monotonic()
-        self._sync_servers()
-        probe_due = self.parity_probe is not None and self.parity_probe.due(self.publishes + 1)
-        if probe_due and (not isinstance(state_dict, torch.nn.Module) or not probe_ids):
-            raise ValueError("the parity probe is due after this publish: pass the model itself (not a state "
-                             "dict) and probe_ids (token ids to score)")
         staged = self._each(lambda p: p.publish(state_dict, version, training_mode, commit=False, **publish_kwargs),
                             parallel=not self.distributed)
         failed = {url: r for url, r in staged.items() if isinstance(r, Exception)}
@@ -118,29 +141,7 @@ class MultiServerPublisher(ClosedOnExit):
         broken = {url: r for url, r in commits.items() if isinstance(r, Exception)}
         if broken and self.on_commit is None:
             raise self._error(broken, version, "the other servers applied it")
-        self.version = version
-        self.publishes += 1
-        if self.on_commit is not None:
-            self.on_commit(version)  # the fleet routes the replicas on this version only
-        results = {url: replace(staged[url], server=commits[url], seconds=time.monotonic() - t0)
-                   for url in commits if url not in broken}
-        if probe_due:
-            self._check_parity(state_dict, probe_ids, results)
-        return list(results.values())
-
-    def _check_parity(self, model: torch.nn.Module, probe_ids: Sequence[Sequence[int]],
-                      results: dict[str, PublishResult]) -> None:
-        """The model's reference scores once, compared with every server's (the probe raises on a mismatch)."""
-        reference = self.parity_probe.reference_scores(model, probe_ids)  # every rank: a sharded forward
-        error, first = None, next(iter(self.publishers.values()))
-        if first.rank == 0:
-            try:
-                for url, result in results.items():
-                    report = self.parity_probe.compare(reference, probe_ids, url, first.api_key, self.version)
-                    results[url] = replace(result, parity=report.as_dict())
-            except Exception as e:  # every rank learns it
-                error = e
-        first._agree(error)
+        return {url: replace(staged[url], server=commits[url]) for url in commits if url not in broken}
 
     def _abort(self, urls: list[str], version: int) -> None:
         for url in urls:

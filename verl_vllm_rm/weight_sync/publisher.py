@@ -18,10 +18,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-import torch
 import torch.distributed as dist
 
-from verl_vllm_rm.http import HttpError, JsonHttp
+from verl_vllm_rm.client.http import HttpError, JsonHttp
 from verl_vllm_rm.parity.probe import ParityProbe
 from verl_vllm_rm.protocol.inventory import Inventory, WeightUpdateRefused
 from verl_vllm_rm.protocol.names import RewardModelTrainingMode
@@ -156,10 +155,8 @@ class RewardModelPublisher(ClosedOnExit):
             raise WeightUpdateRefused(
                 f"version {version} is not newer than the serving version {self.version}; versions must increase"
             )
-        probe_due = commit and self.parity_probe is not None and self.parity_probe.due(self.publishes + 1)
-        if probe_due and (not isinstance(state_dict, torch.nn.Module) or not probe_ids):
-            raise ValueError("the parity probe is due after this publish: pass the model itself (not a state "
-                             "dict) and probe_ids (token ids to score)")
+        probe_due = commit and self.parity_probe is not None and self.parity_probe.due(self.publishes + 1,
+                                                                                       state_dict, probe_ids)
         mode = RewardModelTrainingMode.parse(training_mode)
         items = self.plan(state_dict, mode, lora_scaling=lora_scaling, adapter=adapter)
         specs = [item.spec for item in items]
@@ -168,9 +165,9 @@ class RewardModelPublisher(ClosedOnExit):
         if self.rank == 0:
             try:
                 lines = self.session.announce(specs, mode, version, "now" if commit else "deferred")
-            except Exception as e:  # every rank learns it through _agree
+            except Exception as e:  # every rank learns it through agree
                 error = e
-        self._agree(error)
+        self.agree(error)
         server: dict[str, Any] = {}
         try:
             self.session.stream(items, buckets)
@@ -184,16 +181,15 @@ class RewardModelPublisher(ClosedOnExit):
             self.session.drop()
             raise WeightSyncError(f"the server could not {'apply' if commit else 'stage'} version {version}: "
                                   f"{server.get('error', server)}")
-        if not commit:
-            return PublishResult(version, len(items), sum(b.nbytes for b in buckets), len(buckets),
-                                 time.monotonic() - t0, server)
-        self.version = version
-        self.publishes += 1
-        parity = self._check_parity(state_dict, probe_ids) if probe_due else None
-        return PublishResult(
-            version, len(items), sum(b.nbytes for b in buckets), len(buckets), time.monotonic() - t0, server,
-            parity,
-        )
+        parity = None
+        if commit:
+            self.version = version
+            self.publishes += 1
+        if probe_due:
+            parity = self.parity_probe.check(state_dict, probe_ids, [self.server_url], self.api_key, version,
+                                             leader=self.rank == 0, agree=self.agree).get(self.server_url)
+        return PublishResult(version, len(items), sum(b.nbytes for b in buckets), len(buckets),
+                             time.monotonic() - t0, server, parity)
 
     def commit(self, version: int) -> dict[str, Any]:
         """Apply the staged ``version`` (rank 0 asks the server; every rank records the new version)."""
@@ -214,20 +210,7 @@ class RewardModelPublisher(ClosedOnExit):
                 raise WeightUpdateRefused(e.message) from None
             raise WeightSyncError(f"{path} for version {version} failed: {e.cause}") from None
 
-    def _check_parity(self, model: torch.nn.Module, probe_ids: Sequence[Sequence[int]]) -> dict[str, Any] | None:
-        """Every rank computes the reference (a sharded forward is collective); rank 0 asks the server."""
-        reference = self.parity_probe.reference_scores(model, probe_ids)
-        error, figures = None, None
-        if self.rank == 0:
-            try:
-                report = self.parity_probe.compare(reference, probe_ids, self.server_url, self.api_key, self.version)
-                figures = report.as_dict()
-            except Exception as e:  # every rank learns it through _agree
-                error = e
-        self._agree(error)
-        return figures
-
-    def _agree(self, error: Exception | None) -> None:
+    def agree(self, error: Exception | None) -> None:
         """Every rank learns rank 0's outcome before anyone starts gathering (or nobody does)."""
         if self.world_size > 1:
             box = [None if error is None else (isinstance(error, WeightUpdateRefused), str(error))]

@@ -15,7 +15,7 @@ import urllib.parse
 import uuid
 from typing import Any, Iterator, Sequence
 
-from verl_vllm_rm.http import HttpError, JsonHttp, free_port
+from verl_vllm_rm.client.http import HttpError, JsonHttp, free_port
 from verl_vllm_rm.protocol.inventory import ParamSpec, WeightUpdateRefused
 from verl_vllm_rm.protocol.names import RewardModelTrainingMode
 from verl_vllm_rm.protocol.wire import Bucket, BufferPool, TransferGroup, open_group, pack

@@ -28,19 +28,19 @@ async def health(request: Request) -> JSONResponse:
         "status": "ok",
         "type": state.kind,
         "model": state.served_models[0],
-        "version": state.version,
+        "version": state.weights.version,
         "max_model_len": state.max_model_len,
         "step_tag_id": state.step_tag_id,
         "scoring": state.scoring.as_dict(),
     }
-    if state.pending_update is not None:
-        body["pending_update"] = state.pending_update
-    if state.staged_update is not None:
-        body["staged_update"] = state.staged_update["version"]
-    if state.last_update:
-        body["last_update"] = state.last_update
-    if state.last_failed_update:
-        body["last_failed_update"] = state.last_failed_update
+    if state.weights.pending_update is not None:
+        body["pending_update"] = state.weights.pending_update
+    if state.weights.staged_update is not None:
+        body["staged_update"] = state.weights.staged_update["version"]
+    if state.weights.last_update:
+        body["last_update"] = state.weights.last_update
+    if state.weights.last_failed_update:
+        body["last_failed_update"] = state.weights.last_failed_update
     return JSONResponse(body)
 
 
@@ -77,7 +77,7 @@ async def score(request: Request) -> JSONResponse:
 
 @router.get("/runtime_version")
 async def runtime_version(request: Request) -> JSONResponse:
-    return JSONResponse({"version": request.app.state.reward.version})
+    return JSONResponse({"version": request.app.state.reward.weights.version})
 
 
 @router.get("/get_world_size")

@@ -73,8 +73,8 @@ async def tokenize(engine, texts: list[str]) -> list[list[int]]:
 async def score(engine, state: RewardServerState, req: ScoreRequest, token_ids: list[list[int]]) -> dict[str, Any]:
     """The ``/score`` answer; a weight update never lands halfway through it."""
     steps = state.step_tag_id is not None
-    async with state.gate.scoring():  # no update lands inside: the version read here computed every score
-        version = state.version
+    async with state.weights.gate.scoring():  # no update lands inside: the version read here computed every score
+        version = state.weights.version
         results = await score_token_ids(engine, token_ids, normalize=req.normalize, steps=steps)
     return score_response(
         req.model or state.served_models[0],

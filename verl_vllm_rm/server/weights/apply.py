@@ -19,8 +19,8 @@ from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
 
 from verl_vllm_rm.protocol.inventory import ParamSpec
 from verl_vllm_rm.protocol.names import RewardModelTrainingMode
-from verl_vllm_rm.server.state import RewardServerState
-from verl_vllm_rm.server.worker_extension import ABORT_PHASE
+from verl_vllm_rm.server.weights.state import WeightSyncState
+from verl_vllm_rm.server.weights.worker_extension import ABORT_PHASE
 
 logger = logging.getLogger(__name__)
 
@@ -45,19 +45,19 @@ async def _receive(engine, specs: list[ParamSpec], bucket_bytes: int) -> None:
 
 async def _drop_session(app: FastAPI, record: dict[str, Any], error: BaseException) -> None:
     """After a failed receive or reload: the old weights keep serving; the communicator is unusable."""
-    state: RewardServerState = app.state.reward
+    state: WeightSyncState = app.state.reward.weights
     record.update(status="failed", error=f"{type(error).__name__}: {error}", serving_version=state.version)
     try:
         await app.state.engine_client.shutdown_weight_transfer_engine()
     finally:
-        app.state.weight_sync.session = None
+        app.state.reward.weights.session = None
     state.last_failed_update = {**record, "at": time.time()}
 
 
 async def apply_update(app: FastAPI, specs: list[ParamSpec], mode: RewardModelTrainingMode, version: int,
                        bucket_bytes: int, deferred: bool) -> dict[str, Any]:
     """Receive the update, then apply it (or, ``deferred``, keep it staged); the record of what happened."""
-    state: RewardServerState = app.state.reward
+    state: WeightSyncState = app.state.reward.weights
     record: dict[str, Any] = {"version": version, "training_mode": mode.value, "num_params": len(specs)}
     t0 = time.monotonic()
     state.pending_update = version
@@ -82,7 +82,7 @@ async def apply_update(app: FastAPI, specs: list[ParamSpec], mode: RewardModelTr
 
 async def commit_update(app: FastAPI) -> dict[str, Any]:
     """Apply the staged update (the caller checked there is one)."""
-    state: RewardServerState = app.state.reward
+    state: WeightSyncState = app.state.reward.weights
     record, state.staged_update = dict(state.staged_update), None
     t0 = time.monotonic()
     try:
@@ -97,7 +97,7 @@ async def commit_update(app: FastAPI) -> dict[str, Any]:
 
 async def abort_update(app: FastAPI) -> dict[str, Any]:
     """Drop the staged update; the serving weights never changed (the caller checked there is one)."""
-    state: RewardServerState = app.state.reward
+    state: WeightSyncState = app.state.reward.weights
     record, state.staged_update = dict(state.staged_update), None
     try:  # the worker extension drops its buffers and raises: vLLM then closes the update session
         await app.state.engine_client.update_weights(WeightTransferUpdateRequest({"phase": ABORT_PHASE}))
@@ -111,7 +111,7 @@ async def abort_update(app: FastAPI) -> dict[str, Any]:
 
 async def _reload(app: FastAPI, version: int, record: dict[str, Any]) -> None:
     """Pause scoring, load the received weights, reset the prefix cache, bump the version, resume."""
-    state: RewardServerState = app.state.reward
+    state: WeightSyncState = app.state.reward.weights
     engine = app.state.engine_client
     t0 = time.monotonic()
     async with state.gate.updating_weights():

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
 from fastapi import APIRouter, FastAPI, Request
@@ -30,43 +29,19 @@ from verl_vllm_rm.protocol.names import RewardModelTrainingMode
 from verl_vllm_rm.protocol.json_body import is_int, parse_json, preview
 from verl_vllm_rm.server.state import RewardServerState, error_response, read_body
 from verl_vllm_rm.server.weights.apply import abort_update, apply_update, commit_update
-from verl_vllm_rm.server.weights.join import DEFAULT_JOIN_TIMEOUT_S, JoinTimedOut, join_bound, join_group
+from verl_vllm_rm.server.weights.join import JoinTimedOut, join_bound, join_group
+from verl_vllm_rm.server.weights.state import DEFAULT_JOIN_TIMEOUT_S, WeightSyncState
 
 WEIGHT_ROUTES = ("/weight_inventory", "/init_communicator", "/update_param_batch", "/commit_update", "/abort_update",
                  "/close_communicator")
 COMMIT_MODES = ("now", "deferred")
 
 
-@dataclass
-class WeightSyncState:
-    """Weight-update state next to ``app.state.reward``; lives in ``app.state.weight_sync``."""
-
-    transport: str
-    head_patterns: tuple[str, ...]
-    max_update_bytes: int | None = None
-    join_timeout_s: float = DEFAULT_JOIN_TIMEOUT_S
-    inventory: Inventory | None = None
-    session: str | None = None
-    update_task: asyncio.Task | None = None
-    control: asyncio.Lock = field(default_factory=asyncio.Lock)
-
-
 router = APIRouter()
 
 
-def _busy(request: Request) -> str | None:
-    """Why no other update or communicator change may start now (None: nothing is in the way)."""
-    sync: WeightSyncState = request.app.state.weight_sync
-    staged = request.app.state.reward.staged_update
-    if sync.update_task is not None and not sync.update_task.done():
-        return "a weight update is in progress; retry after it finishes"
-    if staged is not None:
-        return f"version {staged['version']} is staged: POST /commit_update or /abort_update with it first"
-    return None
-
-
 async def _inventory(request: Request) -> Inventory:
-    sync: WeightSyncState = request.app.state.weight_sync
+    sync: WeightSyncState = request.app.state.reward.weights
     if sync.inventory is None:
         results = await request.app.state.engine_client.collective_rpc("rm_weight_inventory")
         sync.inventory = Inventory.from_json(results[0])
@@ -82,7 +57,7 @@ async def _body(request: Request) -> dict[str, Any]:
 
 @router.get("/weight_inventory")
 async def weight_inventory(request: Request) -> JSONResponse:
-    sync: WeightSyncState = request.app.state.weight_sync
+    sync: WeightSyncState = request.app.state.reward.weights
     state: RewardServerState = request.app.state.reward
     body = (await _inventory(request)).to_json()
     body.update(
@@ -90,7 +65,7 @@ async def weight_inventory(request: Request) -> JSONResponse:
         transport=sync.transport,
         head_patterns=list(sync.head_patterns),
         world_size=state.world_size,
-        version=state.version,
+        version=sync.version,
     )
     return JSONResponse(body)
 
@@ -121,14 +96,14 @@ async def init_communicator(request: Request) -> JSONResponse:
     Answers within ``min(timeout_s, --weight-update-join-timeout)`` + ``JOIN_GRACE_S``: 504 when the
     trainer's address did not complete the join in time, 502 when the join failed; scoring goes on.
     """
-    sync: WeightSyncState = request.app.state.weight_sync
+    sync: WeightSyncState = request.app.state.reward.weights
     state: RewardServerState = request.app.state.reward
     try:
         info = _parse_init(await _body(request), 1 + state.world_size)
     except RequestError as e:
         return error_response(e.message, e.status)
     async with sync.control:
-        if (busy := _busy(request)) is not None:
+        if (busy := sync.busy()) is not None:
             return error_response(busy, 409)
         sync.session = None
         bound = join_bound(info["timeout_s"], sync.join_timeout_s)
@@ -144,9 +119,9 @@ async def init_communicator(request: Request) -> JSONResponse:
 
 @router.post("/close_communicator")
 async def close_communicator(request: Request) -> JSONResponse:
-    sync: WeightSyncState = request.app.state.weight_sync
+    sync: WeightSyncState = request.app.state.reward.weights
     async with sync.control:
-        if (busy := _busy(request)) is not None:
+        if (busy := sync.busy()) is not None:
             return error_response(busy, 409)
         await request.app.state.engine_client.shutdown_weight_transfer_engine()
         sync.session = None
@@ -183,17 +158,16 @@ def _parse_update(payload: dict[str, Any], inventory: Inventory, sync: WeightSyn
 @router.post("/update_param_batch")
 async def update_param_batch(request: Request):
     """Validate ``{metadata, training_mode, version, bucket_bytes, commit?}``, then receive and apply (or stage) it."""
-    sync: WeightSyncState = request.app.state.weight_sync
-    state: RewardServerState = request.app.state.reward
+    sync: WeightSyncState = request.app.state.reward.weights
     async with sync.control:
         try:
             payload = await _body(request)
-            if (busy := _busy(request)) is not None:
+            if (busy := sync.busy()) is not None:
                 raise RequestError(busy, 409)
             if sync.session is None:
                 raise RequestError("no communicator: call /init_communicator before /update_param_batch", 409)
             specs, mode, version, bucket_bytes, deferred = _parse_update(payload, await _inventory(request), sync,
-                                                                         state.version)
+                                                                         sync.version)
         except RequestError as e:
             return error_response(e.message, e.status)
         task = asyncio.create_task(apply_update(request.app, specs, mode, version, bucket_bytes, deferred))
@@ -208,7 +182,7 @@ async def update_param_batch(request: Request):
 
 async def _staged_version(request: Request) -> int:
     """The ``version`` the request names, which must be the staged one."""
-    staged = request.app.state.reward.staged_update
+    staged = request.app.state.reward.weights.staged_update
     version = (await _body(request)).get("version")
     if staged is None:
         raise RequestError(f"no update is staged (asked for version {preview(version)}); stage one with "
@@ -220,7 +194,7 @@ async def _staged_version(request: Request) -> int:
 
 async def _second_phase(request: Request, action) -> JSONResponse:
     """Commit or abort the staged update the request names."""
-    sync: WeightSyncState = request.app.state.weight_sync
+    sync: WeightSyncState = request.app.state.reward.weights
     async with sync.control:
         try:
             await _staged_version(request)
@@ -246,5 +220,7 @@ def install_weight_routes(
     app: FastAPI, transport: str, head_patterns: tuple[str, ...], max_update_bytes: int | None = None,
     join_timeout_s: float = DEFAULT_JOIN_TIMEOUT_S,
 ) -> None:
-    app.state.weight_sync = WeightSyncState(transport, head_patterns, max_update_bytes, join_timeout_s)
+    sync: WeightSyncState = app.state.reward.weights
+    sync.transport, sync.head_patterns = transport, head_patterns
+    sync.max_update_bytes, sync.join_timeout_s = max_update_bytes, join_timeout_s
     app.include_router(router)

@@ -1,6 +1,6 @@
 """The manager's ``judge`` component: each sample's score from its prompt group's one judgement.
 
-Every sample joins its group's rendezvous (:mod:`verl_vllm_rm.scoring.rendezvous`): a plain object
+Every sample joins its group's rendezvous (:mod:`verl_vllm_rm.judge.rendezvous`): a plain object
 when the whole group is in this process, the run's named Ray actor inside verl's reward-loop
 workers (members reach different workers). Groups are keyed by ``uid`` and hold
 ``judge.group_size`` members, by default verl's ``actor_rollout_ref.rollout.n``
@@ -14,11 +14,10 @@ import logging
 import numbers
 from typing import Any, Callable
 
-from verl_vllm_rm.scoring.judge_client import VERDICT_SCORE
-from verl_vllm_rm.scoring.options import JudgeOptions, ManagerOptions
-from verl_vllm_rm.scoring.pairwise import reference_text
-from verl_vllm_rm.scoring.rendezvous import JudgeRendezvous, rendezvous_actor
-from verl_vllm_rm.scoring.rm_inputs import Sample, prompt_text
+from verl_vllm_rm.judge.client import VERDICT_SCORE
+from verl_vllm_rm.judge.options import JudgeOptions
+from verl_vllm_rm.judge.rendezvous import JudgeRendezvous, rendezvous_actor
+from verl_vllm_rm.rows import Sample, prompt_text, reference_text
 
 logger = logging.getLogger(__name__)
 #: what every sample's ``reward_extra_info`` gets from the judge (None where its mode gives no such value)
@@ -67,10 +66,11 @@ def _in_ray_actor() -> bool:
 class SampleJudge:
     """Judges samples by group for one manager (``num_examine`` groups keep the judge's raw answer)."""
 
-    def __init__(self, manager_options: ManagerOptions, config: Any, tokenizer: Any) -> None:
-        self.options: JudgeOptions = manager_options.judge
+    def __init__(self, options: JudgeOptions, config: Any, tokenizer: Any, *, num_examine: int,
+                 reference_source: str) -> None:
+        self.options = options
         self.sizes = group_sizes(self.options, config)
-        self.num_examine, self.reference_source = manager_options.num_examine, manager_options.reference_source
+        self.num_examine, self.reference_source = num_examine, reference_source
         self.tokenizer = tokenizer
         self.examined: set[str] = set()
         self.failed = 0

@@ -16,7 +16,7 @@ import pytest
 
 from verl_vllm_rm.dev.grpo_batch import build_batch
 from verl_vllm_rm.options import ConfigError
-from verl_vllm_rm.scoring.whitening_checkpoint import (
+from verl_vllm_rm.plugin.whitening_checkpoint import (
     WHITENING_FILE,
     WhiteningCheckpoint,
     whitened_reward_models,

@@ -138,7 +138,7 @@ class JudgeRendezvous(GroupRendezvous):
     """The rendezvous that judges with a :class:`JudgeClient` (the class of the named Ray actor)."""
 
     def __init__(self, options: Any) -> None:
-        from verl_vllm_rm.scoring.judge_client import JudgeClient
+        from verl_vllm_rm.judge.client import JudgeClient
 
         self.client = JudgeClient(options)
         super().__init__(self._judge)

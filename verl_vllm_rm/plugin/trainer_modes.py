@@ -31,12 +31,14 @@ from verl_vllm_rm.monitor.metrics import StepRewards, step_metrics
 from verl_vllm_rm.options import ConfigError
 from verl_vllm_rm.replicas.fleet import FleetReadings
 from verl_vllm_rm.scoring.options import run_reward_models
-from verl_vllm_rm.scoring.reward_workers import mark_validation
-from verl_vllm_rm.scoring.whitening_checkpoint import WhiteningCheckpoint, whitened_reward_models
+from verl_vllm_rm.plugin.reward_workers import mark_validation
+from verl_vllm_rm.plugin.whitening_checkpoint import WhiteningCheckpoint, whitened_reward_models
 
 logger = logging.getLogger(__name__)
 
 TRAINER_MODE = "vllm_rm"
+#: what the reward metrics read of each trajectory of a step
+STEP_FIELDS = ["uid", "responses", "extra_fields"]
 
 
 def step_folder(config: DictConfig, global_steps: int) -> str:
@@ -65,18 +67,21 @@ def real_keys(batch: KVBatchMeta) -> list[str]:
     return [key for key, tag in zip(batch.keys, batch.tags) if not tag.get("is_padding", False)]
 
 
-def read_step_rewards(batch: KVBatchMeta) -> tuple[list[str], StepRewards]:
-    """The step's trajectory keys and their rewards (group, response length, reward_extra_info columns)."""
+def read_step(batch: KVBatchMeta, fields: list[str]) -> tuple[list[str], dict[str, Any]]:
+    """The step's real trajectory keys (:func:`real_keys`) and their ``fields``, in one TransferQueue read."""
     keys = real_keys(batch)
-    data = tq.kv_batch_get(keys=keys, partition_id=batch.partition_id,
-                           select_fields=["uid", "responses", "extra_fields"])
+    return keys, tq.kv_batch_get(keys=keys, partition_id=batch.partition_id, select_fields=fields)
+
+
+def step_rewards(data: dict[str, Any]) -> StepRewards:
+    """The step's rewards (group, response length, reward_extra_info columns) from its :data:`STEP_FIELDS`."""
     infos = [reward_extra_info(row) for row in data["extra_fields"]]
     if not all("rm_valid" in info for info in infos):
         raise ConfigError(f"trainer mode {TRAINER_MODE!r} reads the rewards of reward.reward_manager.name=vllm_rm "
                           "and this run's rollouts have none: set reward.reward_manager.name=vllm_rm, or drop "
                           f"trainer.v1.trainer_mode={TRAINER_MODE}")
     lengths = data["responses"].offsets().diff().tolist()
-    return keys, StepRewards.from_rows(list(data["uid"]), lengths, infos)
+    return StepRewards.from_rows(list(data["uid"]), lengths, infos)
 
 
 def dump_columns(dump_keys: list[str], keys: list[str], rewards: StepRewards) -> dict[str, list]:
@@ -122,12 +127,18 @@ class RewardMetrics:
             self.whitening.resume(os.path.join(resumed_folder(self.config, self.global_steps), self.state_dir))
         self.rm_normalized = bool(OmegaConf.select(self.config, "reward.reward_kwargs.normalize", default=False))
         self.step_rewards: tuple[list[str], StepRewards] | None = None
+        self.step_data: dict[str, Any] = {}  # the last step's trajectories, as read_step gave them
         self._dumping_rollouts = False
+
+    def step_fields(self) -> list[str]:
+        """The fields of each trajectory this trainer reads after a step (a subclass adds its own: one read)."""
+        return list(STEP_FIELDS)
 
     def step(self, metrics: dict, timing_raw: dict) -> KVBatchMeta:
         batch = super().step(metrics, timing_raw)
         with marked_timer("reward_metrics", timing_raw, color="yellow"):
-            self.step_rewards = read_step_rewards(batch)
+            keys, self.step_data = read_step(batch, self.step_fields())
+            self.step_rewards = keys, step_rewards(self.step_data)
             self.log_reward_metrics(metrics, step_metrics(self.step_rewards[1], self.rm_normalized))
             metrics.update(self.fleets.step_metrics())
         return batch

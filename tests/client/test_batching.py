@@ -11,7 +11,7 @@ import asyncio
 
 import pytest
 
-from verl_vllm_rm.scoring.batching import GroupBatcher, group_order, split_by_budget
+from verl_vllm_rm.client.batching import GroupBatcher, group_order, split_by_budget
 
 
 def test_split_by_budget_respects_both_limits():

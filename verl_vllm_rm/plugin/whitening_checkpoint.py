@@ -20,7 +20,7 @@ from omegaconf import DictConfig
 
 from verl_vllm_rm.options import ConfigError
 from verl_vllm_rm.rewards.ensemble import Moments
-from verl_vllm_rm.scoring.reward_workers import manager_of, on_every_worker
+from verl_vllm_rm.plugin.reward_workers import manager_of, on_every_worker
 
 logger = logging.getLogger(__name__)
 

@@ -1,13 +1,15 @@
-"""Reading trajectories out of a verl ``DataProto``: the batch path and the one-row path agree, row by row."""
+"""Reading trajectories out of verl's rows (``rows.py``): the batch path and the one-row path agree, row by row,
+and the padded layout and TransferQueue's jagged one give the same ids."""
 
 from __future__ import annotations
 
-from verl_vllm_rm.dev.grpo_batch import Group, build_batch
 import numpy as np
 import orjson
 import pytest
+import torch
 
-from verl_vllm_rm.scoring.rm_inputs import OverlongInputError, Sample, fit_to_length, samples_of, samples_of_rows
+from verl_vllm_rm.dev.grpo_batch import Group, build_batch
+from verl_vllm_rm.rows import Sample, samples_of, samples_of_rows, unpadded
 
 PAD = 0
 
@@ -78,12 +80,13 @@ def test_rows_that_cannot_be_read_together_are_read_alone_each_with_its_own_erro
     assert isinstance(read[2], KeyError) and "attention_mask" in str(read[2])
 
 
-def test_fit_to_length_joins_lists_and_arrays_as_int64_and_drops_prompt_from_the_left():
-    ids, dropped = fit_to_length(np.array([1, 2, 3]), [4, 5], max_length=4, policy="truncate_prompt_left")
-    assert ids.tolist() == [2, 3, 4, 5] and dropped == 1 and ids.dtype == np.int64
-    ids, dropped = fit_to_length([], [], max_length=4, policy="error")  # empty lists stay integer, not float
-    assert ids.tolist() == [] and dropped == 0 and ids.dtype == np.int64
-    with pytest.raises(OverlongInputError, match="overlong_policy=truncate_prompt_left"):
-        fit_to_length([1, 2, 3], np.array([4, 5]), max_length=4, policy="error")
-    with pytest.raises(OverlongInputError, match="the response alone has 4 tokens"):
-        fit_to_length([1], np.array([2, 3, 4, 5]), max_length=4, policy="truncate_prompt_left")
+def test_jagged_rows_read_like_their_padded_batch():
+    """TransferQueue hands the online RM trainer jagged rows (no padding, no mask): the same reader gives the same ids."""
+    data = build_batch(_groups(), PAD)
+    padded = unpadded(data.batch["prompts"], data.batch["responses"], data.batch["attention_mask"])
+    prompts, responses = padded
+    jagged = unpadded(torch.nested.nested_tensor([torch.from_numpy(p) for p in prompts], layout=torch.jagged),
+                      torch.nested.nested_tensor([torch.from_numpy(r) for r in responses], layout=torch.jagged))
+    assert [[a.tolist() for a in side] for side in jagged] == [[a.tolist() for a in side] for side in padded]
+    with pytest.raises(ValueError, match="padded prompts and responses need their attention_mask"):
+        unpadded(data.batch["prompts"], data.batch["responses"])

@@ -3,7 +3,7 @@
 One pooled session per event loop, bounded concurrency, finite timeouts, retries
 with exponential backoff and jitter on connection errors, timeouts, 429 and 5xx
 (never on other 4xx), and least-outstanding-requests routing over several servers
-with fail-over. Each attempt goes through :mod:`verl_vllm_rm.http`. The server list is
+with fail-over. Each attempt goes through :mod:`verl_vllm_rm.client.http`. The server list is
 fixed (``server_url``) or follows a source (:meth:`VLLMRewardClient.follow`: managed
 replicas), asked again at most once a second and awaited only while no server is known.
 
@@ -27,10 +27,11 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Sequence
 
 import numpy as np
 
-from verl_vllm_rm import http
+from verl_vllm_rm.client import http
 from verl_vllm_rm.protocol.score import ScoreResponseError, Scores, parse_score_response
-from verl_vllm_rm.scoring.batching import split_by_budget
-from verl_vllm_rm.scoring.options import ClientOptions, parse_options
+from verl_vllm_rm.client.batching import split_by_budget
+from verl_vllm_rm.client.options import ClientOptions
+from verl_vllm_rm.options import build
 
 if TYPE_CHECKING:
     import aiohttp
@@ -92,7 +93,7 @@ class VLLMRewardClient:
         if options is None:
             if server_url is not None:
                 kwargs["server_url"] = server_url
-            options = parse_options(kwargs, ClientOptions)
+            options = build(ClientOptions, kwargs, "reward_kwargs")
         elif server_url is not None or kwargs:
             raise TypeError("pass either options=ClientOptions(...) or keyword options, not both")
         self.options: ClientOptions = options

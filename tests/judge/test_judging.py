@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from verl_vllm_rm.options import ConfigError
-from verl_vllm_rm.scoring.judging import group_sizes
-from verl_vllm_rm.scoring.loader import vllm_rm_config
-from verl_vllm_rm.scoring.options import JudgeOptions
+from verl_vllm_rm.judge.reward import group_sizes
+from verl_vllm_rm.dev.loader import vllm_rm_config
+from verl_vllm_rm.judge.options import JudgeOptions
 
 NO_VALIDATION = ["trainer.val_before_train=False", "trainer.test_freq=-1"]
 
@@ -29,7 +29,7 @@ def test_group_sizes_come_from_verls_rollout(tiny_rm, overrides, judge, sizes):
     (["actor_rollout_ref.rollout.n=4"], r"validation groups hold 1 response\(s\) \(actor_rollout_ref.rollout.val_kwargs.n\)"),
 ])
 def test_modes_that_compare_within_a_group_refuse_groups_of_one(tokenizer, tiny_rm, mode, overrides, phase):
-    from verl_vllm_rm.scoring.loader import load_manager
+    from verl_vllm_rm.dev.loader import load_manager
 
     judge = {"server_url": ["http://127.0.0.1:1"], "mode": mode.split("_")[0]}
     if mode == "pairwise_group":

@@ -5,7 +5,7 @@ import types
 import pytest
 
 from verl_vllm_rm.options import ConfigError
-from verl_vllm_rm.scoring.reward_workers import manager_of, on_every_worker
+from verl_vllm_rm.plugin.reward_workers import manager_of, on_every_worker
 
 
 def test_a_worker_without_vllm_rms_manager_is_named():

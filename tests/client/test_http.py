@@ -1,10 +1,10 @@
-"""``verl_vllm_rm.http``: the synchronous and the asynchronous call fail the same way, with the server's words."""
+"""``verl_vllm_rm.client.http``: the synchronous and the asynchronous call fail the same way, with the server's words."""
 
 import asyncio
 
 import pytest
 
-from verl_vllm_rm.http import HttpError, JsonHttp, get_json, open_session, request_json
+from verl_vllm_rm.client.http import HttpError, JsonHttp, get_json, open_session, request_json
 
 
 def request_once(url: str, method: str = "GET", payload=None, api_key: str | None = None):
@@ -64,3 +64,36 @@ def test_numpy_token_ids_are_sent_as_json_integers(rm_server):
     as_numpy_ints = request_once(rm_server.url + "/score", "POST", {"input": [[np.int32(t) for t in x] for x in ids]})
     assert [d["score"] for d in plain["data"]] == [d["score"] for d in as_numpy["data"]] \
         == [d["score"] for d in as_numpy_ints["data"]]
+
+
+# A new user's script: verl's load_reward_manager, one batch scored, no close(); and a bare client under
+# asyncio.run, whose loop is closed before the process exits.
+NO_CLOSE_MANAGER = """
+import sys
+from transformers import AutoTokenizer
+from verl_vllm_rm.dev.grpo_batch import Group, build_batch
+from verl_vllm_rm.dev.loader import load_manager
+url, model = sys.argv[1:3]
+tok = AutoTokenizer.from_pretrained(model)
+manager = load_manager(tok, url, model, {"num_examine": 0})
+group = Group(tok("What is 3 + 4?").input_ids, [tok(" 7", add_special_tokens=False).input_ids])
+print("score", float(manager(build_batch([group], tok.pad_token_id)).sum()))
+"""
+NO_CLOSE_CLIENT = """
+import asyncio, sys
+from verl_vllm_rm.client.reward_client import VLLMRewardClient
+client = VLLMRewardClient(sys.argv[1])
+print("score", asyncio.run(client.score("hello there")))
+"""
+
+
+@pytest.mark.parametrize("script", [NO_CLOSE_MANAGER, NO_CLOSE_CLIENT], ids=["manager", "client_asyncio_run"])
+def test_a_script_that_never_closes_leaves_no_unclosed_session_at_exit(rm_server, tiny_rm, script):
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-X", "dev", "-c", script, rm_server.url, tiny_rm], capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "score " in out.stdout
+    assert "Unclosed" not in out.stderr, out.stderr[-3000:]

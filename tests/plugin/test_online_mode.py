@@ -1,8 +1,9 @@
-"""Trainer mode ``vllm_rm_online`` (``online/trainer_mode.py``) with verl's own pieces, around a PPO step.
+"""Trainer mode ``vllm_rm_online`` (``plugin/online_mode.py``) with verl's own pieces, around a PPO step.
 
 No PPO step runs here: these tests run what surrounds it for real: the trainer class
-built from verl's composed config inside a Ray worker that found it through
-``VERL_USE_EXTERNAL_MODULES`` (the recipe's route), and the RM step reading a
+built from verl's composed config inside a Ray worker that found it through the
+package's ``verl.plugins`` entry point alone (and through an old setup's
+``VERL_USE_EXTERNAL_MODULES``, with its warning), and the RM step reading a
 step's trajectories from a real TransferQueue, written field by field as verl's
 agent loop writes them (``AgentLoopOutput.as_dict`` + ``list_of_dict_to_tensordict``,
 padding rows by verl's ``upsample_batch_to_divisible_size``), then training and
@@ -25,7 +26,14 @@ from sync_helpers import PARITY_ATOL, max_diff, reset_server, runtime_version, s
 from tq_helpers import put_trajectories
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "grpo_math_online_rm.sh"
-MODULE = "verl_vllm_rm.online.trainer_mode"
+
+
+def read_rollout(batch, reward_key: str):
+    """A step's rollout as the trainer reads it: the reward metrics' fields and the RM step's, in one read."""
+    from verl_vllm_rm.plugin.online_mode import rollout_fields, rollout_of
+    from verl_vllm_rm.plugin.trainer_modes import STEP_FIELDS, read_step
+
+    return rollout_of(read_step(batch, [*STEP_FIELDS, *rollout_fields(reward_key)])[1], reward_key)
 
 
 def recipe_overrides(**env: str) -> list[str]:
@@ -35,26 +43,41 @@ def recipe_overrides(**env: str) -> list[str]:
                           check=True).stdout.splitlines()
 
 
-def test_ray_worker_finds_the_trainer_mode_and_it_behaves_as_sync(ray_cluster, compose_config):
-    """Built like main_ppo's task runner builds it: verl's registry, the recipe's config."""
+OLD_MODULE = "verl_vllm_rm.online.trainer_mode"  # what older setups put in VERL_USE_EXTERNAL_MODULES
+
+
+@pytest.mark.parametrize("external_modules", ["", OLD_MODULE])
+def test_ray_worker_finds_the_trainer_mode_and_it_behaves_as_sync(ray_cluster, compose_config, external_modules):
+    """Built like main_ppo's task runner builds it: verl's registry, the recipe's config, in a worker with only
+    the entry point; a worker that still names the old module gets the same trainer and a warning to drop it."""
     import cloudpickle
     import ray
 
     overrides = recipe_overrides()
-    assert f"+ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES={MODULE}" in overrides
+    assert not [o for o in overrides if "VERL_USE_EXTERNAL_MODULES" in o]
     config = compose_config(overrides)
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
-    @ray.remote(runtime_env={"env_vars": {"VERL_USE_EXTERNAL_MODULES": MODULE}})
+    @ray.remote(runtime_env={"env_vars": {"VERL_USE_EXTERNAL_MODULES": external_modules}})
     def build(config):
-        import verl  # noqa: F401  (imports the modules named by VERL_USE_EXTERNAL_MODULES)
-        from verl.trainer.ppo.v1 import get_trainer_cls
+        import warnings
+
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            import verl  # noqa: F401  (loads the verl.plugins entry points, and VERL_USE_EXTERNAL_MODULES)
+            from verl.trainer.ppo.v1 import get_trainer_cls
 
         trainer = get_trainer_cls(config.trainer.v1.trainer_mode)(config)
-        return type(trainer).__name__, type(trainer.replay_buffer).__name__, trainer.trainer_mode
+        said = [str(w.message) for w in caught if "no longer needed" in str(w.message)]
+        return type(trainer).__name__, type(trainer.replay_buffer).__name__, trainer.trainer_mode, said
 
     # verl keys the replay buffer, refill and checkpoints off trainer_mode: "sync", not the async buffer.
-    assert ray.get(build.remote(config)) == ("OnlineRewardModelTrainer", "ReplayBuffer", "sync")
+    name, buffer, mode, said = ray.get(build.remote(config))
+    assert (name, buffer, mode) == ("OnlineRewardModelTrainer", "ReplayBuffer", "sync")
+    if external_modules:
+        assert len(said) == 1 and f"VERL_USE_EXTERNAL_MODULES={OLD_MODULE} is no longer needed" in said[0]
+    else:
+        assert said == []
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +97,6 @@ def step_rollout(queue, tokenizer):
 
 
 def test_read_rollout_gives_unpadded_sequences_and_either_reward(step_rollout):
-    from verl_vllm_rm.online.trainer_mode import read_rollout
 
     from verl_vllm_rm.online.config import OnlineRMConfig
 
@@ -87,14 +109,13 @@ def test_read_rollout_gives_unpadded_sequences_and_either_reward(step_rollout):
 
 
 def test_a_reward_key_the_rollout_lacks_is_named_with_the_ones_it_has(step_rollout):
-    from verl_vllm_rm.online.trainer_mode import read_rollout
 
     with pytest.raises(KeyError, match=r"reward_key='acc'.*\['verifiable_score'\].*rm_scores"):
         read_rollout(step_rollout[1], "acc")
 
 
 def test_trainer_without_online_rm_options_names_them(compose_config):
-    from verl_vllm_rm.online.trainer_mode import build_online_rm
+    from verl_vllm_rm.plugin.online_mode import build_online_rm
 
     with pytest.raises(ValueError, match=r"online_rm section.*\+online_rm.model_path"):
         build_online_rm(compose_config(["trainer.v1.trainer_mode=vllm_rm_online"]), 0)
@@ -106,7 +127,7 @@ def test_trainer_without_online_rm_options_names_them(compose_config):
     ("[http://rm-host:9000]", "http://rm-host:9000"),
 ])
 def test_online_rm_publishes_to_the_reward_managers_server_by_default(compose_config, reward_url, expected):
-    from verl_vllm_rm.online.trainer_mode import online_rm_config
+    from verl_vllm_rm.plugin.online_mode import online_rm_config
 
     overrides = ["+online_rm.model_path=/rm"] + ([f"+reward.reward_kwargs.server_url={reward_url}"] if reward_url else [])
     assert online_rm_config(compose_config(overrides)).server_url == expected
@@ -115,7 +136,7 @@ def test_online_rm_publishes_to_the_reward_managers_server_by_default(compose_co
 
 
 def test_online_rm_needs_its_server_named_when_the_manager_has_several(compose_config):
-    from verl_vllm_rm.online.trainer_mode import online_rm_config
+    from verl_vllm_rm.plugin.online_mode import online_rm_config
 
     config = compose_config(["+online_rm.model_path=/rm", "+reward.reward_kwargs.server_url=[http://a:1,http://b:2]"])
     with pytest.raises(ValueError, match=r"online_rm.server_url is unset and .* lists \['http://a:1', 'http://b:2'\]"):
@@ -123,7 +144,7 @@ def test_online_rm_needs_its_server_named_when_the_manager_has_several(compose_c
 
 
 def test_online_rm_with_managed_replicas_publishes_to_every_replica_of_the_rm(compose_config):
-    from verl_vllm_rm.online.trainer_mode import online_rm_config
+    from verl_vllm_rm.plugin.online_mode import online_rm_config
 
     managed = ["+online_rm.model_path=/rm", "reward.reward_manager.name=vllm_rm",
                "+reward.reward_kwargs.replicas={model:/rm,num_replicas:2}"]
@@ -144,7 +165,8 @@ def test_rm_step_trains_on_a_queued_rollout_and_publishes(step_rollout, compose_
     runs here): one pair per prompt group, padding rows skipped, a publish per call with parity, and the
     server's scores moved. That this runs after every real PPO step is
     ``tests/dev/test_tiny_ppo_online.py::test_every_step_trains_publishes_and_matches_the_trainer``."""
-    from verl_vllm_rm.online.trainer_mode import OnlineRewardModelTrainer, build_online_rm, read_rollout
+    from verl_vllm_rm.plugin.online_mode import OnlineRewardModelTrainer, build_online_rm
+    from verl_vllm_rm.plugin.trainer_modes import read_step
 
     reset_server(ws_server.url, tiny_rm)
     options = dict(model_path=tiny_rm, server_url=ws_server.url, training_mode="lora", lora_rank=4, lr=5e-3,
@@ -159,7 +181,7 @@ def test_rm_step_trains_on_a_queued_rollout_and_publishes(step_rollout, compose_
     rollout_sequences = read_rollout(step_rollout[1], "verifiable_score")[1]
     initial = np.array(server_scores(ws_server.url, rollout_sequences))
     for step in (1, 2):
-        metrics = trainer.train_reward_model(step_rollout[1])
+        metrics = trainer.train_reward_model(read_step(step_rollout[1], trainer.step_fields())[1])
         assert metrics["rm/pairs"] == 4 and metrics["rm/bt_loss"] > 0  # one pair per prompt group, none of padding
         assert metrics["rm/published_version"] == start + step
         assert metrics["rm/parity_max_abs_diff"] <= PARITY_ATOL
@@ -187,7 +209,7 @@ def online_rm(tiny_rm: str, url: str, pad_id: int, mode: str = "lora"):
 
 def test_resume_restores_the_rm_and_its_optimizer_and_republishes(step_rollout, ws_server, tiny_rm, tokenizer,
                                                                   probe_ids, tmp_path):
-    from verl_vllm_rm.online.trainer_mode import RM_CHECKPOINT_DIR, read_rollout, resume_reward_model
+    from verl_vllm_rm.plugin.online_mode import RM_CHECKPOINT_DIR, resume_reward_model
 
     rollout = read_rollout(step_rollout[1], "verifiable_score")
     first = online_rm(tiny_rm, ws_server.url, tokenizer.pad_token_id)
@@ -217,7 +239,7 @@ def test_resume_refuses_another_modes_state_and_falls_back_to_the_initial_rm(ste
                                                                             tokenizer, probe_ids, hf_model,
                                                                             tmp_path, caplog):
     from verl_vllm_rm.parity.reference import sequence_scores
-    from verl_vllm_rm.online.trainer_mode import RM_CHECKPOINT_DIR, read_rollout, resume_reward_model
+    from verl_vllm_rm.plugin.online_mode import RM_CHECKPOINT_DIR, resume_reward_model
 
     lora = online_rm(tiny_rm, ws_server.url, tokenizer.pad_token_id)
     lora.train_on_rollout(*read_rollout(step_rollout[1], "verifiable_score"))
@@ -232,14 +254,14 @@ def test_resume_refuses_another_modes_state_and_falls_back_to_the_initial_rm(ste
     served = server_scores(ws_server.url, probe_ids)
     assert max_diff(served, lora.worker_group.reference_scores(probe_ids)[0]) <= PARITY_ATOL
     assert max_diff(served, initial) > 1e-3, "the server must differ from the initial RM before the fallback"
-    with caplog.at_level("WARNING", logger="verl_vllm_rm.online.trainer_mode"):
+    with caplog.at_level("WARNING", logger="verl_vllm_rm.plugin.online_mode"):
         resume_reward_model(full, str(tmp_path / "global_step_7"))
     assert "no online RM state" in caplog.text
     assert max_diff(server_scores(ws_server.url, probe_ids), initial) <= PARITY_ATOL
 
 
 def test_the_resumed_folder_is_the_one_verl_resumed(compose_config, tmp_path, monkeypatch):
-    from verl_vllm_rm.scoring.trainer_mode import resumed_folder
+    from verl_vllm_rm.plugin.trainer_modes import resumed_folder
 
     monkeypatch.chdir(tmp_path)  # verl resolves a relative default_local_dir against the working directory
     auto = compose_config(["trainer.default_local_dir=ckpts/run", "trainer.resume_mode=auto"])

@@ -23,8 +23,8 @@ from verl_vllm_rm.rewards.judge import (
     DEFAULT_TEMPLATES, MAX_LISTWISE, JudgeAnswerError, answer_constraint, pairwise_scores, parse_answer,
     pointwise_scores, ranking_scores, render_prompt,
 )
-from verl_vllm_rm.scoring.client import VLLMRewardClient
-from verl_vllm_rm.scoring.options import JudgeOptions
+from verl_vllm_rm.client.reward_client import VLLMRewardClient
+from verl_vllm_rm.judge.options import JudgeOptions
 
 CHAT_PATH = "/v1/chat/completions"
 #: a pairwise verdict against the reference as a score: won 1, tie 0, lost -1 (response is A, reference B)

@@ -8,7 +8,7 @@ import time
 import pytest
 
 
-from verl_vllm_rm.scoring.client import RewardRequestError, RewardServerError, VLLMRewardClient
+from verl_vllm_rm.client.reward_client import RewardRequestError, RewardServerError, VLLMRewardClient
 from verl_vllm_rm.scoring.options import ConfigError
 from verl_vllm_rm.parity.reference import sequence_scores
 

@@ -17,7 +17,7 @@ serving, never a mix.
 Joining the trainer's group runs on a thread as well (``init_weight_transfer_engine``
 with ``phase`` ``begin``, polled with ``rm_join_done``, then ``finish``): a trainer
 address that never answers neither stalls scoring nor leaves a half-joined group
-(see :mod:`verl_vllm_rm.server.group_join`).
+(see :mod:`verl_vllm_rm.server.weights.join`).
 
 Importing this module (vLLM does, via ``--worker-extension-cls``) registers the
 engines under the backend names ``gloo`` and ``torch_nccl``.
@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import torch
 from vllm.distributed.weight_transfer import WeightTransferEngine, WeightTransferEngineFactory
@@ -35,7 +35,7 @@ from vllm.distributed.weight_transfer.base import WeightTransferInitInfo, Weight
 
 from verl_vllm_rm.protocol.inventory import ParamSpec, module_key
 from verl_vllm_rm.protocol.wire import BufferPool, TransferGroup, open_group, plan_buckets, unpack
-from verl_vllm_rm.server.group_join import PendingJoin
+from verl_vllm_rm.server.weights.join import PendingJoin
 
 ENGINE_BACKENDS = {"gloo": "gloo", "torch_nccl": "nccl"}
 
@@ -66,6 +66,14 @@ class UpdateAborted(RuntimeError):
     """Raised on purpose by the ``abort`` phase (``/abort_update``)."""
 
 
+def _run_phase(kind: str, phase: str, handlers: dict[str, Callable[[], None]]) -> None:
+    """The handler of one phase of a two-call step (vLLM calls each lifecycle method once per phase)."""
+    handler = handlers.get(phase)
+    if handler is None:
+        raise ValueError(f"unknown {kind} phase {phase!r}; use {' or '.join(map(repr, handlers))}")
+    handler()
+
+
 class ProcessGroupWeightTransferEngine(WeightTransferEngine[ProcessGroupInitInfo, ProcessGroupUpdateInfo]):
     """Receives bucketed broadcasts from trainer rank 0, then reloads layerwise."""
 
@@ -83,12 +91,7 @@ class ProcessGroupWeightTransferEngine(WeightTransferEngine[ProcessGroupInitInfo
         self.pending_join: PendingJoin | None = None
 
     def init_transfer_engine(self, init_info: ProcessGroupInitInfo) -> None:
-        if init_info.phase == "begin":
-            self.begin_join(init_info)
-        elif init_info.phase == "finish":
-            self.finish_join()
-        else:
-            raise ValueError(f"unknown init phase {init_info.phase!r}; use 'begin' or 'finish'")
+        _run_phase("init", init_info.phase, {"begin": lambda: self.begin_join(init_info), "finish": self.finish_join})
 
     def begin_join(self, info: ProcessGroupInitInfo) -> None:
         """Drop any group (or pending join), then join the new one on a thread; returns at once."""
@@ -131,12 +134,7 @@ class ProcessGroupWeightTransferEngine(WeightTransferEngine[ProcessGroupInitInfo
             self.staged = []
             raise UpdateAborted("update aborted: the staged weights were dropped, the serving ones never changed")
         info = self.parse_update_info(update_info)
-        if info.phase == "begin":
-            self.begin_receive(info)
-        elif info.phase == "join":
-            self.join_receive()
-        else:
-            raise ValueError(f"unknown update phase {info.phase!r}; use 'begin', 'join' or '{ABORT_PHASE}'")
+        _run_phase("update", info.phase, {"begin": lambda: self.begin_receive(info), "join": self.join_receive})
 
     def begin_receive(self, update_info: ProcessGroupUpdateInfo) -> None:
         if self.group is None:

@@ -16,9 +16,11 @@ weight-transfer rendezvous).
 from __future__ import annotations
 
 import asyncio
+import atexit
 import http.client
 import json
 import socket
+import weakref
 import urllib.error
 import urllib.request
 from contextlib import contextmanager
@@ -130,10 +132,41 @@ def _loads(raw: bytes) -> Any:
         return json.loads(raw)
 
 
+#: every session :func:`open_session` made, with the event loop it belongs to (closed ones drop out at exit)
+_SESSIONS: weakref.WeakKeyDictionary[aiohttp.ClientSession, asyncio.AbstractEventLoop] = weakref.WeakKeyDictionary()
+
+
 def open_session(api_key: str | None, max_connections: int) -> aiohttp.ClientSession:
-    """A pooled session that sends the API key with every request (one per event loop)."""
+    """A pooled session that sends the API key with every request (one per event loop; call it in that loop)."""
     connector = aiohttp.TCPConnector(limit=max_connections, keepalive_timeout=30)
-    return aiohttp.ClientSession(connector=connector, headers=auth_headers(api_key))
+    session = aiohttp.ClientSession(connector=connector, headers=auth_headers(api_key))
+    _SESSIONS[session] = asyncio.get_running_loop()
+    return session
+
+
+@atexit.register
+def close_open_sessions() -> int:
+    """Close the sessions still open when the process exits; returns how many.
+
+    A script that scores and returns without ``close()`` (the manager's, the client's) would
+    otherwise print aiohttp's "Unclosed client session" / "Unclosed connector" errors at exit.
+    A session whose loop has ended (``asyncio.run`` closes its loop) is closed on a loop of its
+    own: its connections died with its loop, so closing only marks it closed.
+    """
+    closed = 0
+    for session, loop in list(_SESSIONS.items()):
+        if session.closed or loop.is_running():  # a loop running in another thread closes its own
+            continue
+        if loop.is_closed():
+            spare = asyncio.new_event_loop()
+            try:
+                spare.run_until_complete(session.close())
+            finally:
+                spare.close()
+        else:
+            loop.run_until_complete(session.close())
+        closed += 1
+    return closed
 
 
 async def request_json(

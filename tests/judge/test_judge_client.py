@@ -13,9 +13,9 @@ from itertools import combinations
 import pytest
 
 from verl_vllm_rm.rewards.judge import JudgeAnswerError
-from verl_vllm_rm.scoring.client import RewardRequestError, RewardServerError, VLLMRewardClient
-from verl_vllm_rm.scoring.judge_client import JudgeClient
-from verl_vllm_rm.scoring.options import JudgeOptions
+from verl_vllm_rm.client.reward_client import RewardRequestError, RewardServerError, VLLMRewardClient
+from verl_vllm_rm.judge.client import JudgeClient
+from verl_vllm_rm.judge.options import JudgeOptions
 
 PROMPT = "What is 12 + 30?"
 RESPONSES = ["42.", "It is 42 because 12 + 30 = 42.", "41", "I cannot say.", "Forty-two.", "12 + 30 = 43"]

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from verl_vllm_rm.scoring.rendezvous import GroupIncompleteError, GroupRendezvous
+from verl_vllm_rm.judge.rendezvous import GroupIncompleteError, GroupRendezvous
 
 
 class Recorder:

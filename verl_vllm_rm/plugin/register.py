@@ -1,13 +1,15 @@
 """Entry point of group ``verl.plugins`` (loaded by ``import verl`` in every process,
-Ray reward-loop workers included): registers the ``vllm_rm`` reward manager and the
-``vllm_rm`` trainer mode (reward metrics and alarms in verl's logger).
+Ray reward-loop workers included): registers the ``vllm_rm`` reward manager and every
+trainer mode of the package: ``vllm_rm`` and its async twins (reward metrics and alarms
+in verl's logger) and ``vllm_rm_online`` (the RM trained during the run). This is the
+only way they are registered: no ``VERL_USE_EXTERNAL_MODULES`` is needed.
 
-The trainer mode is registered when verl's trainer registry (``verl.trainer.ppo.v1``)
+The trainer modes are registered when verl's trainer registry (``verl.trainer.ppo.v1``)
 is imported, by whichever code imports it first, not here: importing verl's trainer
 costs about a second and asks verl for its platform, which the dozen Ray workers that
 never build a trainer (reward and agent loops, rollout replicas) should not pay or fix
 early. Nothing of verl is changed: the registry module is imported as usual, then
-``verl_vllm_rm.scoring.trainer_mode`` registers itself with verl's ``register_trainer``.
+each module of ``TRAINER_MODE_MODULES`` registers itself with verl's ``register_trainer``.
 
 verl logs a failing plugin import only at DEBUG, so failures are reported here
 loudly before being re-raised.
@@ -23,7 +25,11 @@ from verl_vllm_rm.scoring.legacy import warn_legacy_argv
 
 log = logging.getLogger("verl_vllm_rm")
 TRAINER_REGISTRY_MODULE = "verl.trainer.ppo.v1"
-TRAINER_MODE_MODULE = "verl_vllm_rm.scoring.trainer_mode"
+#: each registers its trainer modes when imported
+TRAINER_MODE_MODULES = {
+    "verl_vllm_rm.plugin.trainer_modes": "'vllm_rm' trainer modes (trainer.v1.trainer_mode=vllm_rm[_<async mode>])",
+    "verl_vllm_rm.plugin.online_mode": "'vllm_rm_online' trainer mode (trainer.v1.trainer_mode=vllm_rm_online)",
+}
 
 
 def _register(module: str, what: str) -> None:
@@ -69,10 +75,11 @@ class AfterImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
             sys.meta_path.insert(0, self)
 
 
-def _register_trainer_mode() -> None:
-    _register(TRAINER_MODE_MODULE, "'vllm_rm' trainer mode (trainer.v1.trainer_mode=vllm_rm)")
+def _register_trainer_modes() -> None:
+    for module, what in TRAINER_MODE_MODULES.items():
+        _register(module, what)
 
 
 _register("verl_vllm_rm.scoring.manager", "'vllm_rm' reward manager")
-AfterImport(TRAINER_REGISTRY_MODULE, _register_trainer_mode).install()
+AfterImport(TRAINER_REGISTRY_MODULE, _register_trainer_modes).install()
 warn_legacy_argv()

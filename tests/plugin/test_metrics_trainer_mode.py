@@ -1,4 +1,4 @@
-"""Trainer mode ``vllm_rm`` (``scoring/trainer_mode.py``) with verl's own pieces, around a PPO step.
+"""Trainer mode ``vllm_rm`` (``plugin/trainer_modes.py``) with verl's own pieces, around a PPO step.
 
 The class is built as main_ppo's task runner builds it, in a Ray worker that has only the package's
 ``verl.plugins`` entry point (no ``VERL_USE_EXTERNAL_MODULES``): the one override is all a stock run needs.
@@ -64,7 +64,7 @@ def test_stock_verl_finds_the_trainer_mode_and_it_behaves_as_its_base(ray_cluste
 def test_every_mode_of_verls_is_covered():
     from verl.trainer.ppo.v1 import get_trainer_cls
 
-    from verl_vllm_rm.scoring.trainer_mode import TRAINER_MODES, RewardMetrics
+    from verl_vllm_rm.plugin.trainer_modes import TRAINER_MODES, RewardMetrics
 
     assert sorted(TRAINER_MODES.values()) == ["colocate_async", "separate_async", "sync"]
     for name, base in TRAINER_MODES.items():
@@ -91,9 +91,10 @@ def vllm_rm_step(queue):
 
 
 def test_a_steps_rewards_are_read_without_the_padding_rows(vllm_rm_step):
-    from verl_vllm_rm.scoring.trainer_mode import dump_columns, read_step_rewards
+    from verl_vllm_rm.plugin.trainer_modes import STEP_FIELDS, dump_columns, read_step, step_rewards
 
-    keys, rewards = read_step_rewards(vllm_rm_step)
+    keys, data = read_step(vllm_rm_step, STEP_FIELDS)
+    rewards = step_rewards(data)
     assert keys == ["p_0_0", "p_1_0", "q_0_0", "q_1_0"]
     assert rewards.groups.tolist() == ["p", "p", "q", "q"]
     assert rewards.response_length.tolist() == [2, 4, 1, 3]
@@ -106,8 +107,8 @@ def test_a_steps_rewards_are_read_without_the_padding_rows(vllm_rm_step):
 
 
 def test_a_run_without_vllm_rm_is_named(queue):
-    from verl_vllm_rm.scoring.trainer_mode import read_step_rewards
+    from verl_vllm_rm.plugin.trainer_modes import STEP_FIELDS, read_step, step_rewards
 
     batch = put_trajectories(queue, {"r": [([1], [2], 1.0)]}, {"r": [{"acc": 1.0}]})
     with pytest.raises(ConfigError, match="reward.reward_manager.name=vllm_rm"):
-        read_step_rewards(batch)
+        step_rewards(read_step(batch, STEP_FIELDS)[1])

@@ -1,0 +1,1 @@
+"""The generative judge: its client, the group rendezvous, the judge reward of a sample."""

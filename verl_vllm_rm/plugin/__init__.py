@@ -1,0 +1,1 @@
+"""Everything verl calls into: plugin registration, the trainer modes, reward-loop workers, the whitening checkpoint."""

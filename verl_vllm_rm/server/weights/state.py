@@ -1,0 +1,45 @@
+"""The server's one weight-sync state: the serving version, the update under way, and how updates arrive.
+
+It lives in ``app.state.reward.weights`` on every reward server: the score routes read the
+serving version and pass the gate; with ``--enable-weight-updates`` the weight routes also
+record the transport, the communicator session and each update here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+from verl_vllm_rm.protocol.inventory import Inventory
+from verl_vllm_rm.server.weights.gate import UpdateGate
+
+DEFAULT_JOIN_TIMEOUT_S = 30.0  # --weight-update-join-timeout
+
+
+@dataclass
+class WeightSyncState:
+    version: int = 0  # the serving weights' (GET /runtime_version; every /score answer carries it)
+    gate: UpdateGate = field(default_factory=UpdateGate)  # each /score runs entirely before or after a reload
+    last_update: dict[str, Any] = field(default_factory=dict)
+    last_failed_update: dict[str, Any] = field(default_factory=dict)
+    pending_update: int | None = None  # the version being received or applied
+    staged_update: dict[str, Any] | None = None  # a received update waiting for /commit_update or /abort_update
+    # set by install_weight_routes (--enable-weight-updates)
+    transport: str | None = None
+    head_patterns: tuple[str, ...] = ()
+    max_update_bytes: int | None = None
+    join_timeout_s: float = DEFAULT_JOIN_TIMEOUT_S
+    inventory: Inventory | None = None
+    session: str | None = None
+    update_task: asyncio.Task | None = None
+    control: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    def busy(self) -> str | None:
+        """Why no other update or communicator change may start now (None: nothing is in the way)."""
+        if self.update_task is not None and not self.update_task.done():
+            return "a weight update is in progress; retry after it finishes"
+        if self.staged_update is not None:
+            return (f"version {self.staged_update['version']} is staged: POST /commit_update or /abort_update "
+                    "with it first")
+        return None
