@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, Iterable
 
-from verl_vllm_rm.client.batching import fail
+from verl_vllm_rm.client.batching import fail, fail_all
 from verl_vllm_rm.rewards.steps import token_rewards
 from verl_vllm_rm.rows import Sample, reference_text
 from verl_vllm_rm.scoring.pairwise import NO_WIN_METRICS, MissingReferenceError, win_metrics
@@ -70,7 +70,15 @@ class Orchestration:
 
         ``samples`` may hold a row's read error in its place. ``complete``: no further samples come before
         these are answered (the batch call), so their requests go out now instead of after ``coalesce_ms``.
+        A failure of what the samples share (the servers' probe) reaches every sample still waiting.
         """
+        try:
+            await self._score_samples(samples, futures, complete)
+        except Exception as e:
+            fail_all(futures, e)
+
+    async def _score_samples(self, samples: list[Sample | Exception], futures: list[asyncio.Future],
+                             complete: bool) -> None:
         live = []
         for future, sample in zip(futures, samples):
             try:
