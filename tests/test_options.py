@@ -261,3 +261,6 @@ def test_online_rm_options_are_checked():
         OnlineRMConfig.from_dict({"model_path": "rm", "server_url": "http://rm", "lr": "1e-5"})
     with pytest.raises(ConfigError, match=r"^online_rm: publish_every must be >= 1, got 0$"):
         OnlineRMConfig.from_dict({"model_path": "rm", "server_url": "http://rm", "publish_every": 0})
+    with pytest.raises(ConfigError, match=r"^online_rm: max_idle_steps must be >= 0, got -1$"):
+        OnlineRMConfig.from_dict({"model_path": "rm", "server_url": "http://rm", "max_idle_steps": -1})
+    assert OnlineRMConfig.from_dict({"model_path": "rm", "server_url": "http://rm"}).max_idle_steps == 10

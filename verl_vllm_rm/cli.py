@@ -8,6 +8,7 @@ import os
 import sys
 import tempfile
 
+from verl_vllm_rm.dev.tiny_ppo import PAIR_SOURCES
 from verl_vllm_rm.protocol.defaults import API_KEY_ENV, DEFAULT_SERVER_URL
 
 
@@ -120,20 +121,23 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--server-python", help="python of the server environment (default: ./.venv-server)")
     serve.set_defaults(func=_serve, passthrough=True)
     score = sub.add_parser("score", help="score texts (arguments or stdin lines) on a running server")
-    score.add_argument("text", nargs="*")
-    score.add_argument("--url", default=DEFAULT_SERVER_URL)
+    score.add_argument("text", nargs="*", help="texts to score (none: one per line from stdin)")
+    score.add_argument("--url", default=DEFAULT_SERVER_URL, help="the reward server (default: %(default)s)")
     score.add_argument("--normalize", action="store_true", help="sigmoid instead of the raw logit")
-    score.add_argument("--api-key", default=os.environ.get(API_KEY_ENV))
-    score.add_argument("--timeout", type=float, default=60.0)
+    score.add_argument("--api-key", default=os.environ.get(API_KEY_ENV),
+                       help=f"the server's API key (default: ${API_KEY_ENV})")
+    score.add_argument("--timeout", type=float, default=60.0, help="seconds per request (default: %(default)s)")
     score.set_defaults(func=_score, passthrough=False)
     check = sub.add_parser("check", help="refit parity, embedding health and max_model_len (exit 1 on failure)")
-    check.add_argument("--url", default=DEFAULT_SERVER_URL)
+    check.add_argument("--url", default=DEFAULT_SERVER_URL, help="the reward server to check (default: %(default)s)")
     check.add_argument("--model", required=True, help="the trainer-side checkpoint the server should match")
-    check.add_argument("--probes", type=int, default=64)
+    check.add_argument("--probes", type=int, default=64,
+                       help="synthetic sequences scored by both the server and the model (default: %(default)s)")
     check.add_argument("--threshold", type=float, default=1.05, help="max mean(exp|diff|)")
     check.add_argument("--zero-norm", type=float, default=1e-6, help="embedding rows at or below this norm")
     check.add_argument("--identical-tol", type=float, default=0.0, help="rows equal within this are identical")
-    check.add_argument("--api-key", default=os.environ.get(API_KEY_ENV))
+    check.add_argument("--api-key", default=os.environ.get(API_KEY_ENV),
+                       help=f"the server's API key (default: ${API_KEY_ENV})")
     check.set_defaults(func=_check, passthrough=False)
     report = sub.add_parser("report", help="after a run: one PNG (reward components, RM health, alarms over "
                             "steps) and a text summary, from verl's metrics file and rollout dump")
@@ -144,24 +148,28 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="the whole loop on CPU: train a tiny RM, serve it, run verl's main_ppo "
                           "GRPO with vllm_rm while the RM trains online")
     demo.add_argument("--workdir", help="where the tiny models go (default: a new temporary directory)")
-    demo.add_argument("--train-seconds", type=float, default=60.0)
+    demo.add_argument("--train-seconds", type=float, default=60.0,
+                      help="seconds of offline training for the tiny RM (default: %(default)s)")
     demo.add_argument("--steps", type=int, default=10, help="GRPO steps of main_ppo")
-    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--seed", type=int, default=0, help="seed of the models, data and run (default: %(default)s)")
     demo.set_defaults(func=_demo, passthrough=False)
     bench = sub.add_parser("bench", help="run benchmarks/bench_*.py (JSON and summary.png into benchmarks/results/)")
     bench.add_argument("--only", nargs="*", help="substrings of benchmark names to run")
     bench.set_defaults(func=_bench, passthrough=False)
     ppo = sub.add_parser("tiny-ppo", help="verl's real main_ppo GRPO with vllm_rm on CPU (tiny policy, any RM); "
                          "further arguments after -- are Hydra overrides")
-    ppo.add_argument("--steps", type=int, default=8)
+    ppo.add_argument("--steps", type=int, default=8, help="GRPO steps of main_ppo (default: %(default)s)")
     ppo.add_argument("--rm", help="reward model dir (default: the tiny RM, built and trained offline)")
     ppo.add_argument("--online", default="off", choices=["off", "head_only", "lora", "full"],
-                     help="train the RM during the run and publish it into the server after every step")
+                     help="train the RM during the run and publish it into the server after every step; each "
+                     "prompt group's preference pair comes from the first of these that varies in the group: "
+                     f"{', '.join(PAIR_SOURCES)} (the run's total reward, which varies whatever the RM's tokenizer)")
     ppo.add_argument("--work-dir", help="models, data, logs, rollouts, summary.json (default: a new temp dir)")
     ppo.add_argument("--server-url", help="use this running reward server instead of starting one")
     ppo.add_argument("--replicas", type=int, default=0,
                      help="serve the RM on N replicas the plugin starts on verl's Ray cluster (reward_kwargs.replicas)")
-    ppo.add_argument("--seed", type=int, default=0)
+    ppo.add_argument("--seed", type=int, default=0,
+                     help="seed of the tiny models, the data and the run (default: %(default)s)")
     ppo.set_defaults(func=_tiny_ppo, passthrough=True)
     tiny = sub.add_parser("tiny-rm", help="build the offline tiny reward model used by tests and the demo")
     tiny.add_argument("out", help="output directory")

@@ -22,6 +22,8 @@ def test_demo_runs_the_whole_loop(tmp_path):
     summary = json.loads((work / "summary.json").read_text())
     assert [s["rm_version"] for s in summary["steps"]] == [1, 2, 3]  # the RM published after every step
     assert all(s["parity_max_abs"] <= 1e-4 for s in summary["steps"])
+    assert all(s["rm_trained"] and s["rm_pairs"] > 0 for s in summary["steps"])  # never silently idle
+    assert "rm step" in out and "online RM, pairs per step: 1: " in out  # the table's column, the report's line
     assert "validation at step 0: " in out and "win=" in out and "win_and=" in out
     assert (work / "report.png").is_file() and (work / "main_ppo.log").is_file()
     assert "the run's report" in out and "3 training steps (1..3)" in out and "online RM drift on the probe set" in out

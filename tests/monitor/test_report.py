@@ -47,6 +47,18 @@ def test_the_png_records_what_it_plots_and_the_text_names_the_tripped_alarm(tmp_
     assert (tmp_path / "run" / "report.txt").read_text().strip() == text
 
 
+def test_the_report_says_per_step_whether_the_online_rm_trained_and_on_how_many_pairs(tmp_path):
+    run = write_run(tmp_path / "run")
+    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    for entry, (trained, pairs) in zip(lines[1:], [(1.0, 4.0), (0.0, 0.0), (1.0, 3.0)]):
+        entry["data"].update({"rm/trained": trained, "rm/pairs": pairs})
+    (run / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    _, text = write_report(run)
+    assert "online RM, pairs per step: 1: 4, 2: 0, 3: 3; no RM step (no preference pairs) after steps [2]" in text
+    _, plain = write_report(write_run(tmp_path / "offline"))
+    assert "pairs per step" not in plain
+
+
 @pytest.mark.parametrize(("make", "message"), [
     (lambda d: d / "missing", "is not a directory"),
     (lambda d: d, r"need exactly one verl metrics file \(found none\)"),

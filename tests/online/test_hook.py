@@ -38,10 +38,26 @@ def rollout(tokenizer):
 def test_pairs_are_best_vs_worst_of_each_group(rollout):
     uids, sequences, rewards, expected = rollout
     assert sequences == expected
-    chosen, rejected = best_vs_worst_pairs(uids, sequences, rewards)
+    chosen, rejected, sources = best_vs_worst_pairs(uids, sequences, rewards)
     assert chosen == [expected[4 * g + 1] for g in range(4)]  # first correct response of each group
     assert rejected == [expected[4 * g] for g in range(4)]  # first wrong one
-    assert best_vs_worst_pairs(uids, sequences, [1.0] * len(uids)) == ([], [])  # no gap, no signal
+    assert sources == [0] * 4
+    assert best_vs_worst_pairs(uids, sequences, [1.0] * len(uids)) == ([], [], [])  # no gap, no signal
+
+
+def test_a_group_that_ties_on_one_pair_source_takes_its_pair_from_the_next(rollout):
+    """Sources in order of preference: group 0 ties on the first (all 1.0) and is decided by the second, where the
+    longest response is best; the other groups by the first. A group that ties on every source has no pair."""
+    uids, sequences, rewards, expected = rollout
+    first = [1.0 if i < 4 else r for i, r in enumerate(rewards)]
+    second = [float(len(s)) for s in sequences]
+    chosen, rejected, sources = best_vs_worst_pairs(uids, sequences, [first, second])
+    assert sources == [1, 0, 0, 0]
+    longest, shortest = max(range(4), key=lambda i: (len(sequences[i]), -i)), min(range(4), key=lambda i: (len(
+        sequences[i]), i))
+    assert (chosen[0], rejected[0]) == (expected[longest], expected[shortest])
+    assert chosen[1:] == [expected[4 * g + 1] for g in (1, 2, 3)]
+    assert best_vs_worst_pairs(uids, sequences, [[1.0] * len(uids)] * 2) == ([], [], [])
 
 
 def test_rm_step_worker_method_publishes_every_n_steps(ray_cluster, ws_server, tiny_rm, tokenizer, rollout,
@@ -85,7 +101,7 @@ def test_online_rm_recipe_options_are_valid(compose_config):
                                check=True).stdout.splitlines()
     assert "trainer.v1.trainer_mode=vllm_rm_online" in overrides
     config = online_rm_config(compose_config(overrides))
-    assert (config.model_path, config.training_mode, config.reward_key) == ("/models/rm", "lora", "verifiable_score")
+    assert (config.model_path, config.training_mode, config.reward_key) == ("/models/rm", "lora", ["verifiable_score"])
     assert config.server_url == "http://127.0.0.1:8001", "the reward manager's server (the recipe's RM_URL)"
     with pytest.raises(ValueError, match="valid options"):
         OnlineRMConfig.from_dict({"model_path": "/models/rm", "server_url": "http://x", "learning_rate": 1e-5})

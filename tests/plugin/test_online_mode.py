@@ -28,12 +28,13 @@ from tq_helpers import put_trajectories
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "grpo_math_online_rm.sh"
 
 
-def read_rollout(batch, reward_key: str):
+def read_rollout(batch, reward_key: str | list[str]):
     """A step's rollout as the trainer reads it: the reward metrics' fields and the RM step's, in one read."""
     from verl_vllm_rm.plugin.online_mode import rollout_fields, rollout_of
     from verl_vllm_rm.plugin.trainer_modes import STEP_FIELDS, read_step
 
-    return rollout_of(read_step(batch, [*STEP_FIELDS, *rollout_fields(reward_key)])[1], reward_key)
+    keys = [reward_key] if isinstance(reward_key, str) else reward_key
+    return rollout_of(read_step(batch, [*STEP_FIELDS, *rollout_fields(keys)])[1], keys)
 
 
 def recipe_overrides(**env: str) -> list[str]:
@@ -102,10 +103,13 @@ def test_read_rollout_gives_unpadded_sequences_and_either_reward(step_rollout):
 
     groups, batch = step_rollout
     default_key = OnlineRMConfig(model_path="rm", server_url="http://rm").reward_key  # not the RM's own score
-    uids, sequences, rewards = read_rollout(batch, default_key)
+    assert default_key == ["verifiable_score"]
+    uids, sequences, (rewards,) = read_rollout(batch, default_key)
     rows = [(uid, prompt + response, score) for uid, group in groups.items() for prompt, response, score in group]
     assert (uids, sequences, rewards) == tuple(map(list, zip(*rows)))  # verl's padding rows are skipped
-    assert read_rollout(batch, "rm_scores")[2] == [10 * score for *_, score in rows]
+    assert read_rollout(batch, "rm_scores")[2] == [[10 * score for *_, score in rows]]
+    # several pair sources: one row of rewards each, in order
+    assert read_rollout(batch, ["rm_scores", "verifiable_score"])[2] == [[10 * r for r in rewards], rewards]
 
 
 def test_a_reward_key_the_rollout_lacks_is_named_with_the_ones_it_has(step_rollout):
@@ -197,14 +201,50 @@ def test_rm_step_trains_on_a_queued_rollout_and_publishes(step_rollout, compose_
     assert torch.isfinite(torch.tensor(served)).all()
 
 
-def online_rm(tiny_rm: str, url: str, pad_id: int, mode: str = "lora"):
+def online_rm(tiny_rm: str, url: str, pad_id: int, mode: str = "lora", **options):
     """An RM trainer worker group that publishes only when told to (resume), never per step."""
     from verl_vllm_rm.online.config import OnlineRMConfig
     from verl_vllm_rm.online.driver import OnlineRewardModel
 
     config = OnlineRMConfig(model_path=tiny_rm, server_url=url, training_mode=mode, lora_rank=4, lr=5e-3,
-                            use_gpu=False, timeout_s=60, parity_every=1, publish_every=10**6)
+                            use_gpu=False, timeout_s=60, parity_every=1, publish_every=10**6, **options)
     return OnlineRewardModel(config, pad_id)
+
+
+def test_a_step_without_pairs_is_said_at_once_counted_and_max_idle_steps_stops_the_run(step_rollout, ws_server,
+                                                                                      tiny_rm, tokenizer, caplog):
+    """Every group ties on the pair source (min_reward_gap above every gap): the RM does not train, a warning names
+    the pair source and the fix at once, the metrics say so, a step with pairs resets the count, and
+    max_idle_steps steps in a row stop the run with the same reason."""
+    from verl_vllm_rm.online.driver import RewardModelIdleError
+
+    rollout = read_rollout(step_rollout[1], "verifiable_score")  # 4 groups, one right answer each: gap 1.0
+    rm = online_rm(tiny_rm, ws_server.url, tokenizer.pad_token_id, min_reward_gap=1.0, max_idle_steps=2)
+    with caplog.at_level("WARNING", logger="verl_vllm_rm.online.driver"):
+        metrics = rm.train_on_rollout(*rollout, step=1)
+    assert metrics == {"rm/pairs": 0.0, "rm/trained": 0.0, "rm/idle_steps": 1.0}
+    assert ("online RM: no preference pairs at PPO step 1, so the RM did not train: in all 4 prompt groups the best "
+            "and worst responses are within online_rm.min_reward_gap=1 on the pair source "
+            "online_rm.reward_key=['verifiable_score']") in caplog.text
+    assert "set +online_rm.reward_key to rewards that vary within a group" in caplog.text
+    rm.config.min_reward_gap = 0.0  # pairs again: the RM trains and the idle count starts over
+    trained = rm.train_on_rollout(*rollout, step=2)
+    assert (trained["rm/pairs"], trained["rm/trained"], trained["rm/idle_steps"]) == (4.0, 1.0, 0.0)
+    assert trained["rm/pairs_from/verifiable_score"] == 4.0
+    rm.config.min_reward_gap = 1.0
+    assert rm.train_on_rollout(*rollout, step=3)["rm/idle_steps"] == 1.0
+    with pytest.raises(RewardModelIdleError, match=r"no preference pairs at PPO step 4.*That is 2 step\(s\) in a "
+                                                   r"row, online_rm.max_idle_steps=2: stopping the run"):
+        rm.train_on_rollout(*rollout, step=4)
+
+
+def test_fewer_groups_with_a_gap_than_rm_workers_is_named():
+    from verl_vllm_rm.online.config import OnlineRMConfig
+    from verl_vllm_rm.online.driver import idle_message
+
+    config = OnlineRMConfig(model_path="/rm", server_url="http://a:1")
+    assert "only 1 of the 8 prompt groups had a reward gap, fewer than the 2 RM workers" in idle_message(
+        config, 5, groups=8, found=1, workers=2)
 
 
 def test_resume_restores_the_rm_and_its_optimizer_and_republishes(step_rollout, ws_server, tiny_rm, tokenizer,

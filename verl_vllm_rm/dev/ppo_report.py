@@ -34,6 +34,9 @@ def summarize(work_dir: Path, online: str, versions: dict[int, int | None]) -> d
             "form_mean": m.get("reward/format/mean"),
             "rm_version": versions[step],
             "parity_max_abs": m.get("rm/parity_max_abs_diff") if online != "off" else None,
+            # online RM: whether the RM trained after this step, on how many preference pairs
+            "rm_trained": bool(m["rm/trained"]) if online != "off" and "rm/trained" in m else None,
+            "rm_pairs": int(m["rm/pairs"]) if online != "off" and "rm/pairs" in m else None,
             "step_s": m.get("timing_s/step"),
         })
     validation = {step: {k.split("/", 1)[1]: v for k, v in m.items() if k.startswith(VAL_SECTIONS)}
@@ -53,6 +56,9 @@ def summarize(work_dir: Path, online: str, versions: dict[int, int | None]) -> d
 def print_step(step: int, metrics: dict, version: int | None) -> None:
     parity = metrics.get("rm/parity_max_abs_diff")
     extra = f"  parity max|server-trainer|={parity:.1e}" if parity is not None else ""
+    if "rm/trained" in metrics:
+        extra += (f"  RM trained on {metrics['rm/pairs']:.0f} pairs" if metrics["rm/trained"] else
+                  f"  RM idle: no preference pairs ({metrics['rm/idle_steps']:.0f} step(s) in a row)")
     print(f"step {step:>3}: reward {metrics.get('critic/rewards/mean', float('nan')):+.3f}  "
           f"rm_version {version}  {metrics.get('timing_s/step', float('nan')):.1f} s{extra}", flush=True)
 
@@ -61,11 +67,15 @@ def print_summary(summary: dict) -> None:
     def fmt(v, spec):
         return format(v, spec) if v is not None else "-"
 
-    print(f"\n{'step':>4} {'reward':>8} {'rm score':>9} {'form':>6} {'correct':>8} {'rm_version':>10} {'parity':>9}")
+    def trained(s: dict) -> str:
+        return "-" if s["rm_trained"] is None else f"{s['rm_pairs']} pairs" if s["rm_trained"] else "idle"
+
+    print(f"\n{'step':>4} {'reward':>8} {'rm score':>9} {'form':>6} {'correct':>8} {'rm_version':>10} {'parity':>9} "
+          f"{'rm step':>10}")
     for s in summary["steps"]:
         print(f"{s['step']:>4} {fmt(s['reward_mean'], '+8.3f')} {fmt(s['rm_score_mean'], '+9.3f')} "
               f"{fmt(s['form_mean'], '6.2f')} {fmt(s['verifiable_mean'], '8.2f')} {fmt(s['rm_version'], '>10')} "
-              f"{fmt(s['parity_max_abs'], '9.1e')}")
+              f"{fmt(s['parity_max_abs'], '9.1e')} {trained(s):>10}")
     for step, figures in sorted(summary["validation"].items()):
         wins = {k.rsplit("/", 2)[-2]: v for k, v in figures.items() if k.endswith(("/win/mean@1", "/win_and/mean@1"))}
         print(f"validation at step {step}: " + ", ".join(f"{k}={v:.2f}" for k, v in sorted(wins.items())))

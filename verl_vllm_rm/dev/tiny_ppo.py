@@ -39,6 +39,12 @@ REWARDS = ("{components:[rubric,verifiable,format],weights:{rubric:1.0,verifiabl
            "format:{pattern:'%s'}}" % (FORM_WEIGHT, FORM_PATTERN))
 
 
+#: What ranks a prompt group's responses into the online RM's preference pair, tried in order per group: the
+#: trusted rules first (the answer form, then correctness); where both tie, the run's total reward, which includes
+#: the RM's own score and so varies whatever the RM and its tokenizer (the RM then also learns from its own score).
+PAIR_SOURCES = ("format", "verifiable_score", "rm_scores")
+
+
 class TinyPPOError(RuntimeError):
     """main_ppo (or the reward server) failed; the message names the cause and the log."""
 
@@ -154,8 +160,7 @@ def main_ppo_overrides(cfg: TinyPPOConfig, inputs: Inputs, server_url: str | Non
             f"+online_rm.training_mode={cfg.online}",
             "+online_rm.publish_every=1",
             "+online_rm.parity_every=1",
-            # The RM learns from a trusted rule, never from its own score: best vs worst answer form per group.
-            "+online_rm.reward_key=format",
+            f"+online_rm.reward_key=[{','.join(PAIR_SOURCES)}]",
             "+online_rm.lr=1e-4",
         ]
     return overrides + list(cfg.extra_overrides)

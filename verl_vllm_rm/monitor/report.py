@@ -145,6 +145,13 @@ def summary_text(run: Run) -> str:
                  f"RM: {failures:.0f} failed scores")
     if versions:
         lines.append(f"RM weight version {versions[0]} at step {first} -> {versions[-1]} at step {last}")
+    trained = [(step, v, pairs) for step, v, pairs in zip(run.steps, run.series("rm/trained"), run.series("rm/pairs"))
+               if v is not None]
+    if trained:
+        idle = [step for step, v, _ in trained if not v]
+        lines.append("online RM, pairs per step: " + ", ".join(f"{step}: {pairs:.0f}" for step, _, pairs in trained)
+                     + (f"; no RM step (no preference pairs) after steps {idle}" if idle else
+                        "; the RM trained after every step"))
     drift = [v for v in run.series("drift/mean_abs_change") if v is not None]
     if drift:
         lines.append(f"online RM drift on the probe set (mean |change| from the initial RM): {drift[0]:.4f} after "

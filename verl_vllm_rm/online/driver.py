@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import uuid
 from typing import Hashable, Sequence
 
@@ -16,20 +17,40 @@ from verl_vllm_rm.online.config import OnlineRMConfig
 from verl_vllm_rm.online.pairs import best_vs_worst_pairs
 from verl_vllm_rm.online.worker import PAIR_FIELDS, RewardModelTrainingWorker
 
+logger = logging.getLogger(__name__)
 
-def preference_pairs(uids: Sequence[Hashable], sequences: Sequence[list[int]], rewards: Sequence[float],
-                     pad_id: int, min_gap: float = 0.0, multiple_of: int = 1) -> DataProto | None:
-    """Best-vs-worst pairs of each group as a ``DataProto`` (``None`` when no group has a gap).
 
-    Trimmed to a multiple of the worker count, as ``DP_COMPUTE_PROTO`` splits evenly.
-    """
-    chosen, rejected = best_vs_worst_pairs(uids, sequences, rewards, min_gap)
+class RewardModelIdleError(RuntimeError):
+    """Online RM training was asked for, and the RM has had no preference pairs for ``max_idle_steps`` steps."""
+
+
+def preference_pairs(uids: Sequence[Hashable], sequences: Sequence[list[int]],
+                     rewards: Sequence[float] | Sequence[Sequence[float]], pad_id: int, min_gap: float = 0.0,
+                     multiple_of: int = 1) -> tuple[DataProto | None, list[int]]:
+    """Best-vs-worst pairs of each group as a ``DataProto`` (``None`` when none is left), and the pair source of
+    each pair kept. Trimmed to a multiple of the worker count, as ``DP_COMPUTE_PROTO`` splits evenly."""
+    chosen, rejected, sources = best_vs_worst_pairs(uids, sequences, rewards, min_gap)
     keep = len(chosen) - len(chosen) % multiple_of
     if keep == 0:
-        return None
+        return None, sources
     batch = collate_pairs(chosen[:keep], rejected[:keep], pad_id)
     tensors = dict(zip(PAIR_FIELDS, (batch.chosen_ids, batch.chosen_mask, batch.rejected_ids, batch.rejected_mask)))
-    return DataProto.from_dict(tensors=tensors)
+    return DataProto.from_dict(tensors=tensors), sources[:keep]
+
+
+def idle_message(config: OnlineRMConfig, step: int | None, groups: int, found: int, workers: int) -> str:
+    """Why a PPO step gave the RM nothing to learn from, and what to change."""
+    at = f"PPO step {step}" if step is not None else "this PPO step"
+    if found:
+        why = (f"only {found} of the {groups} prompt groups had a reward gap, fewer than the {workers} RM workers "
+               "(each needs a pair): lower +online_rm.num_workers or train on larger batches")
+    else:
+        why = (f"in all {groups} prompt groups the best and worst responses are within online_rm.min_reward_gap="
+               f"{config.min_reward_gap:g} on the pair source online_rm.reward_key={config.reward_key}: set "
+               "+online_rm.reward_key to rewards that vary within a group (other reward_extra_info keys, tried in "
+               "order, or rm_scores last), lower +online_rm.min_reward_gap, or sample more responses per prompt "
+               "(actor_rollout_ref.rollout.n)")
+    return f"online RM: no preference pairs at {at}, so the RM did not train: {why}"
 
 
 class OnlineRewardModel:
@@ -49,16 +70,32 @@ class OnlineRewardModel:
                                       config=dataclasses.asdict(config))
         self.worker_group = RayWorkerGroup(pool, worker, name_prefix=name)
         self.worker_group.init_model()
+        self.idle_steps = 0  # PPO steps in a row without an RM step
 
     def train_on_rollout(self, uids: Sequence[Hashable], sequences: Sequence[list[int]],
-                         rewards: Sequence[float]) -> dict[str, float]:
-        pairs = preference_pairs(uids, sequences, rewards, self.pad_id, self.config.min_reward_gap,
-                                 self.worker_group.world_size)
+                         rewards: Sequence[float] | Sequence[Sequence[float]],
+                         step: int | None = None) -> dict[str, float]:
+        """One RM step on the rollout's best-vs-worst pairs (``rewards``: one row per pair source of
+        ``reward_key``, or one reward per response). A rollout without pairs is logged at once and counted
+        (``rm/trained`` 0, ``rm/idle_steps``); ``max_idle_steps`` of them in a row stop the run."""
+        workers = self.worker_group.world_size
+        pairs, sources = preference_pairs(uids, sequences, rewards, self.pad_id, self.config.min_reward_gap, workers)
         if pairs is None:
-            return {"rm/pairs": 0.0}
+            self.idle_steps += 1
+            message = idle_message(self.config, step, len(set(uids)), len(sources), workers)
+            limit = self.config.max_idle_steps
+            if limit and self.idle_steps >= limit:
+                raise RewardModelIdleError(f"{message}. That is {self.idle_steps} step(s) in a row, "
+                                           f"online_rm.max_idle_steps={limit}: stopping the run (0 never stops)")
+            logger.warning("%s (%d step(s) in a row; the run stops at online_rm.max_idle_steps=%d)", message,
+                           self.idle_steps, limit)
+            return {"rm/pairs": 0.0, "rm/trained": 0.0, "rm/idle_steps": float(self.idle_steps)}
+        self.idle_steps = 0
         out = self.worker_group.train_rm_step(pairs)
-        # One value per rank (``DataProto.concat`` lists them): report the mean.
-        return {k: sum(v) / len(v) if isinstance(v, list) else v for k, v in out.meta_info["metrics"].items()}
+        # One value per rank (``DataProto.concat`` lists them): report the mean; the pairs all ranks used together.
+        metrics = {k: sum(v) / len(v) if isinstance(v, list) else v for k, v in out.meta_info["metrics"].items()}
+        by_source = {f"rm/pairs_from/{key}": float(sources.count(i)) for i, key in enumerate(self.config.reward_key)}
+        return {**metrics, **by_source, "rm/pairs": float(len(pairs)), "rm/trained": 1.0, "rm/idle_steps": 0.0}
 
     def save_checkpoint(self, path: str) -> None:
         """Write the RM's training state (trainable weights, optimizer, step count) under ``path``."""

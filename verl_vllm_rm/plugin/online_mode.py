@@ -51,7 +51,7 @@ RM_CHECKPOINT_DIR = "online_rm"  # beside verl's actor/ and data.pt in each glob
 #: ``reward_key`` is read from the trajectory's ``extra_fields["reward_extra_info"]``.
 TOKEN_REWARD_FIELD = "rm_scores"
 
-Rollout = tuple[list[Hashable], list[list[int]], list[float]]
+Rollout = tuple[list[Hashable], list[list[int]], list[list[float]]]
 
 
 def online_rm_config(config: DictConfig) -> "OnlineRMConfig":
@@ -114,20 +114,19 @@ def _extra_reward(row: Any, key: str) -> float:
     return float(value[0] if isinstance(value, (list, tuple)) else value)
 
 
-def rollout_fields(reward_key: str) -> list[str]:
+def rollout_fields(reward_keys: list[str]) -> list[str]:
     """The fields of each trajectory an RM step needs besides the reward metrics' (``STEP_FIELDS``)."""
-    return ["prompts", TOKEN_REWARD_FIELD if reward_key == TOKEN_REWARD_FIELD else "extra_fields"]
+    return ["prompts", *dict.fromkeys(TOKEN_REWARD_FIELD if key == TOKEN_REWARD_FIELD else "extra_fields"
+                                      for key in reward_keys)]
 
 
-def rollout_of(data: dict[str, Any], reward_key: str) -> Rollout:
-    """``uid``s, unpadded prompt+response ids and one reward per trajectory of a PPO step (read by
-    :func:`~verl_vllm_rm.plugin.trainer_modes.read_step` with :func:`rollout_fields`)."""
+def rollout_of(data: dict[str, Any], reward_keys: list[str]) -> Rollout:
+    """``uid``s, unpadded prompt+response ids and the rewards of each pair source (one row per key) of a PPO
+    step (read by :func:`~verl_vllm_rm.plugin.trainer_modes.read_step` with :func:`rollout_fields`)."""
     prompts, responses = unpadded(data["prompts"], data["responses"])
     sequences = [np.concatenate(row).tolist() for row in zip(prompts, responses)]
-    if reward_key == TOKEN_REWARD_FIELD:
-        rewards = [float(row.sum()) for row in data[TOKEN_REWARD_FIELD].unbind()]
-    else:
-        rewards = [_extra_reward(row, reward_key) for row in data["extra_fields"]]
+    rewards = [[float(row.sum()) for row in data[TOKEN_REWARD_FIELD].unbind()] if key == TOKEN_REWARD_FIELD
+               else [_extra_reward(row, key) for row in data["extra_fields"]] for key in reward_keys]
     return list(data["uid"]), sequences, rewards
 
 
@@ -167,7 +166,7 @@ class OnlineRewardModelTrainer(RewardMetricsTrainer):
         rollout = rollout_of(data, self.online_rm.config.reward_key)
         if self.drift_probe is None:
             self.drift_probe = make_drift_probe(self.online_rm.config, rollout[1])
-        return {**self.online_rm.train_on_rollout(*rollout), **self.drift_probe.measure()}
+        return {**self.online_rm.train_on_rollout(*rollout, step=self.global_steps), **self.drift_probe.measure()}
 
 
 def make_drift_probe(config: "OnlineRMConfig", sequences: list[list[int]]) -> "DriftProbe":
