@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict
 from pathlib import Path
 
-from verl_vllm_rm.dev.tiny_rm import TinyRMSpec, build_tokenizer, cached_model_dir, qwen2_config
+from verl_vllm_rm.dev.tiny_rm import TinyRMSpec, build_tokenizer, cached_model_dir, decoder_config
 
 
 def build_tiny_judge(out_dir: str | Path, spec: TinyRMSpec = TinyRMSpec()) -> Path:
@@ -21,7 +21,7 @@ def build_tiny_judge(out_dir: str | Path, spec: TinyRMSpec = TinyRMSpec()) -> Pa
         from transformers import Qwen2ForCausalLM
 
         tokenizer = build_tokenizer(spec)
-        config = qwen2_config(spec, tokenizer, tie_word_embeddings=True)
+        config = decoder_config(spec, tokenizer, tie_word_embeddings=True)
         torch.manual_seed(spec.seed if spec.init_seed is None else spec.init_seed)
         return Qwen2ForCausalLM(config), tokenizer
 

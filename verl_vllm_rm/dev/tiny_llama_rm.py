@@ -13,7 +13,7 @@ import string
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from verl_vllm_rm.dev.tiny_rm import QwenShape, cached_model_dir
+from verl_vllm_rm.dev.tiny_rm import QwenShape, cached_model_dir, decoder_config
 from verl_vllm_rm.parity.corpus import synthetic_corpus
 
 
@@ -48,14 +48,10 @@ def build_tiny_llama_rm(out_dir: str | Path, spec: TinyLlamaRMSpec = TinyLlamaRM
 
     def build():
         import torch
-        from transformers import LlamaConfig, LlamaForSequenceClassification
+        from transformers import LlamaForSequenceClassification
 
         tokenizer = build_unigram_tokenizer(spec)
-        layers = {name: getattr(spec, name) for name in QwenShape.__dataclass_fields__}
-        config = LlamaConfig(vocab_size=len(tokenizer), max_position_embeddings=spec.max_position_embeddings,
-                             **layers, num_labels=1, pad_token_id=tokenizer.pad_token_id,
-                             bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                             torch_dtype="float32")
+        config = decoder_config(spec, tokenizer, "llama", num_labels=1)
         torch.manual_seed(spec.seed)
         model = LlamaForSequenceClassification(config)
         with torch.no_grad():

