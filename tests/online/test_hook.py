@@ -122,7 +122,7 @@ def test_two_rm_workers_average_gradients_and_publish_once_per_step(ray_cluster,
     start = runtime_version(ws_server.url)
     for step in (1, 2):
         metrics = online.train_on_rollout(uids, sequences, rewards)
-        assert metrics["rm/pairs"] == 2  # each rank's half of the 4 pairs
+        assert metrics["rm/pairs"] == 4 and metrics["rm/trained"] == 1.0  # the pairs both ranks used (2 each)
         assert metrics["rm/published_version"] == start + step
         rank0, rank1 = online.worker_group.reference_scores(probe_ids)
         assert max_diff(rank0, rank1) <= 1e-6  # replicas stayed identical

@@ -185,6 +185,7 @@ def test_rm_step_trains_on_a_queued_rollout_and_publishes(step_rollout, compose_
     rollout_sequences = read_rollout(step_rollout[1], "verifiable_score")[1]
     initial = np.array(server_scores(ws_server.url, rollout_sequences))
     for step in (1, 2):
+        trainer.global_steps = step  # what verl's fit() counts
         metrics = trainer.train_reward_model(read_step(step_rollout[1], trainer.step_fields())[1])
         assert metrics["rm/pairs"] == 4 and metrics["rm/bt_loss"] > 0  # one pair per prompt group, none of padding
         assert metrics["rm/published_version"] == start + step
