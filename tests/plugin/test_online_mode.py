@@ -237,6 +237,8 @@ def test_a_step_without_pairs_is_said_at_once_counted_and_max_idle_steps_stops_t
     with pytest.raises(RewardModelIdleError, match=r"no preference pairs at PPO step 4.*That is 2 step\(s\) in a "
                                                    r"row, online_rm.max_idle_steps=2: stopping the run"):
         rm.train_on_rollout(*rollout, step=4)
+    never = online_rm(tiny_rm, ws_server.url, tokenizer.pad_token_id, min_reward_gap=1.0, max_idle_steps=0)
+    assert [never.train_on_rollout(*rollout, step=s)["rm/idle_steps"] for s in (1, 2, 3)] == [1.0, 2.0, 3.0]
 
 
 def test_fewer_groups_with_a_gap_than_rm_workers_is_named():
