@@ -17,7 +17,8 @@ from verl_vllm_rm.parity.reference import sequence_scores
 from verl_vllm_rm.replicas.launcher import running_server
 from verl_vllm_rm.weight_sync import RewardModelPublisher
 from verl_vllm_rm.dev.tiny_rm import build_tiny_rm
-from verl_vllm_rm.online.bt import BradleyTerryTrainer, prepare_reward_model
+from verl_vllm_rm.dev.offline_bt import OfflineBradleyTerry
+from verl_vllm_rm.online.trainable import prepare_reward_model
 
 
 def train_and_publish(server_url: str, model_path: str, modes: list[str], steps: int = 3) -> list[dict]:
@@ -31,7 +32,7 @@ def train_and_publish(server_url: str, model_path: str, modes: list[str], steps:
         for mode in modes:
             base = AutoModelForSequenceClassification.from_pretrained(model_path, dtype=torch.float32)
             model = prepare_reward_model(base, mode)
-            trainer = BradleyTerryTrainer(model, lr=5e-3)
+            trainer = OfflineBradleyTerry(model, lr=5e-3)
             for _ in range(steps):
                 loss = trainer.step(batch)["rm/bt_loss"]
                 result = publisher.publish(model, publisher.version + 1, mode)

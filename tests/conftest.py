@@ -16,7 +16,7 @@ import requests
 
 from verl_vllm_rm.replicas.launcher import running_server
 from verl_vllm_rm.dev.tiny_rm import STEP, build_tiny_rm, synthetic_corpus
-from verl_vllm_rm.online.bt import collate_pairs
+from verl_vllm_rm.dev.offline_bt import collate_pairs
 from verl_vllm_rm.dev.loader import compose_verl_config, vllm_rm_config
 
 # open_sessions_check: the run fails if an aiohttp session is left open; orphan_engines_check: if a server's
@@ -275,13 +275,17 @@ def ray_cluster():
     """A local Ray cluster for the verl worker-group tests of one module.
 
     16 logical CPUs: each worker group holds a placement group for the module's life,
-    and TransferQueue's controller and storage units take one each.
+    and TransferQueue's controller and storage units take one each. Workers load the CPU
+    harness, as in a CPU main_ppo run: the RM trainer is verl's training engine.
     """
     import ray
 
+    from verl_vllm_rm.dev.cpu_names import HARNESS_MODULE
+
     started = not ray.is_initialized()
     if started:
-        ray.init(num_cpus=16, include_dashboard=False, log_to_driver=False)
+        ray.init(num_cpus=16, include_dashboard=False, log_to_driver=False,
+                 runtime_env={"env_vars": {"VERL_USE_EXTERNAL_MODULES": HARNESS_MODULE}})
     yield
     if started:
         ray.shutdown()

@@ -17,14 +17,17 @@ from verl_vllm_rm.dev.tiny_ppo import TinyPPOConfig, TinyPPOError, run_tiny_ppo
 
 pytestmark = [pytest.mark.server, pytest.mark.ray]
 
+RM_RANKS = 2  # the RM trains sharded over two ranks of verl's engine (FSDP2)
+
 
 @pytest.fixture(scope="module")
 def online_runs(tmp_path_factory, tiny_rm, tiny_task):
     """2 online steps (a checkpoint each), then the same run resumed to step 3; each run starts its own two
     replicas (weight version 0); the RM's scores are whitened (running statistics, two reward-loop workers)."""
     work = tmp_path_factory.mktemp("ppo_online")
-    common = dict(online="head_only", validate=False, replicas=2,
-                  extra_overrides=["trainer.save_freq=1", "+reward.reward_kwargs.whiten=running"])
+    common = dict(online="full", validate=False, replicas=2,
+                  extra_overrides=["trainer.save_freq=1", "+reward.reward_kwargs.whiten=running",
+                                   f"+online_rm.num_workers={RM_RANKS}"])
     first = tiny_ppo(work, tiny_rm, tiny_task["policy"], None, steps=2, **common)
     first["metrics"] = dict(read_metrics(work))  # the resumed run writes its own metrics file
     resumed = tiny_ppo(work, tiny_rm, tiny_task["policy"], None, steps=3, **common)
@@ -64,15 +67,14 @@ def test_online_steps_log_reward_metrics_the_weight_version_and_drift(online_run
     assert max(metrics[s]["drift/mean_abs_change"] for s in (1, 2)) > 0
 
 
-def rm_at(tiny_rm: str, state_file) -> tuple[torch.nn.Module, int]:
-    """The tiny RM with the online RM state saved in ``state_file``, and the RM steps it had taken."""
-    from transformers import AutoModelForSequenceClassification
+def rm_at(folder) -> tuple[torch.nn.Module, int]:
+    """The RM of verl's checkpoint of the RM engine in ``folder`` (joined from its ranks' shards), and the RM
+    steps it had taken."""
+    from verl_vllm_rm.online.export import load_trained_rm, rm_run_state
 
-    state = torch.load(state_file, weights_only=True)
-    model = AutoModelForSequenceClassification.from_pretrained(tiny_rm, dtype=torch.float32).eval()
-    model.load_state_dict(state["params"], strict=False)
-    assert set(state["params"]) == {"score.weight"}
-    return model, state["steps"]
+    state = rm_run_state(folder)
+    assert (state["world_size"], state["training_mode"]) == (RM_RANKS, "full")
+    return load_trained_rm(folder), state["steps"]
 
 
 def test_rm_state_is_in_verls_checkpoint_and_the_resumed_replicas_score_with_it(online_runs, tiny_rm):
@@ -85,15 +87,16 @@ def test_rm_state_is_in_verls_checkpoint_and_the_resumed_replicas_score_with_it(
 
     work, _, resumed = online_runs
     for step in (1, 2, 3):
-        assert (work / "checkpoints" / f"global_step_{step}" / "online_rm" / "rm_state.pt").is_file()
+        folder = work / "checkpoints" / f"global_step_{step}" / "online_rm"
+        assert [(folder / f"model_world_size_{RM_RANKS}_rank_{r}.pt").is_file() for r in range(RM_RANKS)] == [True] * 2
     assert [s["step"] for s in resumed["steps"]] == [3]  # verl resumed from global_step_2
     assert resumed["steps"][0]["rm_version"] == 2  # the resume published 1, step 3 published 2
     assert resumed["steps"][0]["parity_max_abs"] <= 1e-4
     for i in (0, 1):
         m = replica_metrics(resumed["metrics"][3], i)
         assert m["routed"] == 1.0 and m["version"] == 1.0 and m["restarts"] == 0.0, m
-    restored, steps = rm_at(tiny_rm, work / "checkpoints" / "global_step_2" / "online_rm" / "rm_state.pt")
-    assert steps == 2 and rm_at(tiny_rm, work / "checkpoints" / "global_step_3" / "online_rm" / "rm_state.pt")[1] == 3
+    restored, steps = rm_at(work / "checkpoints" / "global_step_2" / "online_rm")
+    assert steps == 2 and rm_at(work / "checkpoints" / "global_step_3" / "online_rm")[1] == 3
     tokenizer = AutoTokenizer.from_pretrained(resumed["policy"])
     dump = read_dump(work, 3)
     rows = expected_totals(dump, generations(work), tokenizer, lambda seqs: sequence_scores(restored, seqs))

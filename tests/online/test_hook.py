@@ -3,36 +3,10 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
-import torch
 from sync_helpers import PARITY_ATOL, max_diff, reset_server, runtime_version, server_scores
 
 from verl_vllm_rm.online.pairs import best_vs_worst_pairs
-from verl_vllm_rm.rows import unpadded
-
-
-@pytest.fixture(scope="module")
-def rollout(tokenizer):
-    """4 prompts x 4 responses in verl's layout (left-padded prompts, right-padded responses),
-    with a verifiable reward: 1 for the right sum, 0 otherwise."""
-    pad = tokenizer.pad_token_id
-    rows, uids, rewards = [], [], []
-    for g, (a, b) in enumerate([(3, 4), (12, 30), (7, 8), (40, 2)]):
-        prompt = tokenizer(f"What is {a} + {b}?").input_ids
-        for k, answer in enumerate([a + b + 1, a + b, a * b, a + b]):
-            rows.append((prompt, tokenizer(f" <think>{'add ' * k}</think> The answer is {answer}.").input_ids))
-            uids.append(f"group-{g}")
-            rewards.append(float(answer == a + b))
-    p_len, r_len = max(len(p) for p, _ in rows), max(len(r) for _, r in rows)
-    prompts = torch.full((len(rows), p_len), pad)
-    responses = torch.full((len(rows), r_len), pad)
-    mask = torch.zeros((len(rows), p_len + r_len), dtype=torch.long)
-    for i, (p, r) in enumerate(rows):
-        prompts[i, p_len - len(p):], responses[i, : len(r)] = torch.tensor(p), torch.tensor(r)
-        mask[i, p_len - len(p): p_len + len(r)] = 1
-    sequences = [np.concatenate(row).tolist() for row in zip(*unpadded(prompts, responses, mask))]
-    return uids, sequences, rewards, [p + r for p, r in rows]
 
 
 def test_pairs_are_best_vs_worst_of_each_group(rollout):
@@ -60,15 +34,15 @@ def test_a_group_that_ties_on_one_pair_source_takes_its_pair_from_the_next(rollo
     assert best_vs_worst_pairs(uids, sequences, [[1.0] * len(uids)] * 2) == ([], [], [])
 
 
-def test_rm_step_worker_method_publishes_every_n_steps(ray_cluster, ws_server, tiny_rm, tokenizer, rollout,
-                                                       probe_ids):
+def test_rm_step_worker_method_publishes_every_n_steps(ray_cluster, ws_server, tiny_rm, rollout, probe_ids):
+    from verl_vllm_rm.dev.cpu_profile import CPU_RM_ENGINE
     from verl_vllm_rm.online.config import OnlineRMConfig
     from verl_vllm_rm.online.driver import OnlineRewardModel
 
     reset_server(ws_server.url, tiny_rm)
     config = OnlineRMConfig(model_path=tiny_rm, server_url=ws_server.url, training_mode="lora", publish_every=2,
-                            lr=5e-3, lora_rank=4, use_gpu=False, timeout_s=60, parity_every=1)
-    online = OnlineRewardModel(config, tokenizer.pad_token_id)
+                            lr=5e-3, lora_rank=4, timeout_s=60, parity_every=1, **CPU_RM_ENGINE)
+    online = OnlineRewardModel(config)
     uids, sequences, rewards, _ = rollout
     start = runtime_version(ws_server.url)
     for step in range(1, 5):
@@ -105,26 +79,3 @@ def test_online_rm_recipe_options_are_valid(compose_config):
     assert config.server_url == "http://127.0.0.1:8001", "the reward manager's server (the recipe's RM_URL)"
     with pytest.raises(ValueError, match="valid options"):
         OnlineRMConfig.from_dict({"model_path": "/models/rm", "server_url": "http://x", "learning_rate": 1e-5})
-
-
-def test_two_rm_workers_average_gradients_and_publish_once_per_step(ray_cluster, ws_server, tiny_rm, tokenizer,
-                                                                    rollout, probe_ids):
-    """``num_workers=2``: verl splits the pairs, the replicas average gradients and stay identical, and
-    rank 0 publishes one version per step (rank 1 takes part in the collective publish)."""
-    from verl_vllm_rm.online.config import OnlineRMConfig
-    from verl_vllm_rm.online.driver import OnlineRewardModel
-
-    reset_server(ws_server.url, tiny_rm)
-    config = OnlineRMConfig(model_path=tiny_rm, server_url=ws_server.url, training_mode="lora", lr=5e-3,
-                            lora_rank=4, use_gpu=False, timeout_s=60, parity_every=1, num_workers=2)
-    online = OnlineRewardModel(config, tokenizer.pad_token_id)
-    uids, sequences, rewards, _ = rollout
-    start = runtime_version(ws_server.url)
-    for step in (1, 2):
-        metrics = online.train_on_rollout(uids, sequences, rewards)
-        assert metrics["rm/pairs"] == 4 and metrics["rm/trained"] == 1.0  # the pairs both ranks used (2 each)
-        assert metrics["rm/published_version"] == start + step
-        rank0, rank1 = online.worker_group.reference_scores(probe_ids)
-        assert max_diff(rank0, rank1) <= 1e-6  # replicas stayed identical
-        assert max_diff(server_scores(ws_server.url, probe_ids), rank0) <= PARITY_ATOL
-    assert runtime_version(ws_server.url) == start + 2

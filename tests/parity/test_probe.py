@@ -7,13 +7,14 @@ import torch
 from sync_helpers import PARITY_ATOL, load_rm, reset_server, runtime_version, update_record
 
 from verl_vllm_rm.weight_sync import ParityError, ParityProbe, RewardModelPublisher
-from verl_vllm_rm.online.bt import BradleyTerryTrainer, prepare_reward_model
+from verl_vllm_rm.dev.offline_bt import OfflineBradleyTerry
+from verl_vllm_rm.online.trainable import prepare_reward_model
 
 
 def test_probe_runs_every_n_publishes_and_reports_parity(ws_server, tiny_rm, probe_ids, preference_batch):
     reset_server(ws_server.url, tiny_rm)
     model = prepare_reward_model(load_rm(tiny_rm), "full")
-    trainer = BradleyTerryTrainer(model, lr=5e-3)
+    trainer = OfflineBradleyTerry(model, lr=5e-3)
     with RewardModelPublisher(ws_server.url, timeout_s=60, parity_probe=ParityProbe(every=2)) as pub:
         for n in range(1, 5):
             trainer.step(preference_batch)

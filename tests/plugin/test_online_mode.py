@@ -122,7 +122,7 @@ def test_trainer_without_online_rm_options_names_them(compose_config):
     from verl_vllm_rm.plugin.online_mode import build_online_rm
 
     with pytest.raises(ValueError, match=r"online_rm section.*\+online_rm.model_path"):
-        build_online_rm(compose_config(["trainer.v1.trainer_mode=vllm_rm_online"]), 0)
+        build_online_rm(compose_config(["trainer.v1.trainer_mode=vllm_rm_online"]))
 
 
 @pytest.mark.parametrize("reward_url, expected", [
@@ -173,13 +173,15 @@ def test_rm_step_trains_on_a_queued_rollout_and_publishes(step_rollout, compose_
     from verl_vllm_rm.plugin.trainer_modes import read_step
 
     reset_server(ws_server.url, tiny_rm)
+    from verl_vllm_rm.dev.cpu_profile import CPU_RM_ENGINE
+
     options = dict(model_path=tiny_rm, server_url=ws_server.url, training_mode="lora", lora_rank=4, lr=5e-3,
-                   use_gpu=False, timeout_s=60, parity_every=1, reward_key="verifiable_score")
+                   timeout_s=60, parity_every=1, reward_key="verifiable_score", **CPU_RM_ENGINE)
     config = compose_config(["trainer.v1.trainer_mode=vllm_rm_online", *[f"+online_rm.{k}={v}" for k, v in
                                                                            options.items()]])
     trainer = OnlineRewardModelTrainer(config)
     # what init() adds after verl's setup
-    trainer.online_rm, trainer.drift_probe = build_online_rm(config, tokenizer.pad_token_id), None
+    trainer.online_rm, trainer.drift_probe = build_online_rm(config), None
     start = runtime_version(ws_server.url)
     before = server_scores(ws_server.url, probe_ids)
     rollout_sequences = read_rollout(step_rollout[1], "verifiable_score")[1]
@@ -202,14 +204,15 @@ def test_rm_step_trains_on_a_queued_rollout_and_publishes(step_rollout, compose_
     assert torch.isfinite(torch.tensor(served)).all()
 
 
-def online_rm(tiny_rm: str, url: str, pad_id: int, mode: str = "lora", **options):
-    """An RM trainer worker group that publishes only when told to (resume), never per step."""
+def online_rm(tiny_rm: str, url: str, mode: str = "lora", **options):
+    """An RM trainer worker group (verl's engine, on CPU) that publishes only when told to (resume)."""
+    from verl_vllm_rm.dev.cpu_profile import CPU_RM_ENGINE
     from verl_vllm_rm.online.config import OnlineRMConfig
     from verl_vllm_rm.online.driver import OnlineRewardModel
 
     config = OnlineRMConfig(model_path=tiny_rm, server_url=url, training_mode=mode, lora_rank=4, lr=5e-3,
-                            use_gpu=False, timeout_s=60, parity_every=1, publish_every=10**6, **options)
-    return OnlineRewardModel(config, pad_id)
+                            timeout_s=60, parity_every=1, publish_every=10**6, **{**CPU_RM_ENGINE, **options})
+    return OnlineRewardModel(config)
 
 
 def test_a_step_without_pairs_is_said_at_once_counted_and_max_idle_steps_stops_the_run(step_rollout, ws_server,
@@ -220,7 +223,7 @@ def test_a_step_without_pairs_is_said_at_once_counted_and_max_idle_steps_stops_t
     from verl_vllm_rm.online.driver import RewardModelIdleError
 
     rollout = read_rollout(step_rollout[1], "verifiable_score")  # 4 groups, one right answer each: gap 1.0
-    rm = online_rm(tiny_rm, ws_server.url, tokenizer.pad_token_id, min_reward_gap=1.0, max_idle_steps=2)
+    rm = online_rm(tiny_rm, ws_server.url, min_reward_gap=1.0, max_idle_steps=2)
     with caplog.at_level("WARNING", logger="verl_vllm_rm.online.driver"):
         metrics = rm.train_on_rollout(*rollout, step=1)
     assert metrics == {"rm/pairs": 0.0, "rm/trained": 0.0, "rm/idle_steps": 1.0}
@@ -237,7 +240,7 @@ def test_a_step_without_pairs_is_said_at_once_counted_and_max_idle_steps_stops_t
     with pytest.raises(RewardModelIdleError, match=r"no preference pairs at PPO step 4.*That is 2 step\(s\) in a "
                                                    r"row, online_rm.max_idle_steps=2: stopping the run"):
         rm.train_on_rollout(*rollout, step=4)
-    never = online_rm(tiny_rm, ws_server.url, tokenizer.pad_token_id, min_reward_gap=1.0, max_idle_steps=0)
+    never = online_rm(tiny_rm, ws_server.url, min_reward_gap=1.0, max_idle_steps=0)
     assert [never.train_on_rollout(*rollout, step=s)["rm/idle_steps"] for s in (1, 2, 3)] == [1.0, 2.0, 3.0]
 
 
@@ -255,7 +258,7 @@ def test_resume_restores_the_rm_and_its_optimizer_and_republishes(step_rollout, 
     from verl_vllm_rm.plugin.online_mode import RM_CHECKPOINT_DIR, resume_reward_model
 
     rollout = read_rollout(step_rollout[1], "verifiable_score")
-    first = online_rm(tiny_rm, ws_server.url, tokenizer.pad_token_id)
+    first = online_rm(tiny_rm, ws_server.url)
     for _ in range(2):
         first.train_on_rollout(*rollout)
     folder = tmp_path / "global_step_2"
@@ -264,7 +267,7 @@ def test_resume_restores_the_rm_and_its_optimizer_and_republishes(step_rollout, 
 
     reset_server(ws_server.url, tiny_rm)  # as after a restart: the server serves the initial RM
     assert max_diff(server_scores(ws_server.url, probe_ids), trained) > 1e-3
-    resumed = online_rm(tiny_rm, ws_server.url, tokenizer.pad_token_id)
+    resumed = online_rm(tiny_rm, ws_server.url)
     metrics = resume_reward_model(resumed, str(folder))
     assert metrics["rm/parity_max_abs_diff"] <= PARITY_ATOL  # probed on the last step's chosen responses
     assert max_diff(server_scores(ws_server.url, probe_ids), trained) <= PARITY_ATOL
@@ -284,11 +287,12 @@ def test_resume_refuses_another_modes_state_and_falls_back_to_the_initial_rm(ste
     from verl_vllm_rm.parity.reference import sequence_scores
     from verl_vllm_rm.plugin.online_mode import RM_CHECKPOINT_DIR, resume_reward_model
 
-    lora = online_rm(tiny_rm, ws_server.url, tokenizer.pad_token_id)
+    lora = online_rm(tiny_rm, ws_server.url)
     lora.train_on_rollout(*read_rollout(step_rollout[1], "verifiable_score"))
     lora.save_checkpoint(str(tmp_path / "global_step_1" / RM_CHECKPOINT_DIR))
-    full = online_rm(tiny_rm, ws_server.url, tokenizer.pad_token_id, mode="full")
-    with pytest.raises(Exception, match="does not match this model's trainable parameters.*training_mode"):
+    full = online_rm(tiny_rm, ws_server.url, mode="full")
+    with pytest.raises(Exception, match=r"saved by 1 RM rank\(s\) in training_mode=lora; this run has 1 in full.*"
+                                        "resume with the same"):
         resume_reward_model(full, str(tmp_path / "global_step_1"))
 
     # A checkpoint without RM state: the initial RM continues, and the server is brought back to it.

@@ -8,7 +8,7 @@ import pytest
 import torch
 from sync_helpers import load_rm
 
-from verl_vllm_rm.online.bt import prepare_reward_model
+from verl_vllm_rm.online.trainable import prepare_reward_model
 from verl_vllm_rm.protocol.names import normalize_name
 from verl_vllm_rm.weight_sync.lora import find_lora_modules, lora_scalings
 

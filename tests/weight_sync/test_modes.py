@@ -8,7 +8,8 @@ import torch
 from sync_helpers import assert_parity, load_rm, max_diff, reset_server, runtime_version
 
 from verl_vllm_rm.weight_sync import RewardModelPublisher
-from verl_vllm_rm.online.bt import BradleyTerryTrainer, prepare_reward_model
+from verl_vllm_rm.dev.offline_bt import OfflineBradleyTerry
+from verl_vllm_rm.online.trainable import prepare_reward_model
 
 STEPS = 3
 # What each mode must send for the tiny Qwen2 RM (2 layers): the head; the head plus every
@@ -20,7 +21,7 @@ EXPECTED_PARAMS = {"head_only": 1, "lora": 21, "full": 27}
 def test_bt_steps_publish_and_score_like_the_trainer(mode, ws_server, tiny_rm, probe_ids, preference_batch):
     reset_server(ws_server.url, tiny_rm)
     model = prepare_reward_model(load_rm(tiny_rm), mode, lora_rank=4, lora_alpha=8)
-    trainer = BradleyTerryTrainer(model, lr=5e-3)
+    trainer = OfflineBradleyTerry(model, lr=5e-3)
     previous = assert_parity(ws_server.url, model, probe_ids)
     with RewardModelPublisher(ws_server.url, timeout_s=60, bucket_bytes=256 << 10) as pub:
         for _ in range(STEPS):
@@ -45,7 +46,7 @@ def test_lora_publish_leaves_the_training_model_alone(ws_server, tiny_rm, probe_
     base_q = model.get_parameter("base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight")
     base_before = base_q.detach().clone()
     lora_b = model.get_parameter("base_model.model.model.layers.0.self_attn.q_proj.lora_B.default.weight")
-    trainer = BradleyTerryTrainer(model, lr=5e-3)
+    trainer = OfflineBradleyTerry(model, lr=5e-3)
     with RewardModelPublisher(ws_server.url, timeout_s=60) as pub:
         for _ in range(2):
             trainer.step(preference_batch)

@@ -5,14 +5,15 @@ import requests
 from sync_helpers import assert_parity, load_rm, reset_server, runtime_version
 
 from verl_vllm_rm.client.http import HttpError
-from verl_vllm_rm.online.bt import BradleyTerryTrainer, prepare_reward_model
+from verl_vllm_rm.dev.offline_bt import OfflineBradleyTerry
+from verl_vllm_rm.online.trainable import prepare_reward_model
 from verl_vllm_rm.weight_sync import MultiServerPublisher, WeightUpdateRefused
 
 
 def test_each_publish_bumps_the_version_and_scores_like_the_model(ws_server, tiny_rm, probe_ids, preference_batch):
     version = reset_server(ws_server.url, tiny_rm)
     model = prepare_reward_model(load_rm(tiny_rm), "head_only")
-    trainer = BradleyTerryTrainer(model, lr=5e-2)
+    trainer = OfflineBradleyTerry(model, lr=5e-2)
     with MultiServerPublisher([ws_server.url, ws_server.url], timeout_s=60) as fleet:
         assert len(fleet.publishers) == 1  # a URL listed twice is one server
         for step in (1, 2):

@@ -34,6 +34,10 @@ CPU_OVERRIDES = [
     "data.dataloader_num_workers=0",
 ]
 
+#: The online RM trainer's engine on CPU: no accelerator slot, no flash attention (sdpa, padded batches), and
+#: fp32 compute, as the CPU test servers serve fp32 (a bf16 server is tested on its own).
+CPU_RM_ENGINE = {"use_gpu": False, "use_remove_padding": False, "attn_implementation": "sdpa", "param_dtype": "fp32"}
+
 
 def cpu_profile(steps: int, batch_prompts: int = 4, group_size: int = 4, online: bool = False,
                 external_modules: str | None = None) -> list[str]:
@@ -60,7 +64,7 @@ def cpu_profile(steps: int, batch_prompts: int = 4, group_size: int = 4, online:
         "trainer.logger=[console,file]",
     ]
     if online:
-        profile.append("+online_rm.use_gpu=False")
+        profile += [f"+online_rm.{key}={value}" for key, value in CPU_RM_ENGINE.items()]
     if external_modules:
         profile.append(f"++ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES='{external_modules}'")
     return profile

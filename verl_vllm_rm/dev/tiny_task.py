@@ -89,7 +89,7 @@ def write_dataset(out_dir: str | Path, n_train: int = 64, n_val: int = 8, seed: 
 
 
 def encode_pairs(tokenizer, pairs: list[Pair]):
-    from verl_vllm_rm.online.bt import collate_pairs
+    from verl_vllm_rm.dev.offline_bt import collate_pairs
 
     return collate_pairs(
         [tokenizer(p.prompt + p.chosen).input_ids for p in pairs],
@@ -101,7 +101,7 @@ def encode_pairs(tokenizer, pairs: list[Pair]):
 def pair_accuracy(model, batch) -> float:
     import torch
 
-    from verl_vllm_rm.online.bt import sequence_rewards
+    from verl_vllm_rm.dev.offline_bt import sequence_rewards
 
     with torch.no_grad():
         chosen = sequence_rewards(model, batch.chosen_ids, batch.chosen_mask)
@@ -119,8 +119,9 @@ def train_tiny_rm(workdir: str | Path, seconds: float = 60.0, seed: int = 0) -> 
     from tqdm import tqdm
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
+    from verl_vllm_rm.dev.offline_bt import OfflineBradleyTerry
     from verl_vllm_rm.dev.tiny_rm import build_tiny_rm
-    from verl_vllm_rm.online.bt import BradleyTerryTrainer, prepare_reward_model
+    from verl_vllm_rm.online.trainable import prepare_reward_model
 
     work = Path(workdir)
     base = build_tiny_rm(work / "tiny-rm-base")
@@ -129,7 +130,7 @@ def train_tiny_rm(workdir: str | Path, seconds: float = 60.0, seed: int = 0) -> 
     model = prepare_reward_model(AutoModelForSequenceClassification.from_pretrained(base, dtype=torch.float32), "full")
     held_out = encode_pairs(tokenizer, preference_pairs(256, seed=seed + 1000))
     before = pair_accuracy(model, held_out)
-    trainer = BradleyTerryTrainer(model, lr=1e-3)
+    trainer = OfflineBradleyTerry(model, lr=1e-3)
     pairs = preference_pairs(100_000, seed=seed)
     t0, step = time.monotonic(), 0
     with tqdm(total=int(seconds), desc="training the tiny RM", unit="s") as bar:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Literal, Mapping
 
 from verl_vllm_rm.options import build, check_ranges
 from verl_vllm_rm.parity.probe import ParityProbe
@@ -20,11 +20,29 @@ class OnlineRMConfig:
     reward_model: str | None = None  # the managed RM (reward_kwargs.replicas) whose every replica gets each publish
     training_mode: str = "head_only"
     publish_every: int = 1
+    # The optimizer: verl's optim.* names
     lr: float = 1e-5
-    max_grad_norm: float = 1.0
+    weight_decay: float = 0.0
+    clip_grad: float = 1.0
+    # The model: verl's model.* names (LoRA options apply in training_mode=lora)
     lora_rank: int = 8
     lora_alpha: int = 16
-    lora_target_modules: Any = "all-linear"
+    target_modules: Any = "all-linear"
+    enable_gradient_checkpointing: bool = True
+    use_remove_padding: bool = True  # needs flash attention (GPU); False on CPU
+    attn_implementation: str = "flash_attention_2"  # override_config.attn_implementation; sdpa on CPU
+    # The engine: verl's engine.* / fsdp_config names
+    strategy: Literal["fsdp", "fsdp2"] = "fsdp2"
+    param_dtype: Literal["bf16", "fp16", "fp32"] = "bf16"  # mixed_precision.param_dtype: compute; masters are fp32
+    param_offload: bool = False
+    optimizer_offload: bool = False
+    fsdp_size: int = -1  # ranks one copy is sharded over (-1: all of the RM's ranks)
+    micro_batch_size_per_gpu: int = 4  # preference pairs per micro-batch (gradients accumulate over them)
+    use_dynamic_bsz: bool = False  # micro-batches by token count instead (max_token_len_per_gpu); pairs stay whole
+    max_token_len_per_gpu: int = 16384
+    # Where the RM's ranks run: their own Ray resource pool of num_workers slots, or the actor's pool
+    # (one RM rank beside each actor rank; num_workers is then the actor's rank count)
+    placement: Literal["separate", "colocated"] = "separate"
     min_reward_gap: float = 0.0
     # What ranks a group's responses (the pair source): vllm_rm's verifiable score by default; a list is tried in
     # order, per group (the first with a gap decides). "rm_scores" (the policy's reward) includes the RM's own
@@ -47,7 +65,12 @@ class OnlineRMConfig:
                              f"replicas of that RM), got server_url={self.server_url!r}, "
                              f"reward_model={self.reward_model!r}")
         RewardModelTrainingMode.parse(self.training_mode)
-        check_ranges(self, {">= 1": ("publish_every",), ">= 0": ("parity_every", "max_idle_steps", "min_reward_gap")})
+        check_ranges(self, {"> 0": ("lr", "clip_grad", "timeout_s"),
+                            ">= 1": ("publish_every", "lora_rank", "lora_alpha", "micro_batch_size_per_gpu",
+                                     "max_token_len_per_gpu", "num_workers", "bucket_bytes"),
+                            ">= 0": ("parity_every", "max_idle_steps", "min_reward_gap", "weight_decay")})
+        if self.fsdp_size != -1 and self.fsdp_size < 1:
+            raise ValueError(f"fsdp_size must be -1 (all RM ranks) or >= 1, got {self.fsdp_size}")
 
     def parity_probe(self) -> ParityProbe | None:
         return ParityProbe(every=self.parity_every, threshold=self.parity_threshold) if self.parity_every else None
@@ -56,3 +79,27 @@ class OnlineRMConfig:
     def from_dict(cls, options: Mapping[str, Any]) -> "OnlineRMConfig":
         """Validate the ``online_rm`` section (a mapping or DictConfig)."""
         return build(cls, options, "online_rm")
+
+    def training_worker_config(self):
+        """verl's ``TrainingWorkerConfig`` for the RM: the critic's, with :data:`~verl_vllm_rm.online.engine.MODEL_TYPE`
+        (verl's value-head engine holding an RM) and these options under verl's own names."""
+        from verl.trainer.config import CheckpointConfig
+        from verl.workers.config import FSDPEngineConfig, FSDPOptimizerConfig, HFModelConfig, TrainingWorkerConfig
+
+        from verl_vllm_rm.online.engine import MODEL_TYPE
+
+        lora = RewardModelTrainingMode.parse(self.training_mode) is RewardModelTrainingMode.LORA
+        model = HFModelConfig(path=self.model_path, lora_rank=self.lora_rank if lora else 0,
+                              lora_alpha=self.lora_alpha, target_modules=self.target_modules,
+                              enable_gradient_checkpointing=self.enable_gradient_checkpointing,
+                              use_remove_padding=self.use_remove_padding,
+                              override_config={"attn_implementation": self.attn_implementation})
+        engine = FSDPEngineConfig(strategy=self.strategy, param_offload=self.param_offload,
+                                  optimizer_offload=self.optimizer_offload, fsdp_size=self.fsdp_size,
+                                  model_dtype="fp32", mixed_precision={"param_dtype": self.param_dtype},
+                                  micro_batch_size_per_gpu=self.micro_batch_size_per_gpu,
+                                  use_dynamic_bsz=self.use_dynamic_bsz, max_token_len_per_gpu=self.max_token_len_per_gpu,
+                                  use_torch_compile=False)
+        optim = FSDPOptimizerConfig(lr=self.lr, weight_decay=self.weight_decay, clip_grad=self.clip_grad)
+        return TrainingWorkerConfig(model_type=MODEL_TYPE, model_config=model, engine_config=engine,
+                                    optimizer_config=optim, checkpoint_config=CheckpointConfig())

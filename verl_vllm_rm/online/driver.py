@@ -10,32 +10,38 @@ import logging
 import uuid
 from typing import Hashable, Sequence
 
-from verl import DataProto
+from typing import Any
 
-from verl_vllm_rm.online.bt import collate_pairs
 from verl_vllm_rm.online.config import OnlineRMConfig
 from verl_vllm_rm.online.pairs import best_vs_worst_pairs
-from verl_vllm_rm.online.worker import PAIR_FIELDS, RewardModelTrainingWorker
+from verl_vllm_rm.online.worker import RewardModelWorker
 
 logger = logging.getLogger(__name__)
+
+
+def mean_of(value: Any) -> float:
+    """A metric verl gathered per micro-batch and rank (nested lists), as one number."""
+    if isinstance(value, (list, tuple)):
+        flat = [mean_of(v) for v in value]
+        return sum(flat) / len(flat)
+    return float(value)
 
 
 class RewardModelIdleError(RuntimeError):
     """Online RM training was asked for, and the RM has had no preference pairs for ``max_idle_steps`` steps."""
 
 
+Pairs = tuple[list[list[int]], list[list[int]], list[int]]
+
+
 def preference_pairs(uids: Sequence[Hashable], sequences: Sequence[list[int]],
-                     rewards: Sequence[float] | Sequence[Sequence[float]], pad_id: int, min_gap: float = 0.0,
-                     multiple_of: int = 1) -> tuple[DataProto | None, list[int]]:
-    """Best-vs-worst pairs of each group as a ``DataProto`` (``None`` when none is left), and the pair source of
-    each pair kept. Trimmed to a multiple of the worker count, as ``DP_COMPUTE_PROTO`` splits evenly."""
+                     rewards: Sequence[float] | Sequence[Sequence[float]], min_gap: float = 0.0,
+                     multiple_of: int = 1) -> Pairs:
+    """Best-vs-worst pairs of each group (chosen, rejected, and the pair source of each), trimmed to a multiple
+    of the RM's rank count: each rank trains on an equal share."""
     chosen, rejected, sources = best_vs_worst_pairs(uids, sequences, rewards, min_gap)
     keep = len(chosen) - len(chosen) % multiple_of
-    if keep == 0:
-        return None, sources
-    batch = collate_pairs(chosen[:keep], rejected[:keep], pad_id)
-    tensors = dict(zip(PAIR_FIELDS, (batch.chosen_ids, batch.chosen_mask, batch.rejected_ids, batch.rejected_mask)))
-    return DataProto.from_dict(tensors=tensors), sources[:keep]
+    return chosen[:keep], rejected[:keep], sources[:keep] if keep else sources
 
 
 def idle_message(config: OnlineRMConfig, step: int | None, groups: int, found: int, workers: int) -> str:
@@ -54,20 +60,26 @@ def idle_message(config: OnlineRMConfig, step: int | None, groups: int, found: i
 
 
 class OnlineRewardModel:
-    """The trainer-side handle: a Ray worker group training the RM on each rollout batch."""
+    """The trainer-side handle: a Ray worker group of :class:`RewardModelWorker` (verl's engine) training the RM
+    on each rollout batch; on its own resource pool, or on ``colocated_pool`` (the actor's)."""
 
-    def __init__(self, config: OnlineRMConfig, pad_id: int) -> None:
+    def __init__(self, config: OnlineRMConfig, colocated_pool: Any = None) -> None:
         import ray
         from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
 
         self.config = config
-        self.pad_id = pad_id
         # Ray actor names are global: a unique prefix lets several of these live in one Ray session.
         name = f"online_rm_{uuid.uuid4().hex[:6]}"
-        # One worker per bundle (verl's default reserves 10 CPUs per bundle for colocated roles).
-        pool = RayResourcePool([config.num_workers], use_gpu=config.use_gpu, max_colocate_count=1, name_prefix=name)
-        worker = RayClassWithInitArgs(cls=ray.remote(RewardModelTrainingWorker),
-                                      config=dataclasses.asdict(config))
+        if config.placement == "colocated":
+            if colocated_pool is None:
+                raise ValueError("online_rm.placement=colocated needs the actor's resource pool (the trainer "
+                                 "mode vllm_rm_online passes it)")
+            pool = colocated_pool
+        else:  # one worker per bundle (verl's default reserves 10 CPUs per bundle for colocated roles)
+            pool = RayResourcePool([config.num_workers], use_gpu=config.use_gpu, max_colocate_count=1,
+                                   name_prefix=name)
+        worker = RayClassWithInitArgs(cls=ray.remote(RewardModelWorker), config=config.training_worker_config(),
+                                      online=dataclasses.asdict(config))
         self.worker_group = RayWorkerGroup(pool, worker, name_prefix=name)
         self.worker_group.init_model()
         self.idle_steps = 0  # PPO steps in a row without an RM step
@@ -79,8 +91,8 @@ class OnlineRewardModel:
         ``reward_key``, or one reward per response). A rollout without pairs is logged at once and counted
         (``rm/trained`` 0, ``rm/idle_steps``); ``max_idle_steps`` of them in a row stop the run."""
         workers = self.worker_group.world_size
-        pairs, sources = preference_pairs(uids, sequences, rewards, self.pad_id, self.config.min_reward_gap, workers)
-        if pairs is None:
+        chosen, rejected, sources = preference_pairs(uids, sequences, rewards, self.config.min_reward_gap, workers)
+        if not chosen:
             self.idle_steps += 1
             message = idle_message(self.config, step, len(set(uids)), len(sources), workers)
             limit = self.config.max_idle_steps
@@ -91,11 +103,9 @@ class OnlineRewardModel:
                            self.idle_steps, limit)
             return {"rm/pairs": 0.0, "rm/trained": 0.0, "rm/idle_steps": float(self.idle_steps)}
         self.idle_steps = 0
-        out = self.worker_group.train_rm_step(pairs)
-        # One value per rank (``DataProto.concat`` lists them): report the mean; the pairs all ranks used together.
-        metrics = {k: sum(v) / len(v) if isinstance(v, list) else v for k, v in out.meta_info["metrics"].items()}
+        metrics = {k: mean_of(v) for k, v in self.worker_group.train_rm_step(chosen, rejected)[0].items()}
         by_source = {f"rm/pairs_from/{key}": float(sources.count(i)) for i, key in enumerate(self.config.reward_key)}
-        return {**metrics, **by_source, "rm/pairs": float(len(pairs)), "rm/trained": 1.0, "rm/idle_steps": 0.0}
+        return {**metrics, **by_source, "rm/pairs": float(len(chosen)), "rm/trained": 1.0, "rm/idle_steps": 0.0}
 
     def save_checkpoint(self, path: str) -> None:
         """Write the RM's training state (trainable weights, optimizer, step count) under ``path``."""

@@ -33,7 +33,8 @@ class PublishAfterStep:
             self.publisher = self.make_publisher()
         results = self.publisher.publish(model, self.publisher.version + 1, self.mode, probe_ids=probe_ids)
         metrics = {"rm/published_version": float(results[0].version), "rm/publish_s": results[0].seconds,
-                   "rm/publish_bytes": float(results[0].num_bytes), "rm/publish_servers": float(len(results))}
+                   "rm/publish_bytes": float(results[0].num_bytes), "rm/publish_servers": float(len(results)),
+                   "rm/publish_peak_gathered_bytes": float(max(r.peak_gathered_bytes for r in results))}
         checked = [r.parity for r in results if r.parity is not None]
         if checked:  # the worst server's figures
             metrics.update({f"rm/parity_{k}": max(float(p[k]) for p in checked)

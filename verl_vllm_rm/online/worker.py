@@ -1,30 +1,32 @@
-"""verl 0.9.1 ships no RM training worker; this is one.
+"""One rank of the RM trainer: verl's ``TrainingWorker`` on :class:`~verl_vllm_rm.online.engine.RewardModelEngine`.
 
-:class:`RewardModelTrainingWorker` runs a Bradley-Terry step (head-only, LoRA or
-full) as a ``@register``-dispatched worker method, then its
-:class:`~verl_vllm_rm.online.hook.PublishAfterStep` hook pushes the new weights
-into the reward server; it also saves and restores the RM's training state.
+verl's worker gives the engine, ``train_batch`` (one optimizer step, gradients accumulated over
+micro-batches) and checkpoints; this adds the RM's step (its share of the pairs, the BT loss),
+the publish straight from the sharded engine after it, and the RM's resume.
 """
 
 from __future__ import annotations
 
+import json
 import os
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import torch
-import torch.distributed as dist
-from tensordict import TensorDict
-from verl import DataProto
-from verl.single_controller.base import Worker
 from verl.single_controller.base.decorator import Dispatch, register
+from verl.utils import tensordict_utils as tu
+from verl.workers.config import TrainingWorkerConfig
+from verl.workers.engine_workers import TrainingWorker
 
-from verl_vllm_rm.online.bt import BradleyTerryTrainer, PreferenceBatch, prepare_reward_model, sequence_rewards
+from verl_vllm_rm.online.bt import PAIR_GROUP, bradley_terry_loss, pair_batch
 from verl_vllm_rm.online.config import OnlineRMConfig
+from verl_vllm_rm.online.engine import RewardModelEngine  # importing it registers it with verl
+from verl_vllm_rm.online.export import RM_STATE_FILE
 from verl_vllm_rm.online.hook import PublishAfterStep
+from verl_vllm_rm.online.state import sharded_state_bytes
+from verl_vllm_rm.protocol.names import RewardModelTrainingMode
 from verl_vllm_rm.weight_sync.multi_server import MultiServerPublisher
 
-RM_STATE_FILE = "rm_state.pt"
-PAIR_FIELDS = ("chosen_input_ids", "chosen_attention_mask", "rejected_input_ids", "rejected_attention_mask")
+PROBES_KEPT = 8  # chosen sequences of the last step kept as the parity probe's inputs
 
 
 def publish_targets(cfg: OnlineRMConfig) -> dict[str, Any]:
@@ -41,75 +43,111 @@ def publish_targets(cfg: OnlineRMConfig) -> dict[str, Any]:
             "on_commit": lambda version: ray.get(fleet.set_version.remote(version))}
 
 
-class RewardModelTrainingWorker(Worker):
-    """One rank of the reward-model trainer (ranks hold replicas; gradients are averaged)."""
+def micro_batch_pairs(pairs: int, limit: int) -> int:
+    """The largest micro-batch of at most ``limit`` pairs that splits ``pairs`` evenly (verl's static
+    micro-batches must), so no pair is dropped and gradients accumulate over equal micro-batches."""
+    return max(size for size in range(1, min(pairs, limit) + 1) if pairs % size == 0)
 
-    def __init__(self, config: Mapping[str, Any]) -> None:
-        super().__init__()
-        self.config = OnlineRMConfig.from_dict(config)
-        self.device = torch.device("cuda" if self.config.use_gpu and torch.cuda.is_available() else "cpu")
+
+class RewardModelWorker(TrainingWorker):
+    """verl's training worker holding the RM; every method runs on all ranks (``ONE_TO_ALL``)."""
+
+    def __init__(self, config: TrainingWorkerConfig, online: Mapping[str, Any]) -> None:
+        super().__init__(config)
+        if not isinstance(self.engine, RewardModelEngine):  # verl looks engines up by model_type and device
+            raise TypeError(f"verl built a {type(self.engine).__name__} for the RM, not a RewardModelEngine: "
+                            f"check that model_type={config.model_type!r} and the engine device are verl's FSDP ones")
+        self.online = OnlineRMConfig.from_dict(online)
+        self.engine.training_mode = RewardModelTrainingMode.parse(self.online.training_mode)
+        self.steps = 0
+        self.probes: list[list[int]] = []
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
-        from transformers import AutoModelForSequenceClassification
-
-        cfg = self.config
-        group = None
-        if self.world_size > 1:
-            if not dist.is_initialized():
-                dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo")
-            group = dist.group.WORLD
-        model = AutoModelForSequenceClassification.from_pretrained(cfg.model_path, dtype=torch.float32)
-        model = prepare_reward_model(model.to(self.device), cfg.training_mode, lora_rank=cfg.lora_rank,
-                                     lora_alpha=cfg.lora_alpha, lora_target_modules=cfg.lora_target_modules)
-        self.trainer = BradleyTerryTrainer(model, lr=cfg.lr, max_grad_norm=cfg.max_grad_norm, grad_group=group)
-        self.probes: list[list[int]] = []  # the last step's chosen sequences: the parity probe's inputs
+        """Build the sharded model and its optimizer (verl's ``reset``), the loss, the publish hook."""
+        cfg = self.online
+        self.engine.initialize()
+        self.loss_fn = bradley_terry_loss
+        # verl frees the gradients when a step ends and Adam's moments appear at the first update: read this
+        # rank's state at the update, where both are held.
+        self.peak_state: dict[str, int] = {}
+        self.engine.optimizer.register_step_post_hook(
+            lambda *_: setattr(self, "peak_state", sharded_state_bytes(self.engine.module, self.engine.optimizer)))
         self.hook = PublishAfterStep(
             lambda: MultiServerPublisher(**publish_targets(cfg), api_key=cfg.api_key, bucket_bytes=cfg.bucket_bytes,
-                                         timeout_s=cfg.timeout_s, group=group, parity_probe=cfg.parity_probe()),
-            cfg.training_mode,
-            cfg.publish_every,
-        )
+                                         timeout_s=cfg.timeout_s, parity_probe=cfg.parity_probe()),
+            cfg.training_mode, cfg.publish_every)
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
-    def train_rm_step(self, pairs: DataProto) -> DataProto:
-        """One Bradley-Terry step on this rank's share of the pairs, then the publish hook."""
-        batch = PreferenceBatch(*(pairs.batch[k].to(self.device) for k in PAIR_FIELDS))
-        metrics = self.trainer.step(batch)
-        self.probes = [ids[mask.bool()].tolist() for ids, mask in zip(batch.chosen_ids, batch.chosen_mask)]
-        metrics.update(self.hook(self.trainer.steps, self.trainer.model, self.probes))
-        with torch.no_grad():
-            margin = self._rewards(batch.chosen_ids, batch.chosen_mask) - self._rewards(
-                batch.rejected_ids, batch.rejected_mask)
-        return DataProto(batch=TensorDict({"rm_margin": margin.cpu()}, batch_size=[len(batch)]),
-                         meta_info={"metrics": metrics})
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def train_rm_step(self, chosen: Sequence[Sequence[int]], rejected: Sequence[Sequence[int]]) -> dict[str, Any]:
+        """One BT step: each rank takes its contiguous share of the pairs (as many as every other rank), verl
+        runs the micro-batches and the optimizer step; then the publish hook. The step's metrics."""
+        rank, world = self.engine.get_data_parallel_rank(), self.engine.get_data_parallel_size()
+        if len(chosen) % world:
+            raise ValueError(f"{len(chosen)} pairs do not split evenly over {world} RM ranks")
+        share = len(chosen) // world
+        mine = slice(rank * share, (rank + 1) * share)
+        data = pair_batch(chosen[mine], rejected[mine])
+        cfg = self.online
+        tu.assign_non_tensor(
+            data, temperature=1.0, force_group_size=PAIR_GROUP, update_lr_scheduler=True,
+            global_token_num=[len(s) for pair in zip(chosen[mine], rejected[mine]) for s in pair],
+            micro_batch_size_per_gpu=micro_batch_pairs(share, cfg.micro_batch_size_per_gpu),
+            use_dynamic_bsz=cfg.use_dynamic_bsz, max_token_len_per_gpu=cfg.max_token_len_per_gpu)
+        output = self.train_batch(data)
+        self.steps += 1
+        self.probes = [list(s) for s in chosen[:PROBES_KEPT]]  # the same on every rank: the probe is collective
+        metrics = tu.get(output, "metrics") if output is not None else {}
+        metrics = {"rm/bt_loss": metrics.get("loss"), "rm/grad_norm": metrics.get("grad_norm"),
+                   **{k: v for k, v in metrics.items() if k.startswith("rm/")}}
+        return {**metrics, **self.hook(self.steps, self.engine.module, self.probes)}
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_rm_checkpoint(self, path: str) -> None:
-        """Rank 0 writes the RM's training state to ``path/RM_STATE_FILE`` (ranks hold identical replicas)."""
-        if self.rank == 0:
-            os.makedirs(path, exist_ok=True)
-            target = os.path.join(path, RM_STATE_FILE)
-            torch.save({**self.trainer.state_dict(), "probes": self.probes}, f"{target}.tmp")
-            os.replace(f"{target}.tmp", target)  # a crash mid-write never leaves a truncated checkpoint
+        """verl's checkpoint of the engine (each rank its shards and optimizer state), and what the RM run was:
+        its step count, probes and the options that rebuild it (rank 0; :mod:`.export` reads it)."""
+        self.engine.save_checkpoint(path, global_step=self.steps)
+        if self.engine.get_data_parallel_rank() == 0:
+            cfg = self.online
+            state = {"steps": self.steps, "probes": self.probes, "world_size": self.engine.get_data_parallel_size(),
+                     "training_mode": cfg.training_mode, "model_path": cfg.model_path, "lora_rank": cfg.lora_rank,
+                     "lora_alpha": cfg.lora_alpha, "target_modules": cfg.target_modules}
+            with open(f"{os.path.join(path, RM_STATE_FILE)}.tmp", "w") as f:
+                json.dump(state, f)
+            os.replace(f"{os.path.join(path, RM_STATE_FILE)}.tmp", os.path.join(path, RM_STATE_FILE))
+        torch.distributed.barrier()
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_rm_checkpoint(self, path: str | None) -> dict[str, float]:
-        """Restore the training state saved at ``path`` (``None``: keep the initial RM), then publish it, so
-        the server, whatever it served before, scores like this model again."""
+        """Restore the engine from its checkpoint at ``path`` (``None``: keep the initial RM), then publish it,
+        so the server, whatever it served before, scores like this model again."""
         if path is not None:
-            state = torch.load(os.path.join(path, RM_STATE_FILE), map_location="cpu", weights_only=True)
-            self.trainer.load_state_dict(state)
-            self.probes = state["probes"]
+            with open(os.path.join(path, RM_STATE_FILE)) as f:
+                state = json.load(f)
+            world = self.engine.get_data_parallel_size()
+            if (state["world_size"], state["training_mode"]) != (world, self.online.training_mode):
+                raise ValueError(
+                    f"the RM checkpoint at {path} was saved by {state['world_size']} RM rank(s) in training_mode="
+                    f"{state['training_mode']}; this run has {world} in {self.online.training_mode}. verl's engine "
+                    "checkpoints are per rank: resume with the same +online_rm.num_workers (or actor ranks when "
+                    "colocated) and training_mode")
+            self.engine.load_checkpoint(path)
+            self.steps, self.probes = state["steps"], state["probes"]
         # Any in-vocabulary ids serve the parity probe when no step has run yet.
-        return self.hook.publish(self.trainer.model, self.probes or [list(range(1, 17))])
+        return self.hook.publish(self.engine.module, self.probes or [list(range(1, 17))])
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def reference_scores(self, token_ids: list[list[int]]) -> list[float]:
-        """This rank's model scores (transformers): what the server must answer after a publish."""
+        """The engine model's scores (every rank: a sharded forward is collective): what the server must
+        answer after a publish."""
         from verl_vllm_rm.parity.reference import sequence_scores
 
-        return sequence_scores(self.trainer.model, token_ids)
+        with torch.no_grad():
+            self.engine.module.eval()
+            return sequence_scores(self.engine.module, token_ids)
 
-    def _rewards(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        return sequence_rewards(self.trainer.model, ids, mask)
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def state_bytes(self) -> dict[str, int]:
+        """This rank's bytes of parameters, gradients and optimizer state at the last step's optimizer update
+        (gradients present), read from the engine's own tensors."""
+        return self.peak_state

@@ -21,12 +21,13 @@ def load_reward_model(path: str):
 
 
 def sequence_scores(model, token_ids: Sequence[Sequence[int]]) -> list[float]:
-    """The scalar head at the last token of each sequence (the raw logit), on the model's own device."""
+    """The scalar head at the last token of each sequence (the raw logit), on the model's own device: a
+    sequence classifier's one value, or a token classifier's (verl's value model) value at the last token."""
     import torch
 
     device = next(model.parameters()).device
     with torch.no_grad():
-        return [float(model(torch.tensor([list(ids)], device=device)).logits[0, 0]) for ids in token_ids]
+        return [float(model(torch.tensor([list(ids)], device=device)).logits.reshape(-1)[-1]) for ids in token_ids]
 
 
 def step_scores(model, token_ids: Sequence[Sequence[int]], step_tag_id: int) -> list[list[float]]:

@@ -82,11 +82,20 @@ def online_rm_config(config: DictConfig) -> "OnlineRMConfig":
     return cfg
 
 
-def build_online_rm(config: DictConfig, pad_token_id: int) -> "OnlineRewardModel":
-    """The RM trainer worker group described by the run's ``online_rm`` section."""
+def build_online_rm(config: DictConfig, actor_pool: Any = None) -> "OnlineRewardModel":
+    """The RM trainer worker group described by the run's ``online_rm`` section (``actor_pool``: the actor's
+    Ray resource pool, where ``online_rm.placement=colocated`` puts it)."""
     from verl_vllm_rm.online.driver import OnlineRewardModel
 
-    return OnlineRewardModel(online_rm_config(config), pad_token_id)
+    return OnlineRewardModel(online_rm_config(config), actor_pool)
+
+
+def actor_resource_pool(trainer: Any) -> Any:
+    """The Ray resource pool of the trainer's actor (verl's v1 trainer: whichever actor role it maps)."""
+    from verl.trainer.ppo.utils import Role
+
+    role = next(r for r in (Role.Actor, Role.ActorRolloutRef, Role.ActorRollout) if r in trainer.role_worker_mapping)
+    return trainer.resource_pool_manager.get_resource_pool(role)
 
 
 def resume_reward_model(online_rm: "OnlineRewardModel", folder: str) -> dict[str, float]:
@@ -95,7 +104,7 @@ def resume_reward_model(online_rm: "OnlineRewardModel", folder: str) -> dict[str
     A checkpoint without RM state (saved by a run without online RM training) resumes
     from the initial RM, with a warning; that, too, is published.
     """
-    from verl_vllm_rm.online.worker import RM_STATE_FILE
+    from verl_vllm_rm.online.export import RM_STATE_FILE
 
     rm_folder = os.path.join(folder, RM_CHECKPOINT_DIR)
     if not os.path.exists(os.path.join(rm_folder, RM_STATE_FILE)):
@@ -139,7 +148,7 @@ class OnlineRewardModelTrainer(RewardMetricsTrainer):
 
     def init(self):
         super().init()  # verl's setup, which resumes from a checkpoint (and sets global_steps) when configured
-        self.online_rm = build_online_rm(self.config, self.tokenizer.pad_token_id)
+        self.online_rm = build_online_rm(self.config, actor_resource_pool(self))
         if self.global_steps > 0:
             resume_reward_model(self.online_rm, resumed_folder(self.config, self.global_steps))
         self.drift_probe: "DriftProbe | None" = None

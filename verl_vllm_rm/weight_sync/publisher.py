@@ -40,6 +40,7 @@ class PublishResult:
     seconds: float
     server: dict[str, Any] = field(default_factory=dict)
     parity: dict[str, Any] | None = None  # the probe's figures when it ran after this publish
+    peak_gathered_bytes: int = 0  # the most gathered (full or merged) tensor bytes this rank held at once
 
 
 class ClosedOnExit:
@@ -170,7 +171,7 @@ class RewardModelPublisher(ClosedOnExit):
         self.agree(error)
         server: dict[str, Any] = {}
         try:
-            self.session.stream(items, buckets)
+            peak = self.session.stream(items, buckets)
             if lines is not None:
                 server = next(lines)
                 lines.close()
@@ -189,7 +190,7 @@ class RewardModelPublisher(ClosedOnExit):
             parity = self.parity_probe.check(state_dict, probe_ids, [self.server_url], self.api_key, version,
                                              leader=self.rank == 0, agree=self.agree).get(self.server_url)
         return PublishResult(version, len(items), sum(b.nbytes for b in buckets), len(buckets),
-                             time.monotonic() - t0, server, parity)
+                             time.monotonic() - t0, server, parity, peak)
 
     def commit(self, version: int) -> dict[str, Any]:
         """Apply the staged ``version`` (rank 0 asks the server; every rank records the new version)."""

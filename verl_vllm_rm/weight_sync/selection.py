@@ -29,6 +29,7 @@ class Outgoing:
 
     spec: ParamSpec
     produce: Callable[[], torch.Tensor]
+    gathers: bool = False  # whether ``produce`` makes a new tensor (a gather, a merge), not the model's own
 
 
 def select_update(
@@ -48,6 +49,7 @@ def select_update(
         state_dict = state_dict.state_dict()
     known = inventory.names
     sources: dict[str, Callable[[], torch.Tensor]] = {}
+    gathered: set[str] = set()
     meta: dict[str, tuple[tuple[int, ...], str]] = {}
     trained: set[str] = set()
     for raw, tensor in state_dict.items():
@@ -56,6 +58,8 @@ def select_update(
             continue
         name = resolve_name(normalized, known)
         sources[name] = lambda t=tensor: full_tensor(t)
+        if hasattr(tensor, "full_tensor"):
+            gathered.add(name)
         meta[name] = (tuple(tensor.shape), dtype_name(tensor.dtype))
         if ".modules_to_save." in raw or is_head(name, head_patterns):
             trained.add(name)
@@ -64,6 +68,7 @@ def select_update(
             name = resolve_name(normalize_name(module.base), known)
             sources[name] = lambda m=module: m.merged(state_dict)
             trained.add(name)
+            gathered.add(name)
         selected = [n for n in inventory.complete_groups(trained) if n in sources]
         selected += sorted(n for n in trained if n not in known)
     elif mode is RewardModelTrainingMode.HEAD_ONLY:
@@ -74,6 +79,7 @@ def select_update(
     for name in sorted(set(selected)):
         shape, dtype = meta[name]
         server = inventory.params.get(name)
-        items.append(Outgoing(ParamSpec(name, server.dtype if server else dtype, shape), sources[name]))
+        items.append(Outgoing(ParamSpec(name, server.dtype if server else dtype, shape), sources[name],
+                              name in gathered))
     inventory.check_update([i.spec for i in items], mode, head_patterns, max_update_bytes)
     return items

@@ -13,7 +13,10 @@ import socket
 import threading
 import urllib.parse
 import uuid
+import weakref
 from typing import Any, Iterator, Sequence
+
+import torch
 
 from verl_vllm_rm.client.http import HttpError, JsonHttp, free_port
 from verl_vllm_rm.protocol.inventory import ParamSpec, WeightUpdateRefused
@@ -118,20 +121,47 @@ class TransferSession:
             return lines
         raise AssertionError("unreachable")
 
-    def stream(self, items: Sequence[Outgoing], buckets: Sequence[Bucket]) -> None:
-        """Gather (every rank), pack and broadcast (if connected): bucket i is packed while i-1 is on the wire."""
+    def stream(self, items: Sequence[Outgoing], buckets: Sequence[Bucket]) -> int:
+        """Gather (every rank), pack and broadcast (if connected): bucket i is packed while i-1 is on the wire.
+
+        A bucket's gathered tensors are dropped once packed, so a rank holds at most one bucket of gathered
+        (full, or merged) tensors at a time, never the whole model. Returns the most gathered bytes held at
+        once, counted by the tensors' own lifetimes (a reference kept too long shows up here).
+        """
         by_name = {item.spec.name: item for item in items}
         in_flight: list = [None, None]
+        live = _LiveBytes()
         for i, bucket in enumerate(buckets):
-            tensors = [by_name[slot.spec.name].produce() for slot in bucket.slots]
-            if self._group is None:
-                continue
-            if in_flight[i % 2] is not None:
-                in_flight[i % 2].wait()
-            if self._buffers is None or self._buffers.device != self._group.device:
-                self._buffers = BufferPool(self._group.device)
-            buffer = pack(bucket, tensors, self._buffers.get(i % 2, bucket.nbytes))
-            in_flight[i % 2] = self._group.broadcast(buffer)
+            tensors = [live.track(item.produce(), item.gathers) for item in (by_name[s.spec.name] for s in bucket.slots)]
+            if self._group is not None:
+                if in_flight[i % 2] is not None:
+                    in_flight[i % 2].wait()
+                if self._buffers is None or self._buffers.device != self._group.device:
+                    self._buffers = BufferPool(self._group.device)
+                buffer = pack(bucket, tensors, self._buffers.get(i % 2, bucket.nbytes))
+                in_flight[i % 2] = self._group.broadcast(buffer)
+            del tensors
         for work in in_flight:
             if work is not None:
                 work.wait()
+        return live.peak
+
+
+class _LiveBytes:
+    """Bytes of the tracked tensors still alive, and the most at once (``weakref.finalize`` on each)."""
+
+    def __init__(self) -> None:
+        self.now = self.peak = 0
+
+    def track(self, tensor: torch.Tensor, new: bool) -> torch.Tensor:
+        """Count ``tensor`` while it lives when it is ``new`` (made by the publish, not the model's own)."""
+        if not new:
+            return tensor
+        size = tensor.numel() * tensor.element_size()
+        self.now += size
+        self.peak = max(self.peak, self.now)
+        weakref.finalize(tensor, self._free, size)
+        return tensor
+
+    def _free(self, size: int) -> None:
+        self.now -= size
