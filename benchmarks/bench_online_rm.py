@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import gc
 import json
 import os
 import platform
@@ -68,8 +67,7 @@ def memory(path: str, ranks: list[int]) -> list[dict]:
                 rows.append({"mode": mode, "ranks": n, "per_rank": per_rank,
                              "max_rank_total": max(r["total"] for r in per_rank)})
                 print(f"{mode:>9} x{n}: {[round(r['total'] / 2**20, 1) for r in per_rank]} MiB per rank", flush=True)
-                del rm
-                gc.collect()
+                rm.close()
     finally:
         ray.shutdown()
     return rows

@@ -11,7 +11,10 @@
 #   MODEL=Qwen/Qwen2.5-1.5B-Instruct DATA=$HOME/data/gsm8k bash recipes/grpo_math_online_rm.sh
 #
 # GPUs: N_GPUS for the policy, RM_GPUS for the reward server, RM_TRAIN_GPUS (1) for
-# the RM trainer (a Ray worker group of its own). RM_MODE: head_only | lora | full.
+# the RM trainer: verl's FSDP engine (as for its critic) sharded over that many ranks, bf16
+# compute with fp32 masters. RM_MODE: head_only | lora | full. A full 8B RM needs 4 ranks
+# (2 with +online_rm.optimizer_offload=True); +online_rm.placement=colocated puts one RM rank
+# beside each actor rank instead (benchmarks/README.md, "Online RM training on GPUs").
 set -euo pipefail
 RM_MODE=${RM_MODE:-lora}
 PUBLISH_EVERY=${PUBLISH_EVERY:-1}

@@ -2,13 +2,12 @@
 
 Real Ray worker groups of verl's ``TrainingWorker`` (FSDP2 on gloo through the CPU harness) and
 the real weight-update server. One module-scoped set of runs feeds every assertion: for each
-mode and rank count, two RM steps, each published with the parity probe, the server's scores
-and every rank's reference scores after each; the 2-rank ``full`` run is checkpointed and resumed.
+mode and rank count, two RM steps (one pair per micro-batch: gradients accumulate), each published
+with the parity probe, the server's scores and every rank's reference scores after each; the 2-rank
+runs are checkpointed, ``full`` resumed, both exported; ``head_only`` runs with verl's offload.
 """
 
 from __future__ import annotations
-
-import gc
 
 import pytest
 from sync_helpers import PARITY_ATOL, max_diff, reset_server, runtime_version, server_scores
@@ -36,7 +35,9 @@ def runs(ray_cluster, ws_server, tiny_rm, rollout, probe_ids, tmp_path_factory):
     out, checkpoints = {}, tmp_path_factory.mktemp("rm_engine")
     for mode, ranks in (("full", 1), ("full", 2), ("lora", 1), ("lora", 2), ("head_only", 1)):
         start = reset_server(ws_server.url, tiny_rm)
-        rm = OnlineRewardModel(rm_config(tiny_rm, ws_server.url, mode, ranks))
+        # verl's parameter and optimizer offload between steps (head_only run): train and publish all the same
+        offload = dict(param_offload=True, optimizer_offload=True) if mode == "head_only" else {}
+        rm = OnlineRewardModel(rm_config(tiny_rm, ws_server.url, mode, ranks, **offload))
         steps = []
         for step in (1, 2):
             metrics = rm.train_on_rollout(uids, sequences, rewards, step=step)
@@ -46,8 +47,7 @@ def runs(ray_cluster, ws_server, tiny_rm, rollout, probe_ids, tmp_path_factory):
         out[mode, ranks] = {"start": start, "steps": steps, "state": rm.worker_group.state_bytes()}
         if ranks == 2:
             rm.save_checkpoint(str(checkpoints / mode / "online_rm"))
-        del rm
-        gc.collect()
+        rm.close()  # its workers and placement group: every run of the module fits in the cluster
     return out, checkpoints
 
 
@@ -106,11 +106,12 @@ def test_a_resumed_two_rank_run_continues_from_the_saved_rm(runs, ray_cluster, w
     assert metrics["rm/parity_max_abs_diff"] <= PARITY_ATOL
     assert max_diff(server_scores(ws_server.url, probe_ids), saved) <= PARITY_ATOL
     assert max_diff(resumed.worker_group.reference_scores(probe_ids)[0], saved) <= 1e-6
-    del resumed
+    resumed.close()
     one_rank = OnlineRewardModel(rm_config(tiny_rm, ws_server.url, "full", 1))
     with pytest.raises(Exception, match=r"saved by 2 RM rank\(s\) in training_mode=full; this run has 1 in full.*"
                                         r"resume with the same \+online_rm.num_workers"):
         one_rank.resume(str(runs[1] / "full" / "online_rm"))
+    one_rank.close()
 
 
 @pytest.mark.parametrize("mode", ["full", "lora"])

@@ -11,6 +11,10 @@ from verl_vllm_rm.protocol.names import RewardModelTrainingMode
 from verl_vllm_rm.protocol.wire import DEFAULT_BUCKET_BYTES
 
 
+#: ``param_dtype`` (verl's names) -> the torch dtype name the server and parity speak
+TORCH_DTYPE_NAMES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
 @dataclass
 class OnlineRMConfig:
     """Options of online RM training (``+online_rm.*`` in a verl run; see docs/weight_sync.md)."""
@@ -73,7 +77,10 @@ class OnlineRMConfig:
             raise ValueError(f"fsdp_size must be -1 (all RM ranks) or >= 1, got {self.fsdp_size}")
 
     def parity_probe(self) -> ParityProbe | None:
-        return ParityProbe(every=self.parity_every, threshold=self.parity_threshold) if self.parity_every else None
+        if not self.parity_every:
+            return None
+        return ParityProbe(every=self.parity_every, threshold=self.parity_threshold,
+                           compute_dtype=TORCH_DTYPE_NAMES[self.param_dtype])
 
     @classmethod
     def from_dict(cls, options: Mapping[str, Any]) -> "OnlineRMConfig":

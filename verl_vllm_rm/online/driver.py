@@ -70,14 +70,15 @@ class OnlineRewardModel:
         self.config = config
         # Ray actor names are global: a unique prefix lets several of these live in one Ray session.
         name = f"online_rm_{uuid.uuid4().hex[:6]}"
+        self.own_pool = None  # the pool this handle created (placement=separate), released by close()
         if config.placement == "colocated":
             if colocated_pool is None:
                 raise ValueError("online_rm.placement=colocated needs the actor's resource pool (the trainer "
                                  "mode vllm_rm_online passes it)")
             pool = colocated_pool
         else:  # one worker per bundle (verl's default reserves 10 CPUs per bundle for colocated roles)
-            pool = RayResourcePool([config.num_workers], use_gpu=config.use_gpu, max_colocate_count=1,
-                                   name_prefix=name)
+            pool = self.own_pool = RayResourcePool([config.num_workers], use_gpu=config.use_gpu,
+                                                   max_colocate_count=1, name_prefix=name)
         worker = RayClassWithInitArgs(cls=ray.remote(RewardModelWorker), config=config.training_worker_config(),
                                       online=dataclasses.asdict(config))
         self.worker_group = RayWorkerGroup(pool, worker, name_prefix=name)
@@ -106,6 +107,24 @@ class OnlineRewardModel:
         metrics = {k: mean_of(v) for k, v in self.worker_group.train_rm_step(chosen, rejected)[0].items()}
         by_source = {f"rm/pairs_from/{key}": float(sources.count(i)) for i, key in enumerate(self.config.reward_key)}
         return {**metrics, **by_source, "rm/pairs": float(len(chosen)), "rm/trained": 1.0, "rm/idle_steps": 0.0}
+
+    def close(self) -> None:
+        """Stop the RM's workers and give back the Ray resources of a pool of its own (the actor's pool stays).
+
+        Returns once every worker is gone, sockets closed: a worker group started next (its master port is
+        any free port) never meets this one's half-closed connections."""
+        import ray
+        from ray.util.placement_group import remove_placement_group
+
+        for worker in self.worker_group.workers:
+            ray.kill(worker)
+        for worker in self.worker_group.workers:
+            try:
+                ray.get(worker.__ray_ready__.remote())  # fails once the actor is dead
+            except ray.exceptions.RayActorError:
+                pass
+        for group in (self.own_pool.pgs or []) if self.own_pool is not None else []:
+            remove_placement_group(group)
 
     def save_checkpoint(self, path: str) -> None:
         """Write the RM's training state (trainable weights, optimizer, step count) under ``path``."""

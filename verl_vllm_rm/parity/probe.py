@@ -23,6 +23,31 @@ from verl_vllm_rm.parity.reference import sequence_scores
 
 logger = logging.getLogger(__name__)
 
+#: Unit roundoff (half the gap from 1 to the next number) of each compute dtype.
+UNIT_ROUNDOFF = {"float32": 2.0**-24, "bfloat16": 2.0**-8, "float16": 2.0**-11}
+#: fp32 on both sides: max |server - trainer| after a publish (the project's contract; never loosened).
+FP32_MAX_ABS_DIFF = 1e-4
+#: bf16/fp16 on either side: max |diff| <= LOW_PRECISION_FACTOR * u * (1 + max |score| of the probes).
+#: Measured on a bf16 vLLM-CPU server against the trainer's bf16 forward (verl's engine): the worst of 64 probes
+#: in 8 model states reached 2.46 (benchmarks/bench_bf16_parity.py); the factor is about 3x that (the derivation
+#: is in docs/weight_sync.md, "Parity per dtype").
+LOW_PRECISION_FACTOR = 8.0
+
+
+def coarsest(*dtypes: str) -> str:
+    """The least precise of the compute dtypes (``float32``, ``bfloat16``, ``float16``)."""
+    unknown = [d for d in dtypes if d not in UNIT_ROUNDOFF]
+    if unknown:
+        raise ValueError(f"no parity bound for dtype(s) {unknown}; known: {sorted(UNIT_ROUNDOFF)}")
+    return max(dtypes, key=UNIT_ROUNDOFF.__getitem__)
+
+
+def max_abs_bound(dtype: str, reference: Sequence[float]) -> float:
+    """The most max |server - trainer| may be when the coarser side computes in ``dtype``."""
+    if dtype == "float32":
+        return FP32_MAX_ABS_DIFF
+    return LOW_PRECISION_FACTOR * UNIT_ROUNDOFF[dtype] * (1.0 + max(abs(s) for s in reference))
+
 
 class ParityError(RuntimeError):
     """The server serves the new version but does not score like the trainer's model."""
@@ -34,15 +59,18 @@ class ParityError(RuntimeError):
 
 @dataclass(frozen=True)
 class ParityProbe:
-    """Run after every ``every``-th publish; ``threshold`` bounds ``mean(exp|diff|)``."""
+    """Run after every ``every``-th publish; ``threshold`` bounds ``mean(exp|diff|)``, and max |diff| is bounded
+    by the coarser compute dtype of trainer (``compute_dtype``) and server (:func:`max_abs_bound`)."""
 
     every: int = 1
     threshold: float = 1.05
+    compute_dtype: str = "float32"  # the trainer's forward (its mixed-precision param dtype)
     invariance_tolerance: float = 1e-4
     max_probes: int = 16
 
     def __post_init__(self) -> None:
         check_ranges(self, {">= 1": ("every", "max_probes")}, prefix="parity probe ")
+        coarsest(self.compute_dtype)
         if self.threshold < 1.0:
             raise ValueError(f"parity threshold bounds mean(exp|diff|) >= 1, got {self.threshold}")
 
@@ -58,16 +86,17 @@ class ParityProbe:
 
     def check(self, model: torch.nn.Module, probe_ids: Sequence[Sequence[int]], server_urls: Sequence[str],
               api_key: str | None, version: int, *, leader: bool,
-              agree: Callable[[Exception | None], None]) -> dict[str, dict[str, Any]]:
+              agree: Callable[[Exception | None], None], server_dtype: str = "float32") -> dict[str, dict[str, Any]]:
         """The parity check after a publish: the model's reference scores once (on every rank of a distributed
         trainer: a sharded forward is collective), compared with each server's by the ``leader`` (rank 0);
         ``agree(error)`` lets every rank learn the leader's outcome. The figures by server URL."""
         reference = self.reference_scores(model, probe_ids)
+        dtype = coarsest(self.compute_dtype, server_dtype)
         error, figures = None, {}
         if leader:
             try:
                 for url in server_urls:
-                    figures[url] = self.compare(reference, probe_ids, url, api_key, version).as_dict()
+                    figures[url] = self.compare(reference, probe_ids, url, api_key, version, dtype).as_dict()
             except Exception as e:  # every rank learns it through agree
                 error = e
         agree(error)
@@ -83,21 +112,25 @@ class ParityProbe:
             model.train(was_training)
 
     def compare(self, reference: Sequence[float], probes: Sequence[Sequence[int]], server_url: str,
-                api_key: str | None, version: int) -> ParityReport:
-        """Score ``probes`` on the server and compare; logs the figures, raises :class:`ParityError`."""
+                api_key: str | None, version: int, dtype: str = "float32") -> ParityReport:
+        """Score ``probes`` on the server and compare (``dtype``: the coarser side's compute dtype); logs the
+        figures, raises :class:`ParityError`."""
         from verl_vllm_rm.client.reward_client import VLLMRewardClient
 
         probes = [list(ids) for ids in probes[: self.max_probes]]
         client = VLLMRewardClient(server_url, api_key=api_key, max_retries=1, deadline_s=120.0)
+        reference = list(reference[: len(probes)])
         report = refit_parity(client, reference, probes, batch_sizes=(len(probes),), threshold=self.threshold,
-                              invariance_tolerance=self.invariance_tolerance)
+                              invariance_tolerance=self.invariance_tolerance,
+                              max_abs_bound=max_abs_bound(dtype, reference))
         figures = report.as_dict()
         logger.info("parity after publishing version %d: %s", version, figures)
         if not report.ok:
             raise ParityError(
                 f"after publishing version {version} the server does not score like the trainer's model: "
-                f"max |diff| {report.max_abs_diff:.3g}, mean |diff| {report.mean_abs_diff:.3g}, "
-                f"mean(exp|diff|) {report.mult_error:.4f} (threshold {self.threshold}), repeat diff "
+                f"max |diff| {report.max_abs_diff:.3g} (bound {report.max_abs_bound:.3g} for {dtype} compute), "
+                f"mean |diff| {report.mean_abs_diff:.3g}, mean(exp|diff|) {report.mult_error:.4f} (threshold "
+                f"{self.threshold}), repeat diff "
                 f"{report.repeat_max_diff:.3g}. Check that training_mode covers every tensor that trains "
                 "(a backbone that trains while only the head is published drifts) and that server and "
                 "trainer use the same dtype.",

@@ -26,11 +26,13 @@ class ParityReport:
     repeat_max_diff: float
     threshold: float
     invariance_tolerance: float
+    max_abs_bound: float | None = None  # the compute precision's bound on max |diff| (ParityProbe), if any
 
     @property
     def ok(self) -> bool:
         return (
             self.mult_error <= self.threshold
+            and (self.max_abs_bound is None or self.max_abs_diff <= self.max_abs_bound)
             and self.batch_invariance_max_diff <= self.invariance_tolerance
             and self.repeat_max_diff <= self.invariance_tolerance
         )
@@ -64,6 +66,7 @@ def refit_parity(
     batch_sizes: Sequence[int] = (1, 8, 32),
     threshold: float = 1.05,
     invariance_tolerance: float = 1e-4,
+    max_abs_bound: float | None = None,
 ) -> ParityReport:
     """Score ``probes`` on the server and compare with ``reference_scores`` (the trainer's model)."""
 
@@ -86,4 +89,5 @@ def refit_parity(
         repeat_max_diff=compare(first, repeat)[0],
         threshold=threshold,
         invariance_tolerance=invariance_tolerance,
+        max_abs_bound=max_abs_bound,
     )

@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any, Callable, Sequence
 
-from verl_vllm_rm.parity.probe import ParityProbe
+from verl_vllm_rm.parity.probe import ParityProbe, coarsest
 from verl_vllm_rm.protocol.inventory import WeightUpdateRefused
 from verl_vllm_rm.protocol.names import RewardModelTrainingMode
 from verl_vllm_rm.weight_sync.publisher import ClosedOnExit, PublishResult, RewardModelPublisher
@@ -116,7 +116,8 @@ class MultiServerPublisher(ClosedOnExit):
         if probe_due:
             first = next(iter(self.publishers.values()))
             figures = self.parity_probe.check(state_dict, probe_ids, list(results), first.api_key, version,
-                                              leader=first.rank == 0, agree=first.agree)
+                                              leader=first.rank == 0, agree=first.agree,
+                                              server_dtype=coarsest(*(p.server_dtype for p in self.publishers.values())))
         return [replace(r, seconds=time.monotonic() - t0, parity=figures.get(url)) for url, r in results.items()]
 
     def _stage_and_commit(self, state_dict: StateDictLike, version: int, training_mode: Any,

@@ -21,7 +21,7 @@ from typing import Any, Mapping, Sequence
 import torch.distributed as dist
 
 from verl_vllm_rm.client.http import HttpError, JsonHttp
-from verl_vllm_rm.parity.probe import ParityProbe
+from verl_vllm_rm.parity.probe import UNIT_ROUNDOFF, ParityProbe, coarsest
 from verl_vllm_rm.protocol.inventory import Inventory, WeightUpdateRefused
 from verl_vllm_rm.protocol.names import RewardModelTrainingMode
 from verl_vllm_rm.protocol.wire import DEFAULT_BUCKET_BYTES, plan_buckets
@@ -94,6 +94,7 @@ class RewardModelPublisher(ClosedOnExit):
         self.head_patterns = tuple(head_patterns or info["head_patterns"])
         self.max_update_bytes: int | None = info.get("max_update_bytes")
         self.version: int = info["version"]
+        self.server_dtype = coarsest(*{p.dtype for p in self.inventory.params.values()} & UNIT_ROUNDOFF.keys())
         self.session = TransferSession(
             self.http, self.transport, info["world_size"], timeout_s=timeout_s, bucket_bytes=bucket_bytes,
             master_address=master_address or local_address_towards(server_url),
@@ -188,7 +189,8 @@ class RewardModelPublisher(ClosedOnExit):
             self.publishes += 1
         if probe_due:
             parity = self.parity_probe.check(state_dict, probe_ids, [self.server_url], self.api_key, version,
-                                             leader=self.rank == 0, agree=self.agree).get(self.server_url)
+                                             leader=self.rank == 0, agree=self.agree,
+                                             server_dtype=self.server_dtype).get(self.server_url)
         return PublishResult(version, len(items), sum(b.nbytes for b in buckets), len(buckets),
                              time.monotonic() - t0, server, parity, peak)
 
