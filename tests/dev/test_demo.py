@@ -7,6 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from verl_vllm_rm.dev.demo import RM_RANKS
+from verl_vllm_rm.dev.ppo_report import read_metrics
+
 pytestmark = [pytest.mark.server, pytest.mark.ray]
 
 
@@ -23,6 +26,8 @@ def test_demo_runs_the_whole_loop(tmp_path):
     assert [s["rm_version"] for s in summary["steps"]] == [1, 2, 3]  # the RM published after every step
     assert all(s["parity_max_abs"] <= 1e-4 for s in summary["steps"])
     assert all(s["rm_trained"] and s["rm_pairs"] > 0 for s in summary["steps"])  # never silently idle
+    trained = [m for _, m in read_metrics(work) if "rm/trained" in m]
+    assert len(trained) == 3 and all(m["rm/ranks"] == RM_RANKS == 2 for m in trained)  # lora, sharded over 2
     assert "rm step" in out and "online RM, pairs per step: 1: " in out  # the table's column, the report's line
     assert "validation at step 0: " in out and "win=" in out and "win_and=" in out
     assert (work / "report.png").is_file() and (work / "main_ppo.log").is_file()

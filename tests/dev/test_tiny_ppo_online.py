@@ -54,6 +54,19 @@ def test_every_step_trains_publishes_to_both_replicas_and_matches_the_trainer(on
     assert all(sum(replica_metrics(first["metrics"][step], i)["inputs"] for step in (1, 2)) > 0 for i in (0, 1))
 
 
+def test_each_rm_rank_holds_half_of_the_rms_training_state(online_runs, tiny_rm):
+    """``full`` on 2 ranks of verl's engine: per step, each rank's parameters + gradients + Adam's moments (fp32,
+    16 bytes a parameter: what one rank holds alone) are half of the RM's, read from the engine's own shards."""
+    from transformers import AutoModelForSequenceClassification
+
+    whole = 16 * sum(p.numel() for p in AutoModelForSequenceClassification.from_pretrained(tiny_rm).parameters())
+    _, first, _ = online_runs
+    for step in (1, 2):
+        m = first["metrics"][step]
+        assert m["rm/ranks"] == RM_RANKS and m["rm/state_bytes_all_ranks"] == pytest.approx(whole, rel=0.01)
+        assert m["rm/state_bytes"] == pytest.approx(whole / RM_RANKS, rel=0.01)
+
+
 def test_online_steps_log_reward_metrics_the_weight_version_and_drift(online_runs):
     """vllm_rm_online has trainer mode vllm_rm's metrics; step N's rollouts were scored by the weights published
     after step N-1; the RM's drift on the probe set is measured every step and moves once the RM has trained."""

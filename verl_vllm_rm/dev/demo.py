@@ -17,6 +17,9 @@ import time
 from pathlib import Path
 
 
+RM_RANKS = 2  # the online RM's ranks: verl's FSDP engine shards its weights, gradients and optimizer over them
+
+
 def say(stage: str, text: str) -> None:
     print(f"\n=== {stage} === {text}", flush=True)
 
@@ -34,10 +37,11 @@ def main(workdir: str | None = None, train_seconds: float = 60.0, seed: int = 0,
     say("2/4", f"serve it with the real vLLM engine, then run verl's main_ppo GRPO for {steps} steps with "
                f"reward.reward_manager.name=vllm_rm")
     print(f"reward = RM score + gsm8k correctness + {FORM_WEIGHT:g} * answer form; after each PPO step the RM "
-          f"trains one step ({online}) on the run's rollouts and is published into the server (parity checked)")
+          f"trains one step ({online}, on verl's training engine sharded over {RM_RANKS} ranks) on the run's "
+          "rollouts and is published into the server (parity checked)")
     print(f"(first step includes Ray start-up and warm-up; log: {work / 'main_ppo.log'})", flush=True)
     cfg = TinyPPOConfig(work, steps=steps, rm=str(rm), online=online, seed=seed, batch_prompts=8,
-                        extra_overrides=["actor_rollout_ref.actor.optim.lr=5e-4"])
+                        extra_overrides=["actor_rollout_ref.actor.optim.lr=5e-4", f"+online_rm.num_workers={RM_RANKS}"])
     summary = run_tiny_ppo(cfg)
     say("3/4", "what verl trained on, step by step")
     print_summary(summary)

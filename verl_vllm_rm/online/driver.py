@@ -104,9 +104,14 @@ class OnlineRewardModel:
                            self.idle_steps, limit)
             return {"rm/pairs": 0.0, "rm/trained": 0.0, "rm/idle_steps": float(self.idle_steps)}
         self.idle_steps = 0
-        metrics = {k: mean_of(v) for k, v in self.worker_group.train_rm_step(chosen, rejected)[0].items()}
+        ranks = self.worker_group.train_rm_step(chosen, rejected)
+        metrics = {k: mean_of(v) for k, v in ranks[0].items()}
+        # what each rank holds (sharded: about a 1/ranks share of the whole), the largest and all together
+        metrics["rm/state_bytes"] = max(r["rm/state_bytes"] for r in ranks)
+        metrics["rm/state_bytes_all_ranks"] = sum(r["rm/state_bytes"] for r in ranks)
         by_source = {f"rm/pairs_from/{key}": float(sources.count(i)) for i, key in enumerate(self.config.reward_key)}
-        return {**metrics, **by_source, "rm/pairs": float(len(chosen)), "rm/trained": 1.0, "rm/idle_steps": 0.0}
+        return {**metrics, **by_source, "rm/pairs": float(len(chosen)), "rm/trained": 1.0, "rm/idle_steps": 0.0,
+                "rm/ranks": float(workers)}
 
     def close(self) -> None:
         """Stop the RM's workers and give back the Ray resources of a pool of its own (the actor's pool stays).

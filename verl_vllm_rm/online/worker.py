@@ -100,6 +100,8 @@ class RewardModelWorker(TrainingWorker):
         metrics = tu.get(output, "metrics") if output is not None else {}
         metrics = {"rm/bt_loss": metrics.get("loss"), "rm/grad_norm": metrics.get("grad_norm"),
                    **{k: v for k, v in metrics.items() if k.startswith("rm/")}}
+        # this rank's parameters + gradients + optimizer state at the update (the driver reports the largest)
+        metrics["rm/state_bytes"] = float(self.peak_state.get("total", 0))
         return {**metrics, **self.hook(self.steps, self.engine.module, self.probes)}
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
