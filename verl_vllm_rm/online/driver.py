@@ -8,9 +8,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import uuid
-from typing import Hashable, Sequence
-
-from typing import Any
+from typing import Any, Hashable, Sequence
 
 from verl_vllm_rm.online.config import OnlineRMConfig
 from verl_vllm_rm.online.pairs import best_vs_worst_pairs
@@ -128,8 +126,9 @@ class OnlineRewardModel:
                 ray.get(worker.__ray_ready__.remote())  # fails once the actor is dead
             except ray.exceptions.RayActorError:
                 pass
-        for group in (self.own_pool.pgs or []) if self.own_pool is not None else []:
-            remove_placement_group(group)
+        if self.own_pool is not None:
+            for group in self.own_pool.pgs or []:
+                remove_placement_group(group)
 
     def save_checkpoint(self, path: str) -> None:
         """Write the RM's training state (trainable weights, optimizer, step count) under ``path``."""

@@ -35,7 +35,16 @@ def merged_state_dict(folder: str | Path) -> dict[str, torch.Tensor]:
 
 
 def rm_run_state(folder: str | Path) -> dict[str, Any]:
+    """What the RM run saved beside its engine checkpoint in ``folder`` (:func:`write_rm_run_state`)."""
     return json.loads((Path(folder) / RM_STATE_FILE).read_text())
+
+
+def write_rm_run_state(folder: str | Path, state: dict[str, Any]) -> None:
+    """Save ``state`` in ``folder``; a crash mid-write never leaves a truncated file."""
+    target = Path(folder) / RM_STATE_FILE
+    staged = target.with_name(f"{RM_STATE_FILE}.tmp")
+    staged.write_text(json.dumps(state))
+    staged.replace(target)
 
 
 def load_trained_rm(folder: str | Path) -> torch.nn.Module:

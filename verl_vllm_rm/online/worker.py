@@ -7,8 +7,6 @@ the publish straight from the sharded engine after it, and the RM's resume.
 
 from __future__ import annotations
 
-import json
-import os
 from typing import Any, Mapping, Sequence
 
 import torch
@@ -20,7 +18,7 @@ from verl.workers.engine_workers import TrainingWorker
 from verl_vllm_rm.online.bt import PAIR_GROUP, bradley_terry_loss, pair_batch
 from verl_vllm_rm.online.config import OnlineRMConfig
 from verl_vllm_rm.online.engine import RewardModelEngine  # importing it registers it with verl
-from verl_vllm_rm.online.export import RM_STATE_FILE
+from verl_vllm_rm.online.export import rm_run_state, write_rm_run_state
 from verl_vllm_rm.online.hook import PublishAfterStep
 from verl_vllm_rm.online.state import sharded_state_bytes
 from verl_vllm_rm.protocol.names import RewardModelTrainingMode
@@ -91,7 +89,7 @@ class RewardModelWorker(TrainingWorker):
         cfg = self.online
         tu.assign_non_tensor(
             data, temperature=1.0, force_group_size=PAIR_GROUP, update_lr_scheduler=True,
-            global_token_num=[len(s) for pair in zip(chosen[mine], rejected[mine]) for s in pair],
+            global_token_num=data["input_ids"].offsets().diff().tolist(),
             micro_batch_size_per_gpu=micro_batch_pairs(share, cfg.micro_batch_size_per_gpu),
             use_dynamic_bsz=cfg.use_dynamic_bsz, max_token_len_per_gpu=cfg.max_token_len_per_gpu)
         output = self.train_batch(data)
@@ -111,12 +109,10 @@ class RewardModelWorker(TrainingWorker):
         self.engine.save_checkpoint(path, global_step=self.steps)
         if self.engine.get_data_parallel_rank() == 0:
             cfg = self.online
-            state = {"steps": self.steps, "probes": self.probes, "world_size": self.engine.get_data_parallel_size(),
-                     "training_mode": cfg.training_mode, "model_path": cfg.model_path, "lora_rank": cfg.lora_rank,
-                     "lora_alpha": cfg.lora_alpha, "target_modules": cfg.target_modules}
-            with open(f"{os.path.join(path, RM_STATE_FILE)}.tmp", "w") as f:
-                json.dump(state, f)
-            os.replace(f"{os.path.join(path, RM_STATE_FILE)}.tmp", os.path.join(path, RM_STATE_FILE))
+            write_rm_run_state(path, {
+                "steps": self.steps, "probes": self.probes, "world_size": self.engine.get_data_parallel_size(),
+                "training_mode": cfg.training_mode, "model_path": cfg.model_path, "lora_rank": cfg.lora_rank,
+                "lora_alpha": cfg.lora_alpha, "target_modules": cfg.target_modules})
         torch.distributed.barrier()
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -124,8 +120,7 @@ class RewardModelWorker(TrainingWorker):
         """Restore the engine from its checkpoint at ``path`` (``None``: keep the initial RM), then publish it,
         so the server, whatever it served before, scores like this model again."""
         if path is not None:
-            with open(os.path.join(path, RM_STATE_FILE)) as f:
-                state = json.load(f)
+            state = rm_run_state(path)
             world = self.engine.get_data_parallel_size()
             if (state["world_size"], state["training_mode"]) != (world, self.online.training_mode):
                 raise ValueError(
@@ -144,9 +139,8 @@ class RewardModelWorker(TrainingWorker):
         answer after a publish."""
         from verl_vllm_rm.parity.reference import sequence_scores
 
-        with torch.no_grad():
-            self.engine.module.eval()
-            return sequence_scores(self.engine.module, token_ids)
+        self.engine.module.eval()  # verl's train_batch puts it back in train mode
+        return sequence_scores(self.engine.module, token_ids)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def state_bytes(self) -> dict[str, int]:
