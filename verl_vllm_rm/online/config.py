@@ -47,6 +47,7 @@ class OnlineRMConfig:
     # Where the RM's ranks run: their own Ray resource pool of num_workers slots, or the actor's pool
     # (one RM rank beside each actor rank; num_workers is then the actor's rank count)
     placement: Literal["separate", "colocated"] = "separate"
+    placement_timeout_s: float = 300.0  # how long the RM's own ranks may wait for Ray to free their resources
     min_reward_gap: float = 0.0
     # What ranks a group's responses (the pair source): vllm_rm's verifiable score by default; a list is tried in
     # order, per group (the first with a gap decides). "rm_scores" (the policy's reward) includes the RM's own
@@ -69,7 +70,7 @@ class OnlineRMConfig:
                              f"replicas of that RM), got server_url={self.server_url!r}, "
                              f"reward_model={self.reward_model!r}")
         RewardModelTrainingMode.parse(self.training_mode)
-        check_ranges(self, {"> 0": ("lr", "clip_grad", "timeout_s"),
+        check_ranges(self, {"> 0": ("lr", "clip_grad", "timeout_s", "placement_timeout_s"),
                             ">= 1": ("publish_every", "lora_rank", "lora_alpha", "micro_batch_size_per_gpu",
                                      "max_token_len_per_gpu", "num_workers", "bucket_bytes"),
                             ">= 0": ("parity_every", "max_idle_steps", "min_reward_gap", "weight_decay")})

@@ -25,6 +25,41 @@ def mean_of(value: Any) -> float:
     return float(value)
 
 
+class RewardModelPlacementError(RuntimeError):
+    """Ray cannot place the RM trainer's ranks (``placement=separate``)."""
+
+
+def place_rm_ranks(config: OnlineRMConfig, name: str) -> Any:
+    """The placement group of the RM's own pool (one bundle a rank, on one node, as verl places a pool), or a
+    :class:`RewardModelPlacementError` naming what was asked and what the cluster has: at once when the cluster
+    has too little in all, after ``placement_timeout_s`` when other pools (verl's) hold what it needs."""
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+    from verl.utils.device import get_resource_name
+
+    bundle = {"CPU": 1, **({get_resource_name(): 1} if config.use_gpu else {})}
+    asked = {key: value * config.num_workers for key, value in bundle.items()}
+    total, free = ray.cluster_resources(), ray.available_resources()
+
+    def error(why: str) -> RewardModelPlacementError:
+        have = ", ".join(f"{key} {free.get(key, 0):g} free of {total.get(key, 0):g}" for key in asked)
+        return RewardModelPlacementError(
+            f"the online RM trainer asks Ray for {config.num_workers} rank(s) of {bundle} (+online_rm.num_workers="
+            f"{config.num_workers}, use_gpu={config.use_gpu}) and {why}; the cluster has {have}. Lower "
+            "+online_rm.num_workers, give Ray more resources, or set +online_rm.placement=colocated (one RM rank "
+            "beside each actor rank)")
+
+    short = [key for key, value in asked.items() if total.get(key, 0) < value]
+    if short:
+        raise error(f"the cluster has too little {', '.join(short)} in all")
+    group = placement_group([bundle] * config.num_workers, strategy="STRICT_PACK", name=f"{name}_rm_ranks")
+    if not ray.wait([group.ready()], timeout=config.placement_timeout_s)[0]:
+        remove_placement_group(group)
+        raise error(f"they were not free within online_rm.placement_timeout_s={config.placement_timeout_s:g}: "
+                    "other pools (verl's actor, rollout, reward workers) hold them")
+    return group
+
+
 class RewardModelIdleError(RuntimeError):
     """Online RM training was asked for, and the RM has had no preference pairs for ``max_idle_steps`` steps."""
 
@@ -77,6 +112,7 @@ class OnlineRewardModel:
         else:  # one worker per bundle (verl's default reserves 10 CPUs per bundle for colocated roles)
             pool = self.own_pool = RayResourcePool([config.num_workers], use_gpu=config.use_gpu,
                                                    max_colocate_count=1, name_prefix=name)
+            pool.pgs = [place_rm_ranks(config, name)]  # verl's own wait for a placement has no timeout
         worker = RayClassWithInitArgs(cls=ray.remote(RewardModelWorker), config=config.training_worker_config(),
                                       online=dataclasses.asdict(config))
         self.worker_group = RayWorkerGroup(pool, worker, name_prefix=name)
