@@ -99,3 +99,16 @@ def test_buckets_are_bounded_aligned_and_round_trip():
     for name, t in tensors.items():
         assert received[name].dtype == torch.bfloat16
         assert torch.equal(received[name], t.to(torch.bfloat16))
+
+
+def test_a_trainer_whose_nccl_differs_from_the_servers_is_refused_naming_both_and_the_fix():
+    from verl_vllm_rm.protocol.wire import nccl_version, transport_mismatch
+
+    assert transport_mismatch("gloo", None, None) is None and transport_mismatch("nccl", "2.29.7", "2.29.7") is None
+    assert transport_mismatch("nccl", "2.29.7", "2.28.9") == (
+        "the server's NCCL is 2.29.7 and this trainer's is 2.28.9; NCCL refuses peers of another version: install "
+        "one NCCL in both environments (e.g. pip install nvidia-nccl-cu13==2.29.7 in the trainer's, or the trainer's "
+        "version in the server's)")
+    assert "this trainer has no CUDA: publish from a trainer on a GPU, or start the server with " \
+           "--weight-update-backend gloo" in transport_mismatch("nccl", "2.29.7", None)
+    assert nccl_version() is None  # this CPU machine: no CUDA, no NCCL to report

@@ -133,6 +133,7 @@ def test_weight_update_size_cap(step_server, hf_model):
 
     inventory = requests.get(f"{server.url}/weight_inventory", headers=AUTH, timeout=30).json()
     assert inventory["max_update_bytes"] == WEIGHT_CAP
+    assert (inventory["transport"], inventory["nccl_version"]) == ("gloo", None)  # a CPU server has no NCCL
     with RewardModelPublisher(server.url, api_key=KEY) as pub:
         posted = []
         post_lines = pub.http.post_lines

@@ -27,6 +27,31 @@ DEFAULT_BUCKET_BYTES = 64 << 20
 BACKENDS = ("gloo", "nccl")
 
 
+def nccl_version() -> str | None:
+    """This process's NCCL (the one torch loads), as ``"2.29.7"``; ``None`` without CUDA."""
+    if not torch.cuda.is_available():
+        return None
+    version = torch.cuda.nccl.version()
+    return ".".join(str(part) for part in version) if isinstance(version, tuple) else str(version)
+
+
+def transport_mismatch(transport: str, server_nccl: str | None, trainer_nccl: str | None) -> str | None:
+    """Why this trainer cannot send over the server's transport, or ``None`` when it can.
+
+    NCCL refuses a peer of another version when the communicator forms, so the versions must be equal; a trainer
+    without CUDA has no NCCL at all."""
+    if transport != "nccl":
+        return None
+    if trainer_nccl is None:
+        return ("the server receives weights over nccl (GPU) and this trainer has no CUDA: publish from a trainer "
+                "on a GPU, or start the server with --weight-update-backend gloo")
+    if server_nccl != trainer_nccl:
+        return (f"the server's NCCL is {server_nccl} and this trainer's is {trainer_nccl}; NCCL refuses peers of "
+                f"another version: install one NCCL in both environments (e.g. pip install nvidia-nccl-cu13=="
+                f"{server_nccl} in the trainer's, or the trainer's version in the server's)")
+    return None
+
+
 def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 

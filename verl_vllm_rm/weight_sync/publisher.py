@@ -24,7 +24,7 @@ from verl_vllm_rm.client.http import HttpError, JsonHttp
 from verl_vllm_rm.parity.probe import UNIT_ROUNDOFF, ParityProbe, coarsest
 from verl_vllm_rm.protocol.inventory import Inventory, WeightUpdateRefused
 from verl_vllm_rm.protocol.names import RewardModelTrainingMode
-from verl_vllm_rm.protocol.wire import DEFAULT_BUCKET_BYTES, plan_buckets
+from verl_vllm_rm.protocol.wire import DEFAULT_BUCKET_BYTES, nccl_version, plan_buckets, transport_mismatch
 from verl_vllm_rm.weight_sync.selection import Outgoing, StateDictLike, select_update
 from verl_vllm_rm.weight_sync.transfer import TransferSession, WeightSyncError, local_address_towards
 
@@ -89,6 +89,9 @@ class RewardModelPublisher(ClosedOnExit):
         self.rank = dist.get_rank(group) if distributed else 0
         self.world_size = dist.get_world_size(group) if distributed else 1
         info = self.http.get("/weight_inventory")
+        mismatch = transport_mismatch(info["transport"], info.get("nccl_version"), nccl_version())
+        if mismatch:  # before any communicator forms or tensor moves
+            raise WeightUpdateRefused(f"cannot publish to {server_url}: {mismatch}")
         self.inventory = Inventory.from_json(info)
         self.transport: str = info["transport"]
         self.head_patterns = tuple(head_patterns or info["head_patterns"])

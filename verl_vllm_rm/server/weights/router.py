@@ -45,6 +45,7 @@ async def _inventory(request: Request) -> Inventory:
     if sync.inventory is None:
         results = await request.app.state.engine_client.collective_rpc("rm_weight_inventory")
         sync.inventory = Inventory.from_json(results[0])
+        sync.nccl_version = results[0]["nccl_version"]
     return sync.inventory
 
 
@@ -63,6 +64,7 @@ async def weight_inventory(request: Request) -> JSONResponse:
     body.update(
         max_update_bytes=sync.max_update_bytes,
         transport=sync.transport,
+        nccl_version=sync.nccl_version,
         head_patterns=list(sync.head_patterns),
         world_size=state.world_size,
         version=sync.version,

@@ -27,6 +27,7 @@ class WeightSyncState:
     staged_update: dict[str, Any] | None = None  # a received update waiting for /commit_update or /abort_update
     # set by install_weight_routes (--enable-weight-updates)
     transport: str | None = None
+    nccl_version: str | None = None  # the workers' NCCL (None without CUDA): a trainer must use the same
     head_patterns: tuple[str, ...] = ()
     max_update_bytes: int | None = None
     join_timeout_s: float = DEFAULT_JOIN_TIMEOUT_S

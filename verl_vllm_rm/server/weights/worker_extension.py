@@ -253,7 +253,7 @@ class WeightSyncWorkerExtension:
         """
         from vllm.model_executor.model_loader import get_model_loader
 
-        from verl_vllm_rm.protocol.wire import dtype_name
+        from verl_vllm_rm.protocol.wire import dtype_name, nccl_version
 
         model = self.model_runner.get_model()
         model_config = self.vllm_config.model_config
@@ -263,4 +263,5 @@ class WeightSyncWorkerExtension:
             dtype = model_config.dtype if tensor.is_floating_point() else tensor.dtype
             params.append({"name": name, "dtype": dtype_name(dtype), "shape": list(tensor.shape)})
         fused = dict(getattr(model, "packed_modules_mapping", {}) or {})
-        return {"params": params, "fused_modules": {k: list(v) for k, v in fused.items()}}
+        return {"params": params, "fused_modules": {k: list(v) for k, v in fused.items()},
+                "nccl_version": nccl_version()}
