@@ -45,6 +45,11 @@ MODELS = {
 SERVER_ARGS = ["--dtype", "float32", "--max-model-len", "512", "--enforce-eager", "--enable-weight-updates"]
 
 
+def rank_device(backend: str) -> torch.device | None:
+    """This process's CUDA device for nccl (read on the main thread), none for gloo."""
+    return torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else None
+
+
 def acknowledge(group, ack: torch.Tensor, world_size: int) -> None:
     """Every receiver (ranks 1..world_size-1) broadcasts its one-element acknowledgement."""
     for rank in range(1, world_size):
@@ -56,7 +61,7 @@ def raw_receiver(argv: list[str]) -> None:
     ack each round."""
     backend, port, session, sizes, reps = argv[0], int(argv[1]), argv[2], json.loads(argv[3]), int(argv[4])
     rank, world_size = int(argv[5]), int(argv[6])
-    group = open_group(backend, "127.0.0.1", port, rank, world_size, 120.0, session)
+    group = open_group(backend, "127.0.0.1", port, rank, world_size, 120.0, session, device=rank_device(backend))
     buffers = [torch.empty(n, dtype=torch.uint8, device=group.device) for n in sizes]
     ack = torch.ones(1, device=group.device)
     for _ in range(reps):
@@ -74,7 +79,7 @@ def raw_broadcast_s(backend: str, sizes: list[int], reps: int, receivers: int = 
     procs = [subprocess.Popen([sys.executable, __file__, "--raw-receiver", backend, str(port), session,
                                json.dumps(sizes), str(reps), str(rank), str(world_size)])
              for rank in range(1, world_size)]
-    group = open_group(backend, "127.0.0.1", port, 0, world_size, 120.0, session)
+    group = open_group(backend, "127.0.0.1", port, 0, world_size, 120.0, session, device=rank_device(backend))
     buffers = [torch.ones(n, dtype=torch.uint8, device=group.device) for n in sizes]
     ack = torch.zeros(1, device=group.device)
     times = []

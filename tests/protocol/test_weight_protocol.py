@@ -112,3 +112,15 @@ def test_a_trainer_whose_nccl_differs_from_the_servers_is_refused_naming_both_an
     assert "this trainer has no CUDA: publish from a trainer on a GPU, or start the server with " \
            "--weight-update-backend gloo" in transport_mismatch("nccl", "2.29.7", None)
     assert nccl_version() is None  # this CPU machine: no CUDA, no NCCL to report
+
+
+@pytest.mark.parametrize("device", [None, "cpu", "cuda"])
+def test_the_nccl_transport_takes_the_ranks_own_device_never_the_threads(device):
+    """A join or receive thread's current CUDA device is 0 whatever its process uses: open_group refuses to
+    guess, before any store or group exists (the device a worker passes is its own, vLLM's ``self.device``)."""
+    import torch
+
+    from verl_vllm_rm.protocol.wire import open_group
+
+    with pytest.raises(ValueError, match=r"the nccl transport needs this rank's own CUDA device \(cuda:N\), got "):
+        open_group("nccl", "127.0.0.1", 1, 0, 2, 1.0, "s", device=None if device is None else torch.device(device))

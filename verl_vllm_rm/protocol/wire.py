@@ -164,8 +164,14 @@ def open_group(
     timeout_s: float,
     session: str,
     join_timeout_s: float | None = None,
+    device: torch.device | None = None,
 ) -> TransferGroup:
     """Join (rank 0: host) the session's store and build the process group on it.
+
+    ``device``: where this rank stages and receives buckets; for NCCL, the CUDA device of the worker or trainer
+    rank itself. It is never read from ``torch.cuda.current_device()`` here: joins and receives run on threads of
+    their own, and a new thread's current device is 0 whatever its process uses (every tensor-parallel worker
+    would then stage on GPU 0, and NCCL fails with "Duplicate GPU detected").
 
     Blocks until all ``world_size`` ranks have joined, for at most ``join_timeout_s``
     (default ``timeout_s``) on the store and the rendezvous. Every collective on the
@@ -174,6 +180,9 @@ def open_group(
     """
     if backend not in BACKENDS:
         raise ValueError(f"unknown transport backend {backend!r}; use one of {list(BACKENDS)}")
+    if backend == "nccl" and (device is None or device.type != "cuda" or device.index is None):
+        raise ValueError(f"the nccl transport needs this rank's own CUDA device (cuda:N), got {device}: pass the "
+                         "worker's device, not the current device of a thread")
     timeout = datetime.timedelta(seconds=timeout_s)
     join = datetime.timedelta(seconds=timeout_s if join_timeout_s is None else join_timeout_s)
     store = dist.TCPStore(
@@ -189,7 +198,6 @@ def open_group(
         options = dist.ProcessGroupNCCL.Options()
         options._timeout = timeout  # NCCL connects lazily, through the store, at the first collective
         group = dist.ProcessGroupNCCL(prefixed, rank, world_size, options)
-        device = torch.device("cuda", torch.cuda.current_device())
     if join != timeout:
         store.set_timeout(timeout)
     return TransferGroup(store, group, rank, world_size, device)

@@ -52,6 +52,9 @@ class TransferSession:
         self.bucket_bytes = bucket_bytes
         self._group: TransferGroup | None = None
         self._buffers: BufferPool | None = None
+        # This rank's device, read here on the caller's thread: the group is built on a thread of its own, whose
+        # current CUDA device would be 0 whatever device this rank uses.
+        self.device = torch.device("cuda", torch.cuda.current_device()) if transport == "nccl" else None
 
     @property
     def connected(self) -> bool:
@@ -67,7 +70,8 @@ class TransferSession:
         def join() -> None:
             try:
                 result["group"] = open_group(
-                    self.transport, self.master_address, port, 0, 1 + self.server_world_size, self.timeout_s, session
+                    self.transport, self.master_address, port, 0, 1 + self.server_world_size, self.timeout_s, session,
+                    device=self.device,
                 )
             except Exception as e:  # surfaced below, after the server's answer
                 result["error"] = e

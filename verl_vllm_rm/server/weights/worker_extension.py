@@ -103,7 +103,7 @@ class ProcessGroupWeightTransferEngine(WeightTransferEngine[ProcessGroupInitInfo
             return open_group(
                 self.transport, info.master_address, info.master_port, rank=worker_rank + info.rank_offset,
                 world_size=info.world_size, timeout_s=info.timeout_s, session=info.session,
-                join_timeout_s=info.join_timeout_s,
+                join_timeout_s=info.join_timeout_s, device=self.device,  # the worker's device, not the thread's
             )
 
         self.pending_join = PendingJoin(open_fn, info.master_address, info.master_port)
