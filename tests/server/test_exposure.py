@@ -174,3 +174,14 @@ def test_scoring_on_0000_without_a_key_starts_with_a_warning(tiny_rm, server_arg
         resp = requests.post(f"{server.url}/score", json={"input": texts[:2]}, timeout=60)
         assert resp.status_code == 200 and len(resp.json()["data"]) == 2
         assert requests.get(f"{server.url}/weight_inventory", timeout=30).status_code == 404
+
+
+@pytest.mark.server
+def test_weight_updates_with_data_parallel_engines_are_refused_before_the_engine(tiny_rm):
+    """vLLM's data-parallel engines would each need a transfer group: refused, naming the replicas instead."""
+    args = ["--model", tiny_rm, "--host", "127.0.0.1", "--port", str(free_port()), "--enable-weight-updates",
+            "--data-parallel-size", "2"]
+    code, out, _ = _run_server(args, {})
+    assert code == 1, out[-2000:]
+    assert "--enable-weight-updates with --data-parallel-size 2" in out and "managed replicas" in out
+    assert not [m for m in ENGINE_MARKERS if m in out], out[-2000:]

@@ -152,6 +152,12 @@ def _enable_weight_updates(args: argparse.Namespace) -> None:
     if not (0 < args.weight_update_join_timeout and math.isfinite(args.weight_update_join_timeout)):
         raise SystemExit(f"verl-vllm-rm: --weight-update-join-timeout must be a positive number of seconds, "
                          f"got {args.weight_update_join_timeout}")
+    if getattr(args, "data_parallel_size", 1) > 1:
+        raise SystemExit(f"verl-vllm-rm: --enable-weight-updates with --data-parallel-size "
+                         f"{args.data_parallel_size}: each data-parallel engine would need a transfer group of its "
+                         "own, and an update would reach one of them; run that many servers instead, as managed "
+                         "replicas (reward_kwargs.replicas) or behind the client's server_url list, and publish "
+                         "to all of them (MultiServerPublisher)")
     if args.weight_update_backend is None:
         args.weight_update_backend = "gloo" if current_platform.is_cpu() else "nccl"
     args.worker_extension_cls = WORKER_EXTENSION
