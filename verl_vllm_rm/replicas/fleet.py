@@ -67,9 +67,10 @@ class ReplicaFleet:
         from ray.util.placement_group import placement_group
 
         self.name, self.options, self.api_key = name, options, api_key
+        self.gpus = options.gpus_on(ray.cluster_resources().get("GPU", 0.0))
         bundle = {"CPU": options.cpus_per_replica}
-        if options.gpus_per_replica:
-            bundle["GPU"] = options.gpus_per_replica
+        if self.gpus:
+            bundle["GPU"] = self.gpus
         self.group = placement_group([bundle] * options.num_replicas, strategy=options.placement, name=name)
         if not ray.wait([self.group.ready()], timeout=options.startup_timeout_s)[0]:
             ray.util.remove_placement_group(self.group)
@@ -160,7 +161,7 @@ class ReplicaFleet:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         return ray.remote(ServerReplica).options(
-            num_cpus=self.options.cpus_per_replica, num_gpus=self.options.gpus_per_replica,
+            num_cpus=self.options.cpus_per_replica, num_gpus=self.gpus,
             scheduling_strategy=PlacementGroupSchedulingStrategy(self.group, placement_group_bundle_index=index),
         ).remote(self.options, index, self.host, self.log_dir, self.api_key)
 

@@ -16,7 +16,9 @@ class ReplicaOptions:
 
     model: str
     num_replicas: int = 1
-    gpus_per_replica: float = 0.0  # 0: CPU bundles; a replica with tensor parallelism k wants k
+    # None: as many as the replica's --tensor-parallel-size x --pipeline-parallel-size where Ray has GPUs, else 0
+    # (CPU bundles); a number is taken as given
+    gpus_per_replica: float | None = None
     cpus_per_replica: float = 1.0
     server_args: tuple[str, ...] = ()  # the server's and vLLM's flags, passed through (e.g. --max-model-len 4096)
     placement: PlacementStrategy = "SPREAD"  # Ray placement-group strategy over the replicas' bundles
@@ -33,7 +35,36 @@ class ReplicaOptions:
                                     "max_restart_backoff_s")}, prefix="replicas.")
         if self.max_restart_backoff_s < self.restart_backoff_s:
             raise ValueError("replicas.max_restart_backoff_s must be >= replicas.restart_backoff_s")
+        parallel = self.model_parallel_size  # one replica sharing a GPU (a fraction) is fine; a sharded one is not
+        if parallel > 1 and self.gpus_per_replica is not None and 0 < self.gpus_per_replica < parallel:
+            raise ValueError(f"replicas.gpus_per_replica={self.gpus_per_replica:g} is less than the "
+                             f"{parallel} GPUs its server_args' tensor/pipeline parallelism use: set it to {parallel}, or "
+                             "leave it unset")
         reserved = {"--model", "--host", "--port"} & {a.split("=")[0] for a in self.server_args}
         if reserved:
             raise ValueError(f"replicas.server_args sets {sorted(reserved)}, which the fleet chooses per replica: "
                              "give the model as replicas.model and drop the others")
+
+    @property
+    def model_parallel_size(self) -> int:
+        """GPUs one replica's server uses: its ``--tensor-parallel-size`` x ``--pipeline-parallel-size``."""
+        size = 1
+        for flags in (("--tensor-parallel-size", "-tp"), ("--pipeline-parallel-size", "-pp")):
+            size *= int(_flag_value(self.server_args, flags) or 1)
+        return size
+
+    def gpus_on(self, cluster_gpus: float) -> float:
+        """GPUs a replica's bundle asks for on a cluster with ``cluster_gpus`` GPUs in all."""
+        if self.gpus_per_replica is not None:
+            return self.gpus_per_replica
+        return float(self.model_parallel_size) if cluster_gpus > 0 else 0.0
+
+
+def _flag_value(args: tuple[str, ...], names: tuple[str, ...]) -> str | None:
+    """The value of the last of ``names`` in ``args`` (``--flag value`` or ``--flag=value``)."""
+    value = None
+    for i, arg in enumerate(args):
+        name, eq, inline = arg.partition("=")
+        if name in names:
+            value = inline if eq else (args[i + 1] if i + 1 < len(args) else None)
+    return value

@@ -1,0 +1,27 @@
+"""How many GPUs a managed replica asks Ray for: by default what its server's parallelism uses, where there are GPUs."""
+
+from __future__ import annotations
+
+import pytest
+
+from verl_vllm_rm.replicas.options import ReplicaOptions
+
+
+@pytest.mark.parametrize(("server_args", "gpus"), [
+    ((), 1.0),
+    (("--tensor-parallel-size", "2"), 2.0),
+    (("-tp=2", "--pipeline-parallel-size", "2"), 4.0),
+    (("--max-model-len", "4096"), 1.0),
+])
+def test_unset_gpus_follow_the_servers_parallelism_on_a_gpu_cluster_and_are_zero_on_cpu(server_args, gpus):
+    options = ReplicaOptions(model="/rm", server_args=server_args)
+    assert options.gpus_on(cluster_gpus=8) == gpus
+    assert options.gpus_on(cluster_gpus=0) == 0.0
+
+
+def test_a_number_is_taken_as_given_and_too_few_for_the_parallelism_is_refused():
+    assert ReplicaOptions(model="/rm", gpus_per_replica=0).gpus_on(cluster_gpus=8) == 0.0  # CPU bundles by choice
+    assert ReplicaOptions(model="/rm", gpus_per_replica=0.5).gpus_on(cluster_gpus=8) == 0.5
+    with pytest.raises(ValueError, match=r"replicas.gpus_per_replica=1 is less than the 2 GPUs its server_args' "
+                                         r"tensor/pipeline parallelism use: set it to 2, or leave it unset"):
+        ReplicaOptions(model="/rm", gpus_per_replica=1, server_args=("--tensor-parallel-size", "2"))
