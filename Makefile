@@ -4,7 +4,8 @@
 # DEVICE=cpu (default): the CPU builds this project is tested with (requirements/trainer.txt, server.txt).
 # DEVICE=gpu: the same two environments for GPU machines, from the CUDA builds on PyPI, pinned in
 #   requirements/trainer-gpu.txt (verl 0.9.1 with its own GPU set: vLLM 0.24 rollout, torch 2.11) and
-#   requirements/server-gpu.txt (vLLM 0.32, torch 2.13); `make lock-gpu` resolves them again.
+#   requirements/server-gpu.txt (vLLM 0.32, torch 2.13), both on the NCCL of requirements/nccl-gpu.txt;
+#   `make lock-gpu` resolves them again.
 PYTHON ?= python3
 DEVICE ?= cpu
 VENV := .venv
@@ -30,6 +31,8 @@ need_disk = @test -x $(2)/bin/python || { free=$$(df -Pk . | awk 'NR==2 {print i
 other_device = @! test -e $(1)/.installed-$(OTHER_DEVICE) || { echo "make: $(1) was built with DEVICE=$(OTHER_DEVICE);" \
 	"run with DEVICE=$(OTHER_DEVICE), or \`make clean\` first to rebuild it for $(DEVICE)" >&2; exit 1; }
 
+# The NCCL both GPU environments run (the trainer's torch declares an older one: see the file).
+NCCL_PIN := requirements/nccl-gpu.txt
 # What a GPU environment gets: the named packages' pins, read from its lock file.
 says_what = @echo "make: $(1) <- $(2): $$(grep -E '^($(3))==' $(2) | tr '\n' ' ')+ this package (editable)"
 
@@ -59,12 +62,14 @@ $(VENV_SERVER)/.installed-cpu: pyproject.toml requirements/server.txt
 
 # The GPU lines are README's "Quick start on GPUs" (tests/dev/test_gpu_lock.py checks they match). No rm-gallery
 # there: it needs openai<2 and verl's vLLM 0.24 rollout brings openai 3 (rm-gallery rewards say how to add it).
-$(VENV)/.installed-gpu: pyproject.toml requirements/trainer-gpu.txt
+$(VENV)/.installed-gpu: pyproject.toml requirements/trainer-gpu.txt $(NCCL_PIN)
 	$(call other_device,$(VENV))
 	$(call need_disk,12,$(VENV))
-	$(call says_what,$(VENV),requirements/trainer-gpu.txt,verl|vllm|torch|transformers|nvidia-nccl-cu13)
+	$(call says_what,$(VENV),requirements/trainer-gpu.txt,verl|vllm|torch|transformers)
+	@echo "make: $(VENV) <- $(NCCL_PIN): $$(grep -E '^nvidia-nccl-cu13==' $(NCCL_PIN)) (over torch 2.11's own pin)"
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -c requirements/trainer-gpu.txt -e ".[verl-gpu]"
+	$(VENV)/bin/pip install --no-deps -r $(NCCL_PIN)
 	touch $@
 
 $(VENV_SERVER)/.installed-gpu: pyproject.toml requirements/server-gpu.txt

@@ -71,12 +71,11 @@ def bench_publish(reps: int) -> dict:
     import torch
     from transformers import AutoModelForSequenceClassification
 
-    from verl_vllm_rm.dev.tiny_rm import TinyRMSpec, build_tiny_rm
+    from verl_vllm_rm.dev.tiny_rm import RM_100M, TinyRMSpec, build_tiny_rm
     from verl_vllm_rm.replicas.launcher import running_server
     from verl_vllm_rm.weight_sync import MultiServerPublisher
 
-    specs = {"tiny": TinyRMSpec(), "100m": TinyRMSpec(hidden_size=768, intermediate_size=2048, num_hidden_layers=16,
-                                                      num_attention_heads=12, num_key_value_heads=4)}
+    specs = {"tiny": TinyRMSpec(), "100m": RM_100M}
     args = ["--dtype", "float32", "--max-model-len", "512", "--enable-weight-updates"]
     out = {}
     with tempfile.TemporaryDirectory() as work:

@@ -34,13 +34,12 @@ import torch
 from verl_vllm_rm.client.http import free_port
 from verl_vllm_rm.protocol.inventory import ParamSpec
 from verl_vllm_rm.protocol.wire import DEFAULT_BUCKET_BYTES, BufferPool, open_group, pack, plan_buckets
-from verl_vllm_rm.dev.tiny_rm import TinyRMSpec, build_tiny_rm
+from verl_vllm_rm.dev.tiny_rm import RM_100M, TinyRMSpec, build_tiny_rm
 
 RESULTS = Path(__file__).resolve().parent / "results"
 MODELS = {
     "tiny": TinyRMSpec(),
-    "100m": TinyRMSpec(hidden_size=768, intermediate_size=2048, num_hidden_layers=16, num_attention_heads=12,
-                       num_key_value_heads=4),
+    "100m": RM_100M,
 }
 SERVER_ARGS = ["--dtype", "float32", "--max-model-len", "512", "--enforce-eager", "--enable-weight-updates"]
 

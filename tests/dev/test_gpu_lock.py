@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from verl_vllm_rm.dev.gpu_lock import LOCKS, read_lock, resolve
+from verl_vllm_rm.dev.gpu_lock import LOCKS, NCCL, NCCL_PIN, OVERRIDES, installed_set, read_lock, resolve
 
 ROOT = Path(__file__).resolve().parents[2]
 ENVIRONMENTS = {".venv-server": "server-gpu", ".venv": "verl-gpu"}  # README's environment -> its extra
@@ -30,24 +30,33 @@ def gpu_section() -> str:
     return readme[start : readme.index("\n## ", start + 1)]
 
 
-def pip_lines(text: str) -> dict[str, list[str]]:
-    """``{environment: pip install arguments}`` of every ``ENV/bin/pip install ...`` in ``text``."""
-    found = {}
-    for line in text.splitlines():
+def pip_lines(text: str) -> dict[str, list[list[str]]]:
+    """``{environment: [pip install arguments, ...]}`` of every ``ENV/bin/pip install ...`` in ``text``, in order
+    (a line ending in a backslash continues on the next)."""
+    found: dict[str, list[list[str]]] = {}
+    for line in text.replace("\\\n", " ").splitlines():
         for command in line.split("&&"):
             if "/bin/pip install" not in command:
                 continue
             words = shlex.split(command.split("#", 1)[0])
             if len(words) > 2 and words[0].endswith("/bin/pip") and words[1] == "install":
-                found[words[0].removesuffix("/bin/pip")] = words[2:]
+                found.setdefault(words[0].removesuffix("/bin/pip"), []).append(words[2:])
     return found
+
+
+def expected_installs(extra: str) -> list[list[str]]:
+    """The lock-constrained install, then (the trainer's) the pins it takes over its torch's own."""
+    installs = [["-c", LOCKS[extra], "-e", f".[{extra}]"]]
+    if extra in OVERRIDES:
+        installs.append(["--no-deps", "-r", OVERRIDES[extra]])
+    return installs
 
 
 def test_readme_gpu_lines_are_what_make_setup_device_gpu_runs(tmp_path):
     readme = pip_lines(gpu_section())
     assert set(readme) == set(ENVIRONMENTS), readme
     for env, extra in ENVIRONMENTS.items():
-        assert readme[env] == ["-c", LOCKS[extra], "-e", f".[{extra}]"]
+        assert readme[env] == expected_installs(extra)
     # the environments' stamps do not exist under these names: make prints every command of the GPU build
     dry = subprocess.run(["make", "-n", "-C", str(ROOT), "setup", "DEVICE=gpu",
                           f"VENV={tmp_path / 'v'}", f"VENV_SERVER={tmp_path / 'vs'}"],
@@ -61,6 +70,8 @@ def test_readme_gpu_lines_are_what_make_setup_device_gpu_runs(tmp_path):
         pins = read_lock(ROOT / LOCKS[extra])
         line = next(line for line in told.splitlines() if line.startswith(f"make: {tmp_path / name} <- "))
         assert f"torch=={pins['torch']} " in line and f"vllm=={pins['vllm']} " in line, told
+    nccl = f"make: {tmp_path / 'v'} <- {NCCL_PIN}: {NCCL}=={read_lock(ROOT / NCCL_PIN)[NCCL]} (over torch"
+    assert nccl in told, told
 
 
 def test_the_environments_must_match_the_device(tmp_path):
@@ -77,19 +88,34 @@ def test_the_environments_must_match_the_device(tmp_path):
     assert bad.returncode != 0 and "DEVICE must be cpu or gpu, not 'tpu'" in bad.stderr
 
 
+def test_both_gpu_environments_run_one_nccl():
+    """The weight publish is an NCCL broadcast between the two environments: NCCL refuses a peer of another
+    version, so what each installs (its lock, then its overrides) holds the same NCCL, the server's."""
+    server, trainer = installed_set("server-gpu"), installed_set("verl-gpu")
+    assert server[NCCL] == trainer[NCCL] == read_lock(ROOT / NCCL_PIN)[NCCL], (server[NCCL], trainer[NCCL])
+    assert read_lock(ROOT / LOCKS["verl-gpu"])[NCCL] != trainer[NCCL], "the override is no longer needed: drop it"
+    assert f"NCCL {server[NCCL]}" in (ROOT / "docs" / "weight_sync.md").read_text()
+
+
 @pytest.fixture(scope="module")
 def resolved() -> dict[str, dict[str, str]]:
-    """README's two lines, resolved by pip from the index alone (the two run side by side: ~2 min)."""
+    """README's lines, resolved by pip from the index alone (the two environments side by side: ~2 min); an
+    environment's later ``--no-deps`` lines replace the pins they name."""
     lines = pip_lines(gpu_section())
     with ThreadPoolExecutor(2) as pool:
-        futures = {ENVIRONMENTS[env]: pool.submit(resolve, args) for env, args in lines.items()}
-        return {extra: future.result() for extra, future in futures.items()}
+        futures = {ENVIRONMENTS[env]: pool.submit(resolve, installs[0]) for env, installs in lines.items()}
+        sets = {extra: future.result() for extra, future in futures.items()}
+    for env, installs in lines.items():
+        for args in installs[1:]:
+            assert args[:2] == ["--no-deps", "-r"], args
+            sets[ENVIRONMENTS[env]].update(read_lock(ROOT / args[2]))
+    return sets
 
 
 @pytest.mark.server  # the package index
 @pytest.mark.parametrize("extra", list(LOCKS))
 def test_each_readme_line_resolves_to_exactly_its_pinned_set(resolved, extra):
-    pins = read_lock(ROOT / LOCKS[extra])
+    pins = installed_set(extra)
     got = resolved[extra]
     assert got == pins, {
         "resolved, not pinned": {k: v for k, v in got.items() if k not in pins},
@@ -104,8 +130,9 @@ def test_the_gpu_sets_hold_the_cuda_builds_the_readme_names(resolved):
     assert (trainer["verl"], trainer["vllm"], trainer["torch"]) == ("0.9.1", "0.24.0", "2.11.0")
     assert "+" not in server["torch"] + trainer["torch"], "a local build (e.g. +cpu) leaked into a GPU set"
     assert {"nvidia-nccl-cu13", "nvidia-cublas"} <= set(server) & set(trainer)
-    readme = gpu_section()
-    assert f"NCCL {trainer['nvidia-nccl-cu13']} (trainer) and {server['nvidia-nccl-cu13']}" in readme
+    assert server[NCCL] == trainer[NCCL], "NCCL refuses peers of another version: run `make lock-gpu`"
+    torch_declares = read_lock(ROOT / LOCKS["verl-gpu"])[NCCL]
+    assert f"declare NCCL {torch_declares} (trainer) and {server[NCCL]} (server)" in gpu_section()
 
 
 def test_the_package_installs_from_the_clone_not_editable(tmp_path):

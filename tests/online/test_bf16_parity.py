@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import requests
 from sync_helpers import max_diff, runtime_version, server_scores
 
 HAS_AVX512_BF16 = "avx512_bf16" in Path("/proc/cpuinfo").read_text()
@@ -24,6 +25,14 @@ def bf16_server(tiny_rm, server_args):
     args[args.index("--dtype") + 1] = "bfloat16"
     with running_server(tiny_rm, [*args, "--enable-weight-updates"]) as server:
         yield server
+
+
+def test_the_inventory_reports_each_weights_own_dtype_the_head_in_fp32(bf16_server):
+    """vLLM keeps a pooling model's head in fp32 under a bf16 backbone: the head is published in fp32, the rest in
+    bf16 (the trainer casts each weight to the dtype the inventory names)."""
+    params = {p["name"]: p["dtype"] for p in requests.get(f"{bf16_server.url}/weight_inventory", timeout=30).json()["params"]}
+    assert params.pop("score.weight") == "float32"
+    assert set(params.values()) == {"bfloat16"}, params
 
 
 @pytest.mark.parametrize("mode", ["lora", "full"])

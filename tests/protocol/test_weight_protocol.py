@@ -107,8 +107,8 @@ def test_a_trainer_whose_nccl_differs_from_the_servers_is_refused_naming_both_an
     assert transport_mismatch("gloo", None, None) is None and transport_mismatch("nccl", "2.29.7", "2.29.7") is None
     assert transport_mismatch("nccl", "2.29.7", "2.28.9") == (
         "the server's NCCL is 2.29.7 and this trainer's is 2.28.9; NCCL refuses peers of another version: install "
-        "one NCCL in both environments (e.g. pip install nvidia-nccl-cu13==2.29.7 in the trainer's, or the trainer's "
-        "version in the server's)")
+        "one NCCL in both environments (e.g. pip install --no-deps nvidia-nccl-cu13==2.29.7 in the trainer's, as "
+        "`make setup DEVICE=gpu` does from requirements/nccl-gpu.txt)")
     assert "this trainer has no CUDA: publish from a trainer on a GPU, or start the server with " \
            "--weight-update-backend gloo" in transport_mismatch("nccl", "2.29.7", None)
     assert nccl_version() is None  # this CPU machine: no CUDA, no NCCL to report
@@ -124,3 +124,32 @@ def test_the_nccl_transport_takes_the_ranks_own_device_never_the_threads(device)
 
     with pytest.raises(ValueError, match=r"the nccl transport needs this rank's own CUDA device \(cuda:N\), got "):
         open_group("nccl", "127.0.0.1", 1, 0, 2, 1.0, "s", device=None if device is None else torch.device(device))
+
+
+def test_an_nccl_group_is_built_to_raise_on_a_failed_collective_not_to_kill(monkeypatch):
+    """torch reads TORCH_NCCL_BLOCKING_WAIT when a ProcessGroupNCCL is constructed: set, a timed-out or failed
+    collective is aborted and raises from ``wait()`` and no watchdog tears the process down. This CPU build of
+    torch has no ProcessGroupNCCL (it needs CUDA), so a recorder stands in for the class to see the environment
+    it is constructed in; the real store is made. The process's own setting is back afterwards."""
+    import os
+
+    import torch.distributed as dist
+
+    from verl_vllm_rm.client.http import free_port
+    from verl_vllm_rm.protocol.wire import open_group
+
+    seen = {}
+
+    class RecordingProcessGroupNCCL:
+        class Options:
+            pass
+
+        def __init__(self, store, rank, world_size, options):
+            seen.update(blocking_wait=os.environ.get("TORCH_NCCL_BLOCKING_WAIT"), timeout=options._timeout)
+
+    monkeypatch.setattr(dist, "ProcessGroupNCCL", RecordingProcessGroupNCCL, raising=False)
+    monkeypatch.setenv("TORCH_NCCL_BLOCKING_WAIT", "0")
+    group = open_group("nccl", "127.0.0.1", free_port("127.0.0.1"), 0, 1, 7.0, "s", device=torch.device("cuda", 1))
+    assert seen["blocking_wait"] == "1" and seen["timeout"].total_seconds() == 7.0
+    assert os.environ["TORCH_NCCL_BLOCKING_WAIT"] == "0"  # the process's own setting, for its own groups
+    assert group.device == torch.device("cuda", 1)

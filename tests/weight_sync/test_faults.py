@@ -9,12 +9,13 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 import requests
 import torch
 from sync_helpers import PARITY_ATOL, assert_parity, load_rm, max_diff, perturbed, reset_server, runtime_version
 
 from verl_vllm_rm.parity.reference import sequence_scores
-from verl_vllm_rm.weight_sync import RewardModelPublisher
+from verl_vllm_rm.weight_sync import RewardModelPublisher, WeightSyncError
 
 KILLED_TRAINER = Path(__file__).parents[1] / "killed_trainer.py"
 TRANSFER_TIMEOUT_S = 20
@@ -59,6 +60,22 @@ def test_trainer_killed_mid_transfer_leaves_old_weights_serving(ws_server, tiny_
         pub.publish(new_model, old_version + 1, "head_only")
     assert runtime_version(ws_server.url) == old_version + 1
     assert_parity(ws_server.url, new_model, probe_ids)
+
+
+def test_a_server_that_never_joins_fails_the_publish_with_weight_sync_error(ws_server, tiny_rm, probe_ids):
+    """The trainer asks the server to join its group at an address the server cannot reach (TEST-NET-2, RFC 5737,
+    routed nowhere): the server never joins, and the publish raises WeightSyncError naming the address, within the
+    publisher's timeout; the old weights keep serving and a publisher at the right address goes ahead."""
+    old_version = reset_server(ws_server.url, tiny_rm)
+    old_model = load_rm(tiny_rm)
+    with RewardModelPublisher(ws_server.url, timeout_s=5, master_address="198.51.100.1") as pub:
+        with pytest.raises(WeightSyncError, match=r"the server did not join this trainer's transfer group at "
+                                                  r"198\.51\.100\.1:\d+: could not join .*is that address reachable"):
+            pub.publish(perturbed(old_model, 1), old_version + 1, "full")
+        assert not pub.connected
+    assert runtime_version(ws_server.url) == old_version
+    assert_parity(ws_server.url, old_model, probe_ids)
+    assert reset_server(ws_server.url, tiny_rm) == old_version + 1
 
 
 def test_concurrent_scoring_sees_old_or_new_weights_never_a_mix(ws_server, tiny_rm, probe_ids):

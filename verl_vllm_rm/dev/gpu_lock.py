@@ -4,6 +4,11 @@
 :func:`main`; the test of README's GPU quick start resolves README's own lines with :func:`resolve`
 and compares them with these files, so the page, the Makefile and the pins cannot drift apart.
 
+The two environments must run one NCCL (the weight publish is an NCCL broadcast between them, and NCCL
+refuses a peer of another version), but their torch builds declare different exact versions. pip has no
+override, so ``requirements/nccl-gpu.txt`` holds the server's NCCL and the trainer's environment installs it
+after its lock, without dependencies (:data:`OVERRIDES`, :func:`installed_set`).
+
 pip runs without any configuration file and without find-links: a machine's local wheels (this
 machine's CPU build of torch, which satisfies ``torch==2.13.0`` too) must not leak into the set a
 GPU machine installs. The set holds for the platform it is resolved on (Linux x86_64, CPython 3.11).
@@ -23,6 +28,10 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # extra of pyproject.toml -> the file that pins what installing it brings
 LOCKS = {"server-gpu": "requirements/server-gpu.txt", "verl-gpu": "requirements/trainer-gpu.txt"}
+NCCL = "nvidia-nccl-cu13"
+NCCL_PIN = "requirements/nccl-gpu.txt"
+# extra -> the pins its environment installs over its lock (pip install --no-deps -r FILE)
+OVERRIDES = {"verl-gpu": NCCL_PIN}
 PROJECT = "verl-vllm-rm"
 # settings that change which packages pip sees (certificates and time-outs stay as the machine has them)
 _WHERE_PIP_LOOKS = ("PIP_FIND_LINKS", "PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_NO_INDEX", "PIP_CONSTRAINT",
@@ -68,6 +77,26 @@ def read_lock(path: Path) -> dict[str, str]:
     return pins
 
 
+def installed_set(extra: str, root: Path = REPO_ROOT) -> dict[str, str]:
+    """What the environment of ``extra`` holds once installed: its lock, then its overrides on top."""
+    pins = read_lock(root / LOCKS[extra])
+    if extra in OVERRIDES:
+        pins.update(read_lock(root / OVERRIDES[extra]))
+    return pins
+
+
+def write_nccl_pin(path: Path, version: str) -> None:
+    path.write_text(
+        "# The one NCCL both GPU environments run: the weight publish is an NCCL broadcast between them, and NCCL\n"
+        "# refuses a peer of another version when the communicator forms (\"Mismatched NCCL version\").\n"
+        "# torch 2.11 (the trainer's, pinned by verl 0.9.1's vLLM 0.24) declares an older exact version than torch\n"
+        "# 2.13 (the server's); pip has no override, so the trainer's environment installs this one after its lock\n"
+        "# (`pip install --no-deps -r requirements/nccl-gpu.txt`): the newer library keeps the older one's API.\n"
+        "# Written by `make lock-gpu` from the server's set (verl_vllm_rm/dev/gpu_lock.py).\n"
+        f"{NCCL}=={version}\n"
+    )
+
+
 def write_lock(path: Path, extra: str, pins: dict[str, str]) -> None:
     header = (f"# What `pip install \".[{extra}]\"` installs, resolved from the package index alone on "
               f"{platform.system()} {platform.machine()}, CPython {platform.python_version()}.\n"
@@ -81,6 +110,9 @@ def main() -> None:
         pins = resolve(["-e", f".[{extra}]"])
         write_lock(REPO_ROOT / lock, extra, pins)
         print(f"{lock}: {len(pins)} packages")
+        if extra == "server-gpu":
+            write_nccl_pin(REPO_ROOT / NCCL_PIN, pins[NCCL])
+            print(f"{NCCL_PIN}: {NCCL}=={pins[NCCL]}")
 
 
 if __name__ == "__main__":

@@ -43,6 +43,11 @@ class TinyRMSpec(QwenShape):
     init_seed: int | None = None  # other weights on the same tokenizer (an ensemble's second RM)
 
 
+# The ~100M-parameter RM of the benchmarks and of the weight-sync memory test (101.5M with its head; fp32: 406 MB)
+RM_100M = TinyRMSpec(hidden_size=768, intermediate_size=2048, num_hidden_layers=16, num_attention_heads=12,
+                     num_key_value_heads=4)
+
+
 def build_tokenizer(spec: TinyRMSpec):
     """Train a byte-level BPE tokenizer and wrap it for ``save_pretrained``."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers

@@ -14,6 +14,9 @@ torch only: the trainer, the server and the benchmark's raw receiver share it.
 from __future__ import annotations
 
 import datetime
+import os
+import threading
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterable, Iterator, Sequence
 
@@ -47,8 +50,8 @@ def transport_mismatch(transport: str, server_nccl: str | None, trainer_nccl: st
                 "on a GPU, or start the server with --weight-update-backend gloo")
     if server_nccl != trainer_nccl:
         return (f"the server's NCCL is {server_nccl} and this trainer's is {trainer_nccl}; NCCL refuses peers of "
-                f"another version: install one NCCL in both environments (e.g. pip install nvidia-nccl-cu13=="
-                f"{server_nccl} in the trainer's, or the trainer's version in the server's)")
+                f"another version: install one NCCL in both environments (e.g. pip install --no-deps nvidia-nccl-cu13=="
+                f"{server_nccl} in the trainer's, as `make setup DEVICE=gpu` does from requirements/nccl-gpu.txt)")
     return None
 
 
@@ -111,10 +114,12 @@ class BufferPool:
 
     A fresh 64 MiB buffer costs its page faults again on every use, which on a
     CPU costs as much as the copy itself; reusing a few buffers pays them once.
+    ``pin_memory``: host buffers a CUDA device copies to and from at full speed.
     """
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, pin_memory: bool = False) -> None:
         self.device = device
+        self.pin_memory = pin_memory
         self.buffers: list[torch.Tensor] = []
 
     def get(self, index: int, nbytes: int) -> torch.Tensor:
@@ -122,8 +127,14 @@ class BufferPool:
         while len(self.buffers) <= index:
             self.buffers.append(torch.empty(0, dtype=torch.uint8, device=self.device))
         if self.buffers[index].numel() < nbytes:
-            self.buffers[index] = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+            self.buffers[index] = self.buffers[index].new_empty(0)  # the old one is freed before the new is made
+            self.buffers[index] = torch.empty(nbytes, dtype=torch.uint8, device=self.device,
+                                              pin_memory=self.pin_memory)
         return self.buffers[index][:nbytes]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.numel() for b in self.buffers)
 
 
 def pack(bucket: Bucket, tensors: Iterable[torch.Tensor], out: torch.Tensor) -> torch.Tensor:
@@ -136,6 +147,29 @@ def pack(bucket: Bucket, tensors: Iterable[torch.Tensor], out: torch.Tensor) -> 
 def unpack(bucket: Bucket, buffer: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
     for slot in bucket.slots:
         yield slot.spec.name, slot_view(buffer, slot)
+
+
+# torch reads these when a ProcessGroupNCCL is constructed (its constructor's getCvarBool): with blocking wait, a
+# failed or timed-out collective is aborted and raises from ``wait()``, and no watchdog thread is started, so none
+# tears the process down (torch's default, TORCH_NCCL_ASYNC_ERROR_HANDLING=3, kills it after the timeout).
+NCCL_RAISES_ENV = {"TORCH_NCCL_BLOCKING_WAIT": "1"}
+_environment_lock = threading.Lock()
+
+
+@contextmanager
+def _environment(values: dict[str, str]):
+    """``values`` in ``os.environ`` for the block only (one block at a time), then the process's own again."""
+    with _environment_lock:
+        saved = {name: os.environ.get(name) for name in values}
+        os.environ.update(values)
+        try:
+            yield
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
 
 
 @dataclass
@@ -176,7 +210,9 @@ def open_group(
     Blocks until all ``world_size`` ranks have joined, for at most ``join_timeout_s``
     (default ``timeout_s``) on the store and the rendezvous. Every collective on the
     group then fails after ``timeout_s`` instead of hanging, which is what lets a
-    server survive a trainer that dies mid-transfer.
+    server survive a trainer that dies mid-transfer: gloo raises from ``wait()``, and an
+    NCCL group is built in blocking-wait mode (:data:`NCCL_RAISES_ENV`) so that it
+    raises too, where torch's default would kill the process.
     """
     if backend not in BACKENDS:
         raise ValueError(f"unknown transport backend {backend!r}; use one of {list(BACKENDS)}")
@@ -197,7 +233,8 @@ def open_group(
     else:
         options = dist.ProcessGroupNCCL.Options()
         options._timeout = timeout  # NCCL connects lazily, through the store, at the first collective
-        group = dist.ProcessGroupNCCL(prefixed, rank, world_size, options)
+        with _environment(NCCL_RAISES_ENV):
+            group = dist.ProcessGroupNCCL(prefixed, rank, world_size, options)
     if join != timeout:
         store.set_timeout(timeout)
     return TransferGroup(store, group, rank, world_size, device)

@@ -80,7 +80,14 @@ class TransferSession:
         thread.start()
         body = {"master_address": self.master_address, "master_port": port, "session": session,
                 "timeout_s": self.timeout_s}
-        self.http.post("/init_communicator", body, timeout_s=self.timeout_s + 30)
+        try:
+            self.http.post("/init_communicator", body, timeout_s=self.timeout_s + 30)
+        except HttpError as e:
+            if e.status is not None and e.status < 500:
+                raise WeightUpdateRefused(e.message) from None
+            raise WeightSyncError(
+                f"the server did not join this trainer's transfer group at {self.master_address}:{port}: {e.message}"
+                " (is that address reachable from the server? set the publisher's master_address)") from None
         thread.join(self.timeout_s + 30)
         if "group" not in result:
             raise WeightSyncError(f"could not open the transfer group: {result.get('error', 'timed out')}")

@@ -24,11 +24,18 @@ from verl_vllm_rm.server.weights.worker_extension import ABORT_PHASE
 
 logger = logging.getLogger(__name__)
 
-RECEIVE_POLL_S = 0.005
+RECEIVE_POLL_S = 0.005  # the wait between polls; with several workers it doubles, up to RECEIVE_POLL_MAX_S
+# With several workers (tensor parallelism) a poll is a ``collective_rpc`` through vLLM's message queue, after which
+# each worker busy-loops for 1 s, on the cores its receive needs (vLLM-CPU binds a worker to its cores). Polls
+# every few ms kept them spinning for the whole transfer and starved it (a 406 MB update into a TP 2 CPU server
+# timed out); backing off past the busy loop lets them sleep while the buckets arrive. One worker is called
+# in-process: no busy loop, no back-off.
+RECEIVE_POLL_MAX_S = 2.0  # longer than the busy loop (vLLM's MessageQueue busy_loop_s = 1 s)
 
 
-async def _receive(engine, specs: list[ParamSpec], bucket_bytes: int) -> None:
-    """Start the workers' background receive and wait for it without blocking the engine.
+async def _receive(engine, specs: list[ParamSpec], bucket_bytes: int, workers: int) -> dict[str, int]:
+    """Start the workers' background receive and wait for it without blocking the engine; returns the most
+    bytes a worker holds for updates on its device and on the host.
 
     A long ``collective_rpc`` would hold the engine's loop (and every score) for the
     whole transfer; short polls let scoring go on with the old weights meanwhile.
@@ -38,9 +45,14 @@ async def _receive(engine, specs: list[ParamSpec], bucket_bytes: int) -> None:
     await engine.start_weight_update()
     info = {"params": [s.to_json() for s in specs], "bucket_bytes": bucket_bytes}
     await engine.update_weights(WeightTransferUpdateRequest({**info, "phase": "begin"}))
+    wait_s = RECEIVE_POLL_S
     while not all(await engine.collective_rpc("rm_receive_done")):
-        await asyncio.sleep(RECEIVE_POLL_S)
+        await asyncio.sleep(wait_s)
+        wait_s = min(2 * wait_s, RECEIVE_POLL_MAX_S) if workers > 1 else wait_s
     await engine.update_weights(WeightTransferUpdateRequest({**info, "phase": "join"}))
+    held = await engine.collective_rpc("rm_receive_memory")
+    return {"receive_device_bytes": max(h["device_bytes"] for h in held),
+            "staged_host_bytes": max(h["host_bytes"] for h in held)}
 
 
 async def _drop_session(app: FastAPI, record: dict[str, Any], error: BaseException) -> None:
@@ -62,7 +74,7 @@ async def apply_update(app: FastAPI, specs: list[ParamSpec], mode: RewardModelTr
     t0 = time.monotonic()
     state.pending_update = version
     try:
-        await _receive(app.state.engine_client, specs, bucket_bytes)
+        record.update(await _receive(app.state.engine_client, specs, bucket_bytes, app.state.reward.world_size))
         record["receive_s"] = time.monotonic() - t0
         if deferred:
             state.staged_update = record

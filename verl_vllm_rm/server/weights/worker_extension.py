@@ -14,6 +14,16 @@ touched in ``finish_weight_update`` through vLLM's layerwise reload (plain
 update touches. A transfer that dies halfway therefore leaves the old weights
 serving, never a mix.
 
+Memory: an update is received one bucket at a time into a single buffer on the
+worker's device, and each bucket is copied out to host memory (pinned with
+CUDA) before the next arrives. The device never holds more than one bucket of
+an update, whatever its size (a full 7B bf16 update is ~14 GB, more than the
+memory vLLM leaves free on most cards); the staged update waits on the host,
+and the reload then materializes one layer at a time on the device (vLLM's
+layerwise reload), copying that layer's weights from the host. One code path
+on every device: on a CPU worker the copy-out is a memcpy, and the test of the
+bound measures it there (tests/weight_sync/test_tensor_parallel.py).
+
 Joining the trainer's group runs on a thread as well (``init_weight_transfer_engine``
 with ``phase`` ``begin``, polled with ``rm_join_done``, then ``finish``): a trainer
 address that never answers neither stalls scoring nor leaves a half-joined group
@@ -84,7 +94,9 @@ class ProcessGroupWeightTransferEngine(WeightTransferEngine[ProcessGroupInitInfo
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.group: TransferGroup | None = None
-        self.staging: BufferPool | None = None  # kept between updates: see BufferPool
+        # both kept between updates (see BufferPool): the one bucket on the device, the staged update on the host
+        self.landing: BufferPool | None = None
+        self.staging: BufferPool | None = None
         self.staged: list[tuple[str, torch.Tensor]] = []
         self.receiver: threading.Thread | None = None
         self.receive_error: BaseException | None = None
@@ -169,15 +181,26 @@ class ProcessGroupWeightTransferEngine(WeightTransferEngine[ProcessGroupInitInfo
             raise RuntimeError(f"receiving the weights failed: {type(error).__name__}: {error}") from error
 
     def receive_weights(self, update_info: ProcessGroupUpdateInfo) -> None:
+        """Each bucket lands in the one device buffer, then goes to its own host buffer (see the module)."""
         specs = [ParamSpec.from_json(p) for p in update_info.params]
-        if self.staging is None or self.staging.device != self.group.device:
-            self.staging = BufferPool(self.group.device)
+        device = self.group.device
+        if self.landing is None or self.landing.device != device:
+            self.landing = BufferPool(device)
+        if self.staging is None:
+            self.staging = BufferPool(torch.device("cpu"), pin_memory=device.type == "cuda")
         staged: list[tuple[str, torch.Tensor]] = []
         for i, bucket in enumerate(plan_buckets(specs, update_info.bucket_bytes)):
-            buffer = self.staging.get(i, bucket.nbytes)
-            self.group.broadcast(buffer, root=0).wait()
-            staged.extend(unpack(bucket, buffer))
+            landing = self.landing.get(0, bucket.nbytes)
+            self.group.broadcast(landing, root=0).wait()
+            host = self.staging.get(i, bucket.nbytes)
+            host.copy_(landing)  # blocking: the landing buffer is free for the next bucket when this returns
+            staged.extend(unpack(bucket, host))
         self.staged = staged
+
+    def receive_memory(self) -> dict[str, int]:
+        """Bytes this worker holds for updates: on its device (one bucket at most) and staged on the host."""
+        return {"device_bytes": self.landing.nbytes if self.landing else 0,
+                "host_bytes": self.staging.nbytes if self.staging else 0}
 
     def finish_weight_update(self) -> None:
         from vllm.model_executor.model_loader.reload import (
@@ -245,11 +268,18 @@ class WeightSyncWorkerExtension:
         """Whether the background receive of the current update has ended (polled by the server)."""
         return self.weight_transfer_engine.receive_done()
 
+    def rm_receive_memory(self) -> dict[str, int]:
+        """Bytes held for weight updates, on the worker's device and on the host (see ``receive_weights``)."""
+        return self.weight_transfer_engine.receive_memory()
+
     def rm_weight_inventory(self) -> dict[str, Any]:
-        """Checkpoint-format names and shapes the model loads, in the server's dtype.
+        """Checkpoint-format names and shapes the model loads, each in the dtype the server keeps it in.
 
         Read once from the model's own weight files through vLLM's loader (the
-        same names ``load_weights`` accepts), plus the model's fused modules.
+        same names ``load_weights`` accepts), plus the model's fused modules. A
+        weight's dtype is its parameter's in the served model: vLLM keeps a pooling
+        model's head in fp32 (``model_config.head_dtype``) under a bf16 backbone,
+        and a head published in bf16 would lose what the trainer's fp32 head has.
         """
         from vllm.model_executor.model_loader import get_model_loader
 
@@ -258,10 +288,15 @@ class WeightSyncWorkerExtension:
         model = self.model_runner.get_model()
         model_config = self.vllm_config.model_config
         loader = get_model_loader(self.vllm_config.load_config)
+        fused = dict(getattr(model, "packed_modules_mapping", {}) or {})
+        modules = dict(model.named_modules())
         params = []
         for name, tensor in loader.get_all_weights(model_config, model):
-            dtype = model_config.dtype if tensor.is_floating_point() else tensor.dtype
+            dtype = tensor.dtype
+            if tensor.is_floating_point():
+                served = getattr(modules.get(module_key(name, fused)), name.rpartition(".")[2], None)
+                floating = isinstance(served, torch.Tensor) and served.is_floating_point()
+                dtype = served.dtype if floating else model_config.dtype
             params.append({"name": name, "dtype": dtype_name(dtype), "shape": list(tensor.shape)})
-        fused = dict(getattr(model, "packed_modules_mapping", {}) or {})
         return {"params": params, "fused_modules": {k: list(v) for k, v in fused.items()},
                 "nccl_version": nccl_version()}
