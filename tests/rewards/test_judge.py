@@ -83,7 +83,6 @@ def test_ranking_scores_spread_best_to_worst_over_minus_one_to_one():
 
 
 def _gallery_evaluators():
-    pytest.importorskip("rm_gallery")
     from rm_gallery.gallery.evaluation.llm_judge.evaluators.listwise import ListwiseEvaluator
     from rm_gallery.gallery.evaluation.llm_judge.evaluators.pairwise import PairwiseEvaluator
 

@@ -7,7 +7,11 @@ from __future__ import annotations
 import json
 import subprocess
 
+import pytest
+
 from verl_vllm_rm.replicas.launcher import find_server_python
+
+pytestmark = pytest.mark.server  # runs in the server's environment (.venv-server's vLLM), like every server test
 
 CHECK_JUDGE_ARGS = """
 import json, sys
