@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from verl_vllm_rm.replicas.options import ReplicaOptions
+from verl_vllm_rm.replicas.options import ReplicaOptions, replica_gpus_available
 
 
 @pytest.mark.parametrize(("server_args", "gpus"), [
@@ -25,3 +25,12 @@ def test_a_number_is_taken_as_given_and_too_few_for_the_parallelism_is_refused()
     with pytest.raises(ValueError, match=r"replicas.gpus_per_replica=1 is less than the 2 GPUs its server_args' "
                                          r"tensor/pipeline parallelism use: set it to 2, or leave it unset"):
         ReplicaOptions(model="/rm", gpus_per_replica=1, server_args=("--tensor-parallel-size", "2"))
+
+
+def test_verls_cpu_platform_has_no_gpus_for_replicas():
+    """The CPU harness gives Ray one stand-in GPU for verl's own pools (VERL_PLATFORM=cpu): replicas asking for it
+    would wait for a GPU verl's actor holds, so on verl's CPU platform they get CPU bundles."""
+    assert replica_gpus_available({"GPU": 8.0, "CPU": 64.0}, environ={}) == 8.0
+    assert replica_gpus_available({"CPU": 2.0}, environ={}) == 0.0
+    assert replica_gpus_available({"GPU": 1.0, "CPU": 2.0}, environ={"VERL_PLATFORM": "cpu"}) == 0.0
+    assert replica_gpus_available({"GPU": 8.0}, environ={"VERL_PLATFORM": "cuda"}) == 8.0

@@ -26,7 +26,7 @@ from typing import Any, Mapping
 
 from verl_vllm_rm.client.http import HttpError, get_json
 from verl_vllm_rm.replicas.metrics import replica_step_metrics
-from verl_vllm_rm.replicas.options import ReplicaOptions
+from verl_vllm_rm.replicas.options import ReplicaOptions, replica_gpus_available
 from verl_vllm_rm.replicas.replica import ServerReplica
 
 logger = logging.getLogger(__name__)
@@ -67,7 +67,7 @@ class ReplicaFleet:
         from ray.util.placement_group import placement_group
 
         self.name, self.options, self.api_key = name, options, api_key
-        self.gpus = options.gpus_on(ray.cluster_resources().get("GPU", 0.0))
+        self.gpus = options.gpus_on(replica_gpus_available(ray.cluster_resources()))
         bundle = {"CPU": options.cpus_per_replica}
         if self.gpus:
             bundle["GPU"] = self.gpus

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Mapping
 
 from verl_vllm_rm.options import check_ranges
 
@@ -58,6 +59,14 @@ class ReplicaOptions:
         if self.gpus_per_replica is not None:
             return self.gpus_per_replica
         return float(self.model_parallel_size) if cluster_gpus > 0 else 0.0
+
+
+def replica_gpus_available(resources: Mapping[str, float], environ: Mapping[str, str] = os.environ) -> float:
+    """The GPUs replicas may ask Ray for: the cluster's, or none when verl runs on its CPU platform
+    (``VERL_PLATFORM=cpu``, as the CPU harness runs it), whose Ray GPU is a stand-in that verl's own pools hold."""
+    if environ.get("VERL_PLATFORM", "").strip().lower() == "cpu":
+        return 0.0
+    return float(resources.get("GPU", 0.0))
 
 
 def _flag_value(args: tuple[str, ...], names: tuple[str, ...]) -> str | None:
