@@ -26,7 +26,7 @@ from verl_vllm_rm.protocol.inventory import Inventory, WeightUpdateRefused
 from verl_vllm_rm.protocol.names import RewardModelTrainingMode
 from verl_vllm_rm.protocol.wire import DEFAULT_BUCKET_BYTES, nccl_version, plan_buckets, transport_mismatch
 from verl_vllm_rm.weight_sync.selection import Outgoing, StateDictLike, select_update
-from verl_vllm_rm.weight_sync.transfer import TransferSession, WeightSyncError, local_address_towards
+from verl_vllm_rm.weight_sync.transfer import TransferSession, WeightSyncError, is_refusal, local_address_towards
 
 logger = logging.getLogger(__name__)
 
@@ -212,7 +212,7 @@ class RewardModelPublisher(ClosedOnExit):
         try:
             return self.http.post(path, {"version": version})
         except HttpError as e:
-            if e.status is not None and e.status < 500:
+            if is_refusal(e):
                 raise WeightUpdateRefused(e.message) from None
             raise WeightSyncError(f"{path} for version {version} failed: {e.cause}") from None
 

@@ -29,6 +29,11 @@ class WeightSyncError(RuntimeError):
     """A transfer that was accepted but did not complete; the server keeps its old weights."""
 
 
+def is_refusal(error: HttpError) -> bool:
+    """A 4xx: the server refused the request before anything changed (a :class:`WeightUpdateRefused`)."""
+    return error.status is not None and error.status < 500
+
+
 def local_address_towards(url: str) -> str:
     """The address the server can reach this trainer at (the interface that routes to it)."""
     host = urllib.parse.urlparse(url).hostname or "127.0.0.1"
@@ -83,7 +88,7 @@ class TransferSession:
         try:
             self.http.post("/init_communicator", body, timeout_s=self.timeout_s + 30)
         except HttpError as e:
-            if e.status is not None and e.status < 500:
+            if is_refusal(e):
                 raise WeightUpdateRefused(e.message) from None
             raise WeightSyncError(
                 f"the server did not join this trainer's transfer group at {self.master_address}:{port}: {e.message}"
@@ -126,7 +131,7 @@ class TransferSession:
                     self.drop()  # the server dropped the session (an earlier failure): rejoin
                     self.connect()
                     continue
-                raise (WeightUpdateRefused(e.message) if e.status is not None and e.status < 500 else e) from None
+                raise (WeightUpdateRefused(e.message) if is_refusal(e) else e) from None
             if first.get("status") != "accepted":
                 raise WeightSyncError(f"unexpected answer from the server: {first}")
             return lines
