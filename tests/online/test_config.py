@@ -16,6 +16,7 @@ BASE = {"model_path": "/rm", "server_url": "http://rm:1"}
     ("micro_batch_size_per_gpu", 0, r"online_rm: micro_batch_size_per_gpu must be >= 1, got 0"),
     ("num_workers", 0, r"online_rm: num_workers must be >= 1, got 0"),
     ("lr", 0.0, r"online_rm: lr must be > 0, got 0.0"),
+    ("placement_timeout_s", 0, r"online_rm: placement_timeout_s must be > 0, got 0"),
     ("fsdp_size", 0, r"online_rm: fsdp_size must be -1 \(all RM ranks\) or >= 1, got 0"),
     ("max_grad_norm", 1.0, r"unknown online_rm option\(s\) \['max_grad_norm'\]; valid options are: .*clip_grad"),
 ])
