@@ -24,6 +24,8 @@ class Faults:
     corrupt: str | None = None  # "nan", "count", "nonjson" (half a body), "index", "truncated" (cut mid-body)
     corrupt_times: int | None = None  # corrupt this many /score (or judge) answers (None: all of them)
     drop: bool = False  # close the connection without answering
+    hang: bool = False  # never answer, /health included (a stopped server: port open, nobody home) until stop()
+    delay_path: str | None = None  # delay_s only for this path (None: every path)
 
 
 @dataclass
@@ -68,9 +70,13 @@ class FaultProxy:
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
-        self.requests.append({"path": request.path, "headers": dict(request.headers), "body": body})
+        record = {"path": request.path, "headers": dict(request.headers), "body": body}
+        self.requests.append(record)
         f = self.faults
-        if f.delay_s:
+        if f.hang:
+            await self._stop.wait()
+            return web.Response(status=503)
+        if f.delay_s and f.delay_path in (None, request.path):
             await asyncio.sleep(f.delay_s)
         if f.drop:
             request.transport.close()
@@ -82,6 +88,7 @@ class FaultProxy:
         async with self._session.request(request.method, self.upstream + request.path_qs, data=body,
                                          headers=headers) as up:
             status, text = up.status, await up.text()
+        record["answer"] = text  # what the upstream said (before any corruption)
         if f.corrupt and request.path in ("/score", "/v1/chat/completions") and status == 200 and f.corrupt_times != 0:
             if f.corrupt_times is not None:
                 f.corrupt_times -= 1

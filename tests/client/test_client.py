@@ -233,16 +233,67 @@ def test_connect_timeout_is_honoured(blackhole, rm_server, tokenizer, hf_model, 
 
 
 def test_request_timeout_bounds_each_attempt(fault_proxy, texts):
-    """``request_timeout_s`` is the total time of one attempt: a server that answers after 5 s is cut at
-    0.5 s each time although the read timeout is 60 s, and every attempt gets its own 0.5 s."""
-    fault_proxy.faults.delay_s = 5.0
-    client = VLLMRewardClient(fault_proxy.url, request_timeout_s=0.5, read_timeout_s=60, max_retries=2, **FAST)
-    t0 = time.monotonic()
+    """``request_timeout_s`` is the total time of one attempt: a server that never answers is cut at 0.5 s each
+    time although the read timeout is an hour (and no fail-over check comes first), and every attempt gets its own
+    0.5 s: three attempts, each timed out on the total."""
+    fault_proxy.faults.hang = True
+    client = VLLMRewardClient(fault_proxy.url, request_timeout_s=0.5, read_timeout_s=3600, failover_after_s=3600,
+                              max_retries=2, **FAST)
     with pytest.raises(RewardServerError, match=r"after 3 attempt\(s\).*timed out \(limits: total 0\.5s"):
         run(client, client.score_batch(texts[:1]))
-    elapsed = time.monotonic() - t0
-    assert len(fault_proxy.requests) == 3
-    assert 1.4 < elapsed < 4.0  # three attempts of 0.5 s, not one 5 s answer
+    assert [r["path"] for r in fault_proxy.requests] == ["/score"] * 3
+
+
+@pytest.fixture()
+def hung_and_live(rm_server):
+    """Two proxies in front of the session server: ``hung`` never answers (a stopped server), ``live`` forwards."""
+    from fault_proxy import FaultProxy
+
+    hung, live = FaultProxy(rm_server.url).start(), FaultProxy(rm_server.url).start()
+    hung.faults.hang = True
+    yield hung, live
+    hung.stop(), live.stop()
+
+
+def test_a_hung_server_fails_over_once_its_health_check_times_out(hung_and_live, tokenizer, hf_model, texts):
+    """Requests that meet a hung server (it accepts, never answers, /health included) are moved to the live one
+    once ``failover_after_s`` passed and ``/health`` did not answer within ``health_timeout_s``: every score is
+    right, although the read and total timeouts are an hour (so only the fail-over can have ended those attempts).
+    The hung server is then out of routing: a second batch meets its /health check at most, never a /score."""
+    hung, live = hung_and_live
+    ids = [tokenizer(t).input_ids for t in texts[:8]]
+    client = VLLMRewardClient([hung.url, live.url], failover_after_s=0.5, health_timeout_s=0.5, read_timeout_s=3600,
+                              request_timeout_s=3600, endpoint_cooldown_s=3600, max_batch_seqs=1, max_retries=2,
+                              **FAST)
+
+    async def two_batches():
+        first = await asyncio.gather(*(client.score_request([x]) for x in ids))
+        hung.requests.clear()
+        second = await client.score_batch(ids)
+        return first, second
+
+    first, second = run(client, two_batches())
+    expected = sequence_scores(hf_model, ids)
+    assert max(abs(s[0] - e) for s, e in zip(first, expected)) < 1e-4
+    assert max(abs(a - b) for a, b in zip(second, expected)) < 1e-4
+    stats = client.endpoint_stats()
+    assert stats[hung.url]["hangs"] >= 1, stats  # least-outstanding routing sent some of 8 to each server
+    assert stats[hung.url]["failovers"] == sum(s.failovers for s in first) >= 1
+    assert stats[live.url]["hangs"] == stats[live.url]["failovers"] == 0
+    assert [r["path"] for r in hung.requests if r["path"] != "/health"] == []
+
+
+def test_a_busy_server_that_answers_health_keeps_its_request(fault_proxy, tokenizer, hf_model, texts):
+    """A /score answered after 2 s by a server whose /health answers at once is no hang: past failover_after_s
+    (0.2 s) the client checks /health, finds it up and keeps waiting; one /score attempt, no fail-over."""
+    fault_proxy.faults.delay_s, fault_proxy.faults.delay_path = 2.0, "/score"
+    ids = [tokenizer(texts[0]).input_ids]
+    client = VLLMRewardClient(fault_proxy.url, failover_after_s=0.2, health_timeout_s=5, max_retries=2, **FAST)
+    scores = run(client, client.score_request(ids))
+    assert abs(scores[0] - sequence_scores(hf_model, ids)[0]) < 1e-4 and scores.failovers == 0
+    paths = [r["path"] for r in fault_proxy.requests]
+    assert paths.count("/score") == 1 and paths.count("/health") >= 1, paths
+    assert client.endpoint_stats()[fault_proxy.url]["hangs"] == 0
 
 
 COOLDOWN_S = 6.0  # long enough for 5 calls to a loaded 2-core server to fall inside it
@@ -287,6 +338,10 @@ def test_bad_options_are_clear():
         VLLMRewardClient("http://127.0.0.1:1", retries=3)
     with pytest.raises(ConfigError, match="max_retries must be an integer"):
         VLLMRewardClient("http://127.0.0.1:1", max_retries="3")
+    with pytest.raises(ConfigError, match=r"failover_after_s must be > 0, got 0"):
+        VLLMRewardClient("http://127.0.0.1:1", failover_after_s=0)
+    with pytest.raises(ConfigError, match=r"health_timeout_s must be > 0, got -1"):
+        VLLMRewardClient("http://127.0.0.1:1", health_timeout_s=-1)
     with pytest.raises(TypeError, match="all strings or all token-id lists"):
         client = VLLMRewardClient("http://127.0.0.1:1")
         run(client, client.score_batch(["a", [1]]))

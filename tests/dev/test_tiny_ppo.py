@@ -1,6 +1,7 @@
 """``vllm_rm`` inside verl's real ``main_ppo`` (GRPO on CPU through the harness, the real vLLM server):
 the rewards verl trained on are the server's scores of the exact token ids it generated, also across the
-server's SIGKILL and restart in the middle of the run, composed with the rules and a generative judge.
+server's SIGKILL and restart in the middle of the run (a request meets the dead server and is retried), composed with the
+rules and a generative judge (each member ranked as the judge's own answer ranks its response).
 
 The judge (one run for both, as a run costs minutes): every reward holds half the listwise judge's score of
 the response within its group, judged once per group across verl's two reward-loop workers; validation groups
@@ -13,10 +14,13 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
+import struct
 from pathlib import Path
 
 import numpy as np
 import pytest
+from judge_answers import assert_ranks_are_the_judges
 from ppo_runs import expected_totals, generations, tiny_ppo
 
 from verl_vllm_rm.dev.ppo_report import read_dump, read_metrics
@@ -30,16 +34,21 @@ JUDGE_WEIGHT = 0.5
 @pytest.fixture(scope="module")
 def plain_run(tmp_path_factory, tiny_rm, tiny_task, server_args, judge_server) -> dict:
     """vllm_rm in main_ppo: 2 GRPO steps, validation before and after, against a server of this module that is
-    SIGKILLed right after step 1 (step 2 is generating: its rewards meet a dead server) and restarted on its
-    port; retries cover the restart (~25 s). The restarted server stays up for the module's checks. tiny-ppo's
+    SIGKILLed right after step 1 and restarted on its port only once a step-2 request has met the dead port (its
+    connection reset); retries cover the restart (~25 s). The restarted server stays up for the module's checks. tiny-ppo's
     composition gains the listwise judge (weight JUDGE_WEIGHT); validation samples 2 responses a prompt."""
+    from fault_proxy import FaultProxy
+
     port = free_port()
     servers = [start_server(tiny_rm, server_args, port=port)]
+    judge = FaultProxy(judge_server.url).start()  # records what the judge was shown and answered (no fault)
+    met_dead: list[str] = []
 
     def kill_and_restart(step: int, metrics: dict, version: int | None) -> None:
         if step == 1:
             os.killpg(servers[0].process.pid, signal.SIGKILL)
             servers[0].process.wait()
+            met_dead.append(reset_first_connection(port))  # the dead port, until a request of step 2 meets it
             servers.append(start_server(tiny_rm, server_args, port=port))
 
     try:
@@ -48,15 +57,33 @@ def plain_run(tmp_path_factory, tiny_rm, tiny_task, server_args, judge_server) -
                            "+reward.reward_kwargs.max_retries=100", "+reward.reward_kwargs.backoff_max_s=2",
                            "++reward.reward_kwargs.rewards.components=[rubric,verifiable,format,judge]",
                            f"++reward.reward_kwargs.rewards.weights.judge={JUDGE_WEIGHT}",
-                           f"+reward.reward_kwargs.judge={{server_url:'{judge_server.url}',mode:listwise,"
+                           f"+reward.reward_kwargs.judge={{server_url:'{judge.url}',mode:listwise,"
                            "group_timeout_s:120}",
                            "actor_rollout_ref.rollout.val_kwargs.n=2",
                            "actor_rollout_ref.rollout.val_kwargs.do_sample=True"])
         run["servers_started"] = len(servers)
+        run["met_dead"] = met_dead
+        run["judge_requests"] = judge.requests
         yield run
     finally:
+        judge.stop()
         for server in servers:
             server.stop()
+
+
+def reset_first_connection(port: int, timeout_s: float = 600.0) -> str:
+    """Play the dead server on ``port`` until a client connects: that connection is reset (as a server killed
+    mid-request leaves it), the port freed for the restart. Returns the peer that met it (fails after
+    ``timeout_s`` without one: then no request ever met the dead server)."""
+    with socket.socket() as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", port))
+        listener.listen(16)
+        listener.settimeout(timeout_s)
+        conn, peer = listener.accept()
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close = RST
+        conn.close()
+    return f"{peer[0]}:{peer[1]}"
 
 
 @pytest.mark.server
@@ -96,6 +123,7 @@ def test_rewards_verl_trained_on_equal_direct_scores(plain_run):
             checked += 1
     assert checked == 32
     assert plain_run["servers_started"] == 2, "the server was never killed"
+    assert len(plain_run["met_dead"]) == 1  # a step-2 request met the dead server, and (rm_valid 1) was retried
 
 
 @pytest.mark.server
@@ -123,6 +151,9 @@ def test_every_training_reward_holds_the_groups_one_listwise_judgement(plain_run
         assert len(dump) == 16 and all(len(g) == GROUP for g in groups.values())
         for members in groups.values():
             assert sorted(m["judge_rank"] for m in members) == [0.0, 1.0, 2.0, 3.0]  # one ranking per group
+            # each member's rank is the one the judge's own answer gave its response
+            assert_ranks_are_the_judges([(m["output"], m["judge_rank"]) for m in members],
+                                        plain_run["judge_requests"])
             for m in members:
                 assert m["judge_valid"] == 1.0 and m["rm_valid"] == 1.0
                 assert m["judge_score"] == pytest.approx(1 - 2 * m["judge_rank"] / (GROUP - 1))

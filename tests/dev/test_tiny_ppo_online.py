@@ -1,13 +1,17 @@
 """Trainer mode ``vllm_rm_online`` in verl's real ``main_ppo``, the RM on two replicas the plugin starts and
-manages on verl's Ray cluster: one RM step per PPO step, published to both replicas and parity-probed; RM state and
-the RM's whitening statistics in verl's checkpoints and a resumed run (whose fresh replicas get the restored RM
-before its first score); an unreachable reward server (one killed mid-run: test_tiny_ppo.py)."""
+manages on verl's Ray cluster: one RM step per PPO step, published to both replicas and parity-probed; one replica
+frozen (SIGSTOP) for a step and thawed: the run carries on with the other and re-syncs it; RM state and the RM's
+whitening statistics in verl's checkpoints and a resumed run (whose fresh replicas get the restored RM before its
+first score); an unreachable reward server (one killed mid-run: test_tiny_ppo.py); replicas that cannot start."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 
 import numpy as np
+import psutil
 import pytest
 import torch
 from ppo_runs import expected_totals, generations, tiny_ppo
@@ -18,19 +22,66 @@ from verl_vllm_rm.dev.tiny_ppo import TinyPPOConfig, TinyPPOError, run_tiny_ppo
 pytestmark = [pytest.mark.server, pytest.mark.ray]
 
 RM_RANKS = 2  # the RM trains sharded over two ranks of verl's engine (FSDP2)
+FIRST_STEPS = 4  # one replica is frozen after step 1 and thawed after step 2
+RESUMED = FIRST_STEPS + 1  # the step the resumed run trains
+
+
+def replica_servers() -> dict[int, int]:
+    """The managed replicas' server processes now running, by port: servers whose parent is a ServerReplica actor
+    (Ray titles an actor's process ``ray::ServerReplica``)."""
+    found = {}
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            cmd = proc.info["cmdline"] or []
+            if "verl_vllm_rm.server" in cmd and "ServerReplica" in " ".join(proc.parent().cmdline()):
+                found[int(cmd[cmd.index("--port") + 1])] = proc.pid
+        except (psutil.Error, ValueError, IndexError):
+            continue
+    return found
+
+
+class FreezeOneReplica:
+    """``on_step``: after step 1, SIGSTOP one replica's server (its process group: API server and engine; alive,
+    port open, never answering); after step 2, SIGCONT it."""
+
+    def __init__(self) -> None:
+        self.pid: int | None = None
+
+    def __call__(self, step: int, metrics: dict, version: int | None) -> None:
+        if step == 1:
+            servers = replica_servers()
+            assert len(servers) == 2, servers
+            self.pid = servers[min(servers)]
+            os.killpg(self.pid, signal.SIGSTOP)
+        elif step == 2:
+            self.thaw()
+
+    def thaw(self) -> None:
+        if self.pid is not None:
+            os.killpg(self.pid, signal.SIGCONT)
+            self.pid = None
 
 
 @pytest.fixture(scope="module")
 def online_runs(tmp_path_factory, tiny_rm, tiny_task):
-    """2 online steps (a checkpoint each), then the same run resumed to step 3; each run starts its own two
-    replicas (weight version 0); the RM's scores are whitened (running statistics, two reward-loop workers)."""
+    """FIRST_STEPS online steps (a checkpoint each; one replica frozen during step 2), then the same run resumed to
+    one more step; each run starts its own two replicas (weight version 0); the RM's scores are whitened (running
+    statistics, two reward-loop workers). Clients fail over from a hung replica after 2 + 2 s; the fleet restarts
+    one hung for 600 s only, so the frozen one is thawed, not restarted."""
     work = tmp_path_factory.mktemp("ppo_online")
     common = dict(online="full", validate=False, replicas=2,
                   extra_overrides=["trainer.save_freq=1", "+reward.reward_kwargs.whiten=running",
-                                   f"+online_rm.num_workers={RM_RANKS}"])
-    first = tiny_ppo(work, tiny_rm, tiny_task["policy"], None, steps=2, **common)
-    first["metrics"] = dict(read_metrics(work))  # the resumed run writes its own metrics file
-    resumed = tiny_ppo(work, tiny_rm, tiny_task["policy"], None, steps=3, **common)
+                                   f"+online_rm.num_workers={RM_RANKS}", "+reward.reward_kwargs.failover_after_s=2",
+                                   "+reward.reward_kwargs.health_timeout_s=2",
+                                   "+reward.reward_kwargs.replicas.hung_restart_s=600"])
+    freeze = FreezeOneReplica()
+    try:
+        first = tiny_ppo(work, tiny_rm, tiny_task["policy"], None, steps=FIRST_STEPS, on_step=freeze, **common)
+    finally:
+        freeze.thaw()
+    first["metrics"] = dict(read_metrics(work))  # the resumed run writes its own metrics file and report
+    first["report"] = (work / "report.txt").read_text()
+    resumed = tiny_ppo(work, tiny_rm, tiny_task["policy"], None, steps=RESUMED, **common)
     resumed["metrics"] = dict(read_metrics(work))
     return work, first, resumed
 
@@ -40,18 +91,33 @@ def replica_metrics(metrics: dict, replica: int) -> dict[str, float]:
     return {k[len(prefix):]: v for k, v in metrics.items() if k.startswith(prefix)}
 
 
-def test_every_step_trains_publishes_to_both_replicas_and_matches_the_trainer(online_runs):
-    """One publish per PPO step, to both replicas (two-phase), and the worst replica's parity within 1e-4."""
+def test_every_step_trains_publishes_and_matches_the_trainer_with_a_replica_frozen_for_a_step(online_runs):
+    """Step 1 publishes to both replicas (two-phase). One is then frozen: step 2's rewards all come from the one
+    that answers (rm_valid 1 for every sample), the fleet takes the frozen one out of routing, and step 2 publishes
+    to the live one alone. Thawed during step 3, it is behind: out of routing (every step-3 reward is version 2),
+    and step 3's publish re-syncs it (to both again); in step 4 it serves again, on version 3. Versions rise every
+    step; parity holds on every replica published to. Replica metrics are read before the step's RM update."""
     _, first, _ = online_runs
-    assert [s["rm_version"] for s in first["steps"]] == [1, 2]
+    metrics = first["metrics"]
+    assert [s["rm_version"] for s in first["steps"]] == [1, 2, 3, 4]
     for s in first["steps"]:
         assert s["parity_max_abs"] is not None and s["parity_max_abs"] <= 1e-4, s
-        assert first["metrics"][s["step"]]["rm/publish_servers"] == 2
-    for step in (1, 2):  # read before the step's RM update: both routed, on the previous step's version
-        for i in (0, 1):
-            m = replica_metrics(first["metrics"][step], i)
-            assert m["routed"] == 1.0 and m["version"] == step - 1 and m["failures"] == 0.0, m
-    assert all(sum(replica_metrics(first["metrics"][step], i)["inputs"] for step in (1, 2)) > 0 for i in (0, 1))
+    assert [metrics[step]["rm/publish_servers"] for step in (1, 2, 3, 4)] == [2, 1, 2, 2]
+    for i in (0, 1):
+        m = replica_metrics(metrics[1], i)
+        assert m["routed"] == 1.0 and m["version"] == 0 and m["failures"] == 0.0, m
+    frozen = [i for i in (0, 1) if replica_metrics(metrics[2], i)["healthy"] == 0.0]
+    assert len(frozen) == 1, [replica_metrics(metrics[2], i) for i in (0, 1)]
+    frozen, live = frozen[0], 1 - frozen[0]
+    assert replica_metrics(metrics[2], frozen)["evictions"] == 1.0 and metrics[2]["replicas/rm/healthy"] == 1.0
+    assert replica_metrics(metrics[2], live)["routed"] == 1.0
+    thawed = replica_metrics(metrics[3], frozen)
+    assert (thawed["healthy"], thawed["routed"], thawed["version"], thawed["restarts"]) == (1.0, 0.0, 1.0, 0.0)
+    resynced = replica_metrics(metrics[4], frozen)
+    assert (resynced["routed"], resynced["version"], resynced["resyncs"]) == (1.0, 3.0, 1.0), resynced
+    assert resynced["inputs"] > 0  # it takes traffic again
+    assert "replicas of rm: 2 of 2 healthy at step 4; over the run 1 evictions from routing, 1 re-syncs, " \
+           "0 restarts" in first["report"]
 
 
 def test_each_rm_rank_holds_half_of_the_rms_training_state(online_runs, tiny_rm):
@@ -61,23 +127,24 @@ def test_each_rm_rank_holds_half_of_the_rms_training_state(online_runs, tiny_rm)
 
     whole = 16 * sum(p.numel() for p in AutoModelForSequenceClassification.from_pretrained(tiny_rm).parameters())
     _, first, _ = online_runs
-    for step in (1, 2):
+    for step in range(1, FIRST_STEPS + 1):
         m = first["metrics"][step]
         assert m["rm/ranks"] == RM_RANKS and m["rm/state_bytes_all_ranks"] == pytest.approx(whole, rel=0.01)
         assert m["rm/state_bytes"] == pytest.approx(whole / RM_RANKS, rel=0.01)
 
 
 def test_online_steps_log_reward_metrics_the_weight_version_and_drift(online_runs):
-    """vllm_rm_online has trainer mode vllm_rm's metrics; step N's rollouts were scored by the weights published
-    after step N-1; the RM's drift on the probe set is measured every step and moves once the RM has trained."""
+    """vllm_rm_online has trainer mode vllm_rm's metrics; step N's rollouts were all scored (by an answering
+    replica: one was frozen in step 2) with the weights published after step N-1; the RM's drift on the probe set
+    is measured every step and moves once the RM has trained."""
     _, first, _ = online_runs
     metrics = first["metrics"]
-    for step in (1, 2):
+    for step in range(1, FIRST_STEPS + 1):
         m = metrics[step]
         assert m["reward/rm_valid_share"] == 1.0 and "reward/rm_score/mean" in m and "alarm/dead_groups" in m
         assert m["reward/rm_weight_version/min"] == m["reward/rm_weight_version/max"] == step - 1
         assert m["drift/mean_abs_change"] >= 0 and -1.0 <= m["alarm/drift_rank_corr"] <= 1.0
-    assert max(metrics[s]["drift/mean_abs_change"] for s in (1, 2)) > 0
+    assert max(metrics[s]["drift/mean_abs_change"] for s in range(1, FIRST_STEPS + 1)) > 0
 
 
 def rm_at(folder) -> tuple[torch.nn.Module, int]:
@@ -92,26 +159,26 @@ def rm_at(folder) -> tuple[torch.nn.Module, int]:
 
 def test_rm_state_is_in_verls_checkpoint_and_the_resumed_replicas_score_with_it(online_runs, tiny_rm):
     """The resumed run's replicas are new (version 0): the trainer starts them at set-up and publishes the RM
-    restored from global_step_2 to both before anything is scored, so every step-3 RM score is that RM's score of
-    the exact tokens verl generated; step 3 then publishes again, with parity."""
+    restored from global_step_4 to both before anything is scored, so every step-5 RM score is that RM's score of
+    the exact tokens verl generated; step 5 then publishes again, with parity."""
     from transformers import AutoTokenizer
 
     from verl_vllm_rm.parity.reference import sequence_scores
 
     work, _, resumed = online_runs
-    for step in (1, 2, 3):
+    for step in range(1, RESUMED + 1):
         folder = work / "checkpoints" / f"global_step_{step}" / "online_rm"
         assert [(folder / f"model_world_size_{RM_RANKS}_rank_{r}.pt").is_file() for r in range(RM_RANKS)] == [True] * 2
-    assert [s["step"] for s in resumed["steps"]] == [3]  # verl resumed from global_step_2
-    assert resumed["steps"][0]["rm_version"] == 2  # the resume published 1, step 3 published 2
+    assert [s["step"] for s in resumed["steps"]] == [RESUMED]  # verl resumed from global_step_4
+    assert resumed["steps"][0]["rm_version"] == 2  # the resume published 1, step 5 published 2
     assert resumed["steps"][0]["parity_max_abs"] <= 1e-4
     for i in (0, 1):
-        m = replica_metrics(resumed["metrics"][3], i)
+        m = replica_metrics(resumed["metrics"][RESUMED], i)
         assert m["routed"] == 1.0 and m["version"] == 1.0 and m["restarts"] == 0.0, m
-    restored, steps = rm_at(work / "checkpoints" / "global_step_2" / "online_rm")
-    assert steps == 2 and rm_at(work / "checkpoints" / "global_step_3" / "online_rm")[1] == 3
+    restored, steps = rm_at(work / "checkpoints" / f"global_step_{FIRST_STEPS}" / "online_rm")
+    assert steps == FIRST_STEPS and rm_at(work / "checkpoints" / f"global_step_{RESUMED}" / "online_rm")[1] == RESUMED
     tokenizer = AutoTokenizer.from_pretrained(resumed["policy"])
-    dump = read_dump(work, 3)
+    dump = read_dump(work, RESUMED)
     rows = expected_totals(dump, generations(work), tokenizer, lambda seqs: sequence_scores(restored, seqs))
     assert len(rows) == 16
     for row, candidates, _ in rows:
@@ -120,11 +187,11 @@ def test_rm_state_is_in_verls_checkpoint_and_the_resumed_replicas_score_with_it(
 
 def test_whitening_statistics_are_saved_with_the_rm_and_continue_in_the_resumed_run(online_runs):
     """Each checkpoint's whitening.json (beside the RM's state) holds the running statistics of every raw RM
-    score of the run so far, merged over both reward-loop workers; the resumed run's workers started from step 2's
-    file, so step 3's counts every score of steps 1-3 once."""
+    score of the run so far, merged over both reward-loop workers; the resumed run's workers started from step 4's
+    file, so step 5's counts every score of steps 1-5 once."""
     work = online_runs[0]
-    raw = {step: [row["rm_score_rm"] for row in read_dump(work, step)] for step in (1, 2, 3)}
-    for step in (1, 2, 3):
+    raw = {step: [row["rm_score_rm"] for row in read_dump(work, step)] for step in range(1, RESUMED + 1)}
+    for step in range(1, RESUMED + 1):
         path = work / "checkpoints" / f"global_step_{step}" / "online_rm" / "whitening.json"
         saved = json.loads(path.read_text())["reward_models"]["rm"]
         seen = np.array([x for s in range(1, step + 1) for x in raw[s]], dtype=float)
@@ -132,7 +199,7 @@ def test_whitening_statistics_are_saved_with_the_rm_and_continue_in_the_resumed_
         assert saved["mean"] == pytest.approx(seen.mean(), abs=1e-6)
         assert saved["m2"] == pytest.approx(((seen - seen.mean()) ** 2).sum(), rel=1e-6)
     # the whitened score is what the ensemble (here: the one RM) used
-    row = read_dump(work, 3)[0]
+    row = read_dump(work, RESUMED)[0]
     assert row["rm_score"] == pytest.approx(row["rm_scaled_rm"])
 
 
@@ -147,4 +214,19 @@ def test_unreachable_server_stops_the_run_naming_it(tmp_path, tiny_rm, tiny_task
     assert "main_ppo exited with code" in str(err.value)
     log = (cfg.work_dir / "main_ppo.log").read_text(errors="replace")
     assert "RewardServerError" in log and dead_url.split("//")[1] in log
+    assert not [step for step, m in read_metrics(cfg.work_dir) if "training/global_step" in m]
+
+
+def test_replicas_that_cannot_start_stop_the_run_at_set_up_with_the_engines_error(tmp_path, tiny_rm, tiny_task):
+    """Both replicas' model path is wrong: main_ppo stops at set-up (no step) with the fleet's error, which carries
+    each replica's own last lines (the server's refusal of the path)."""
+    missing = tmp_path / "no-such-rm"
+    cfg = TinyPPOConfig(tmp_path / "bad", steps=1, rm=tiny_rm, policy=str(tiny_task["policy"]), replicas=2,
+                        validate=False, extra_overrides=[f"++reward.reward_kwargs.replicas.model={missing}"])
+    with pytest.raises(TinyPPOError) as err:
+        run_tiny_ppo(cfg, on_step=None)
+    log = (cfg.work_dir / "main_ppo.log").read_text(errors="replace")
+    assert "FleetError: 2 of 2 replicas of vllm_rm_replicas_rm did not start" in log, str(err.value)
+    assert "replica 0: ServerStartError: server exited with code 1" in log
+    assert f"verl-vllm-rm: --model {missing} does not exist" in log  # the server's own words, from its log
     assert not [step for step, m in read_metrics(cfg.work_dir) if "training/global_step" in m]

@@ -59,6 +59,23 @@ def test_the_report_says_per_step_whether_the_online_rm_trained_and_on_how_many_
     assert "pairs per step" not in plain
 
 
+def test_the_report_counts_each_fleets_evictions_resyncs_restarts_and_the_failed_over_scores(tmp_path):
+    run = write_run(tmp_path / "run")
+    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    for entry, (healthy, evictions, resyncs, failed_over) in zip(lines[1:], [(2, 0, 0, 0), (1, 1, 0, 6), (2, 0, 1, 0)]):
+        entry["data"].update({"replicas/rm/healthy": float(healthy), "replicas/rm/evictions": float(evictions),
+                              "replicas/rm/resyncs": float(resyncs), "replicas/rm/restarts": 0.0,
+                              "replicas/rm/0/healthy": 1.0, "replicas/rm/1/healthy": float(healthy - 1),
+                              "reward/rm_failed_over": float(failed_over)})
+    (run / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    _, text = write_report(run)
+    assert ("replicas of rm: 2 of 2 healthy at step 3; over the run 1 evictions from routing, 1 re-syncs, "
+            "0 restarts") in text
+    assert "RM: 6 scores answered by another server after the first one failed or hung" in text
+    _, plain = write_report(write_run(tmp_path / "plain"))
+    assert "replicas of" not in plain and "another server" not in plain
+
+
 @pytest.mark.parametrize(("make", "message"), [
     (lambda d: d / "missing", "is not a directory"),
     (lambda d: d, r"need exactly one verl metrics file \(found none\)"),

@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import signal
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -25,9 +24,12 @@ pytestmark = [pytest.mark.server, pytest.mark.ray]
 SPLIT_GROUPS = np.array([0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15])
 
 
+HUNG_RESTART_S = 10.0  # the module's fleet restarts a replica silent this long
+
+
 def replicas_block(model: str, server_args: list[str], n: int = 2) -> dict:
     return {"model": model, "num_replicas": n, "server_args": [f"'{a}'" for a in server_args],
-            "health_interval_s": 0.5, "restart_backoff_s": 0.5}
+            "health_interval_s": 0.5, "restart_backoff_s": 0.5, "hung_restart_s": HUNG_RESTART_S}
 
 
 def random_groups(tokenizer, n: int, seed: int = 0) -> list:
@@ -52,7 +54,9 @@ def fleet_run(tiny_rm, server_args):
 
     ray.init(num_cpus=6, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
     block = replicas_block(tiny_rm, [*server_args, "--enable-weight-updates"])
-    cfg = vllm_rm_config(None, tiny_rm, {"replicas": block}, ["reward.num_workers=2"])
+    # requests of at most 16 rows: a step is many requests, spread over both replicas
+    cfg = vllm_rm_config(None, tiny_rm, {"replicas": block, "failover_after_s": 2, "health_timeout_s": 2,
+                                         "max_batch_seqs": 16}, ["reward.num_workers=2"])
     manager = RewardLoopManager(cfg)
     yield manager
     fleet = ray.get_actor(fleet_name("rm"))
@@ -154,28 +158,81 @@ def test_a_publish_reaches_both_replicas_and_a_refusal_on_one_changes_neither(fl
             assert_parity(s["url"], new, probe_ids)
 
 
+def client_stats(manager, url: str) -> dict[str, float]:
+    """The reward-loop workers' client counters for ``url``, summed."""
+    total: dict[str, float] = {}
+    for stats in endpoint_stats(manager):
+        for key, value in stats.get(url, {}).items():
+            total[key] = total.get(key, 0) + value
+    return total
+
+
+def publish_known(tiny_rm: str, model) -> int:
+    """Publish ``model`` to every replica as the fleet's next version (both routed on it afterwards)."""
+    import ray
+
+    fleet = ray.get_actor(fleet_name("rm"))
+    version = 1 + max(s["version"] for s in ray.get(fleet.replica_status.remote()))
+    with fleet_publisher(tiny_rm) as pub:
+        assert len(pub.publish(model, version, "full")) == 2
+    assert [s["routed"] for s in ray.get(fleet.replica_status.remote())] == [True, True]
+    return version
+
+
+def route_over_both(manager, tokenizer) -> None:
+    """Score until every worker's client routes over both replicas in the fleet's routing (a client asks the fleet
+    again at most every second, on a call)."""
+    import ray
+
+    fleet = ray.get_actor(fleet_name("rm"))
+    urls = set(ray.get(fleet.urls.remote()))
+    assert len(urls) == 2
+    small = build_batch(random_groups(tokenizer, 2, seed=99), tokenizer.pad_token_id)
+
+    def routed() -> bool:
+        manager.compute_rm_score(small)
+        return all(urls <= set(stats) for stats in endpoint_stats(manager))
+
+    wait_until(routed, 60, "every worker routes over both replicas")
+
+
+def scored_step(manager, tokenizer, seed: int):
+    """A step of 64 groups of distinct random rows (no prefix-cache shortcut: a few seconds) started in a thread:
+    (thread, its result box, the rows, the batch)."""
+    groups = random_groups(tokenizer, 64, seed)
+    data = build_batch(groups, tokenizer.pad_token_id)
+    results: dict = {}
+    step = threading.Thread(target=lambda: results.update(out=manager.compute_rm_score(data)))
+    rows = [row_token_ids(g, r) for g in groups for r in g.response_ids]
+    return step, results, rows, data
+
+
 def test_a_replica_killed_mid_step_is_restarted_and_serves_again(fleet_run, tiny_rm, tokenizer, hf_model):
+    """SIGKILL of replica 0 while a step is scoring: requests that met the dead server were answered by replica 1
+    (the workers' clients count its failures and the fail-overs away from it), every score right; the fleet
+    restarts it, keeps it out of routing (a fresh server serves the checkpoint) until a publish re-syncs it."""
     import ray
     from sync_helpers import assert_parity, load_rm, perturbed
 
     fleet = ray.get_actor(fleet_name("rm"))
+    serving = perturbed(load_rm(tiny_rm), 7)
+    publish_known(tiny_rm, serving)
+    route_over_both(fleet_run, tokenizer)
     before = ray.get(fleet.replica_status.remote())
-    victim = ray.get(fleet.server_pids.remote())[0]
-    groups = random_groups(tokenizer, 64)  # distinct rows (no prefix-cache shortcut): a step of a few seconds
-    data = build_batch(groups, tokenizer.pad_token_id)
-    results = {}
-    step = threading.Thread(target=lambda: results.update(out=fleet_run.compute_rm_score(data)))
+    victim, url = ray.get(fleet.server_pids.remote())[0], before[0]["url"]
+    seen = client_stats(fleet_run, url)
+    step, results, rows, data = scored_step(fleet_run, tokenizer, seed=1)
     step.start()
-    time.sleep(0.5)
+    wait_until(lambda: client_stats(fleet_run, url).get("outstanding", 0) > 0, 60,
+               "a request of the step in flight at replica 0")
     os.killpg(victim, signal.SIGKILL)  # the server and its engine, as a crash would
-    assert step.is_alive(), "the step ended before the replica was killed: the test did not kill it mid-step"
     step.join(timeout=600)
-    rows = [row_token_ids(g, r) for g in groups for r in g.response_ids]
-    serving = perturbed(load_rm(tiny_rm), 1)  # version 1, published by the test before
     expected = torch.tensor(sequence_scores(serving, rows))
     out = results["out"]
     assert torch.allclose(last_token_rewards(out.batch["rm_scores"], data), expected, atol=1e-4)
     assert out.non_tensor_batch["rm_valid"].tolist() == [1.0] * len(data)
+    after = client_stats(fleet_run, url)
+    assert after["failures"] > seen.get("failures", 0) and after["failovers"] > seen.get("failovers", 0), after
 
     def restarted():
         status = ray.get(fleet.replica_status.remote())
@@ -184,13 +241,109 @@ def test_a_replica_killed_mid_step_is_restarted_and_serves_again(fleet_run, tiny
     wait_until(restarted, 300, "the killed replica restarted")
     new_pid = ray.get(fleet.server_pids.remote())[0]
     assert new_pid != victim and not pid_alive(victim)
-    # a fresh server serves the checkpoint (version 0), not the fleet's version 1: out of routing until re-synced
+    # a fresh server serves the checkpoint (version 0), not the fleet's version: out of routing until re-synced
     status = ray.get(fleet.replica_status.remote())
     assert (status[0]["version"], status[0]["routed"]) == (0, False) and status[1]["routed"]
     assert ray.get(fleet.urls.remote()) == [status[1]["url"]]
-    with fleet_publisher(tiny_rm) as pub:
-        assert len(pub.publish(load_rm(tiny_rm), 3, "full")) == 2  # the re-sync: both replicas get version 3
+    version = publish_known(tiny_rm, load_rm(tiny_rm))  # the re-sync: both replicas get the new version
     status = ray.get(fleet.replica_status.remote())
-    assert [(s["version"], s["routed"]) for s in status] == [(3, True), (3, True)]
+    assert [(s["version"], s["routed"]) for s in status] == [(version, True), (version, True)]
+    assert status[0]["resyncs"] == before[0]["resyncs"] + 1
     for s in status:
         assert_parity(s["url"], hf_model, rows[:8])
+
+
+def test_a_hung_replica_leaves_routing_its_requests_fail_over_and_it_is_restarted(fleet_run, tiny_rm, tokenizer):
+    """SIGSTOP of replica 0's server (alive, port open, never answering) while a step is scoring: the requests that
+    met it fail over once its /health stays silent (failover_after_s 2 + health_timeout_s 2, not the 120 s read
+    timeout), every score right; the fleet's own /health check takes it out of routing and, silent for
+    HUNG_RESTART_S, it is restarted (the stopped process ends) and re-synced by the next publish."""
+    import ray
+    from sync_helpers import load_rm, perturbed
+
+    fleet = ray.get_actor(fleet_name("rm"))
+    serving = perturbed(load_rm(tiny_rm), 8)
+    publish_known(tiny_rm, serving)
+    route_over_both(fleet_run, tokenizer)
+    before = ray.get(fleet.replica_status.remote())
+    victim, url = ray.get(fleet.server_pids.remote())[0], before[0]["url"]
+    seen = client_stats(fleet_run, url)
+    step, results, rows, data = scored_step(fleet_run, tokenizer, seed=2)
+    step.start()
+    wait_until(lambda: client_stats(fleet_run, url).get("outstanding", 0) > 0, 60,
+               "a request of the step in flight at replica 0")
+    os.killpg(victim, signal.SIGSTOP)
+    try:
+        step.join(timeout=600)
+        out = results["out"]
+        assert torch.allclose(last_token_rewards(out.batch["rm_scores"], data),
+                              torch.tensor(sequence_scores(serving, rows)), atol=1e-4)
+        assert out.non_tensor_batch["rm_valid"].tolist() == [1.0] * len(data)
+        after = client_stats(fleet_run, url)
+        assert after["hangs"] > seen.get("hangs", 0) and after["failovers"] > seen.get("failovers", 0), after
+        wait_until(lambda: not ray.get(fleet.replica_status.remote())[0]["routed"], 60, "replica 0 out of routing")
+        assert ray.get(fleet.urls.remote()) == [before[1]["url"]]
+
+        def restarted():
+            status = ray.get(fleet.replica_status.remote())
+            return status[0]["restarts"] == before[0]["restarts"] + 1 and status[0]["healthy"]
+
+        wait_until(restarted, 300, "the hung replica restarted")
+        assert not pid_alive(victim)
+    finally:
+        if pid_alive(victim):
+            os.killpg(victim, signal.SIGCONT)
+    status = ray.get(fleet.replica_status.remote())
+    assert status[0]["evictions"] > before[0]["evictions"] and (status[0]["version"], status[0]["routed"]) == (0, False)
+    publish_known(tiny_rm, load_rm(tiny_rm))  # the re-sync
+
+
+def test_a_replica_that_fails_its_parity_probe_is_drained_restarted_and_resynced(fleet_run, tiny_rm, tokenizer,
+                                                                                probe_ids):
+    """Between the commit and the parity probe, another trainer overwrites replica 1 (a rogue publish of other
+    weights: the fault). The probe finds replica 1 not scoring like the trainer's model while replica 0 does: the
+    publish succeeds on replica 0 only, replica 1 leaves routing at once (no step is scored by the rogue weights),
+    is restarted, and the next publish re-syncs it."""
+    import ray
+    from sync_helpers import assert_parity, load_rm, perturbed
+
+    from verl_vllm_rm.online.config import OnlineRMConfig
+    from verl_vllm_rm.online.worker import publish_targets
+    from verl_vllm_rm.parity.probe import ParityProbe
+    from verl_vllm_rm.weight_sync import MultiServerPublisher, RewardModelPublisher
+
+    fleet = ray.get_actor(fleet_name("rm"))
+    publish_known(tiny_rm, load_rm(tiny_rm))
+    before = ray.get(fleet.replica_status.remote())
+    model, rogue_model = perturbed(load_rm(tiny_rm), 3), perturbed(load_rm(tiny_rm), 4)
+    targets = publish_targets(OnlineRMConfig(model_path=tiny_rm, reward_model="rm", use_gpu=False))
+    commit = targets["on_commit"]
+
+    def commit_then_overwrite(version: int) -> None:
+        commit(version)
+        with RewardModelPublisher(before[1]["url"], timeout_s=60) as rogue:
+            rogue.publish(rogue_model, version + 1, "full")
+
+    targets["on_commit"] = commit_then_overwrite
+    version = 1 + before[0]["version"]
+    with MultiServerPublisher(**targets, timeout_s=60, parity_probe=ParityProbe(every=1)) as pub:
+        results = pub.publish(model, version, "full", probe_ids=probe_ids)
+    assert [r.parity is not None and r.parity["max_abs_diff"] <= 1e-4 for r in results] == [True]
+    status = ray.get(fleet.replica_status.remote())
+    assert ray.get(fleet.urls.remote()) == [before[0]["url"]]  # replica 1 drained at once
+    assert status[1]["evictions"] == before[1]["evictions"] + 1 and "drained" in status[1]["last_error"]
+    assert "does not score like the trainer's model" in status[1]["last_error"]
+
+    def restarted():
+        now = ray.get(fleet.replica_status.remote())
+        return now[1]["restarts"] == before[1]["restarts"] + 1 and now[1]["healthy"]
+
+    wait_until(restarted, 300, "the drained replica restarted")
+    status = ray.get(fleet.replica_status.remote())
+    assert (status[1]["version"], status[1]["routed"], status[1]["drained"]) == (0, False, False)
+    version = publish_known(tiny_rm, model)  # the re-sync
+    status = ray.get(fleet.replica_status.remote())
+    assert status[1]["resyncs"] == before[1]["resyncs"] + 1
+    for s in status:
+        assert (s["version"], s["routed"]) == (version, True)
+        assert_parity(s["url"], model, probe_ids)

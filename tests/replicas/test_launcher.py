@@ -32,10 +32,13 @@ def leftovers(tmpdir) -> list[str]:
 
 
 def test_bad_model_path_fails_fast_with_log(tmp_path):
+    """A --model path that is not there: the server exits saying so (vLLM alone would read it as a malformed hub
+    id), and the launcher's error carries the server's last lines."""
+    missing = tmp_path / "no-such-model"
     with pytest.raises(ServerStartError) as err:
-        start_server(tmp_path / "no-such-model", ["--enforce-eager"], startup_timeout_s=300)
-    assert "exited with code" in str(err.value)
-    assert "no-such-model" in str(err.value)
+        start_server(missing, ["--enforce-eager"], startup_timeout_s=300)
+    assert "server exited with code 1" in str(err.value)
+    assert f"verl-vllm-rm: --model {missing} does not exist: give the folder of a local checkpoint" in str(err.value)
 
 
 def test_no_server_environment_is_a_clear_error(monkeypatch, tmp_path, tiny_rm):

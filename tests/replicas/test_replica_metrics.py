@@ -8,8 +8,10 @@ from verl_vllm_rm.replicas.metrics import replica_step_metrics
 from verl_vllm_rm.scoring.options import parse_options
 
 
-def status(requests, inputs, busy_s, *, restarts=0, routed=True, version=0, refused=0, failed=0):
-    return {"routed": routed, "version": version, "restarts": restarts,
+def status(requests, inputs, busy_s, *, restarts=0, routed=True, version=0, refused=0, failed=0, healthy=True,
+           evictions=0, resyncs=0, given_up=False):
+    return {"routed": routed, "version": version, "restarts": restarts, "healthy": healthy, "given_up": given_up,
+            "evictions": evictions, "resyncs": resyncs,
             "scoring": {"requests": requests, "inputs": inputs, "busy_s": busy_s, "refused": refused,
                         "failed": failed}}
 
@@ -34,6 +36,21 @@ def test_a_restarted_replica_counts_from_zero_and_a_down_one_is_out_of_routing()
     assert down["replicas/rm/0/routed"] == 0.0 and down["replicas/rm/0/version"] == -1.0
 
 
+def test_the_fleet_counts_healthy_replicas_and_the_steps_evictions_resyncs_and_restarts():
+    """A replica that hung (evicted, restarted) and one left behind by a publish and re-synced: per replica and for
+    the fleet, the step's moves of the fleet's counters (they survive a restart) and who is healthy now."""
+    before = [status(5, 40, 0.5, evictions=1), status(5, 40, 0.5, resyncs=2)]
+    now = [status(0, 0, 0.0, restarts=1, healthy=False, routed=False, evictions=2),
+           status(9, 72, 0.9, evictions=1, resyncs=3)]
+    m = replica_step_metrics("rm", now, before)
+    assert (m["replicas/rm/0/evictions"], m["replicas/rm/0/resyncs"], m["replicas/rm/0/healthy"]) == (1.0, 0.0, 0.0)
+    assert (m["replicas/rm/1/evictions"], m["replicas/rm/1/resyncs"], m["replicas/rm/1/healthy"]) == (1.0, 1.0, 1.0)
+    assert {k: m[f"replicas/rm/{k}"] for k in ("healthy", "routed", "evictions", "resyncs", "restarts")} == {
+        "healthy": 1.0, "routed": 1.0, "evictions": 2.0, "resyncs": 1.0, "restarts": 1.0}
+    gone = replica_step_metrics("rm", [status(0, 0, 0.0, healthy=False, routed=False, given_up=True)])
+    assert gone["replicas/rm/0/given_up"] == 1.0 and gone["replicas/rm/healthy"] == 0.0
+
+
 @pytest.mark.parametrize("kwargs, message", [
     ({"server_url": "http://a:1", "replicas": {"model": "/rm"}}, r"both server_url \['http://a:1'\] and replicas"),
     ({"replicas": {"model": "/rm", "num_replicas": 0}}, r"num_replicas must be >= 1"),
@@ -41,6 +58,12 @@ def test_a_restarted_replica_counts_from_zero_and_a_down_one_is_out_of_routing()
     ({"replicas": {"model": "/rm", "restart_backoff_s": 9, "max_restart_backoff_s": 2}}, r"max_restart_backoff_s"),
     ({"replicas": {"model": "/rm", "placement": "ANY"}}, r"placement='ANY' is not one of"),
     ({"replicas": {"num_replicas": 2}}, r"model"),
+    ({"replicas": {"model": "/rm", "num_replicas": 2, "min_healthy": 3}},
+     r"min_healthy=3 is more than replicas.num_replicas=2: lower it, or leave it unset"),
+    ({"replicas": {"model": "/rm", "min_healthy": 0}}, r"min_healthy must be >= 1, got 0"),
+    ({"replicas": {"model": "/rm", "max_failed_starts": 0}}, r"max_failed_starts must be >= 1, got 0"),
+    ({"replicas": {"model": "/rm", "hung_restart_s": 0}}, r"hung_restart_s must be > 0, got 0"),
+    ({"replicas": {"model": "/rm", "health_timeout_s": -1}}, r"health_timeout_s must be > 0, got -1"),
 ])
 def test_replicas_options_refusals_name_the_problem(kwargs, message):
     with pytest.raises(ValueError, match=message):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 
 import numpy as np
 import pytest
@@ -48,15 +49,31 @@ def check_listwise_groups(groups: dict[str, list[dict]]) -> None:
 
 def test_batch_call_judges_each_group_once_with_all_members(rm_server, judge_server, tokenizer, tiny_rm,
                                                             grpo_groups):
-    mgr = load_manager(tokenizer, rm_server.url, tiny_rm, judge_kwargs(judge_server.url))
+    """Each group judged once; each member's judge_rank is the rank the judge's own answer gave that member's
+    response (read from what a recording proxy passed between manager and judge), not just a permutation."""
+    from fault_proxy import FaultProxy
+    from judge_answers import assert_ranks_are_the_judges
+
+    proxy = FaultProxy(judge_server.url).start()
+    mgr = load_manager(tokenizer, rm_server.url, tiny_rm, judge_kwargs(proxy.url))
     try:
         data = build_batch(grpo_groups, tokenizer.pad_token_id)
         out = mgr(data, return_dict=True)
-        check_listwise_groups(by_group(out, data.non_tensor_batch["uid"]))
+        groups = by_group(out, data.non_tensor_batch["uid"])
+        check_listwise_groups(groups)
         stats = mgr.judge._local.stats
         assert stats.groups_judged == len(grpo_groups) and set(stats.judged_sizes.values()) == {N}
     finally:
         mgr.close()
+        proxy.stop()
+    texts = [tokenizer.decode(r, skip_special_tokens=True) for g in grpo_groups for r in g.response_ids]
+    ranks = out["reward_extra_info"]["judge_rank"]
+    by_uid: dict[str, list[tuple[str, float]]] = {}
+    for uid, text, rank in zip(data.non_tensor_batch["uid"], texts, ranks):
+        by_uid.setdefault(uid, []).append((text, rank))
+    assert len(by_uid) == len(grpo_groups)
+    for members in by_uid.values():
+        assert_ranks_are_the_judges(members, proxy.requests)
 
 
 @pytest.fixture(scope="module")
@@ -121,11 +138,13 @@ def test_a_member_that_never_arrives_fails_its_group_under_raise(rm_server, judg
 
     mgr = load_manager(tokenizer, rm_server.url, tiny_rm, judge_kwargs(judge_server.url, group_timeout_s=2.0))
     try:
-        with pytest.raises(JudgeError, match=r"judge failed for training sample uid=.*group size 4 .*has 3 of its 4 members 2\.\ds after "
-                                             r"the first arrived .*a member never came"):
+        with pytest.raises(JudgeError, match=r"judge failed for training sample uid=.*group size 4 .*has 3 of its 4 "
+                                             r"members (\d+\.\d)s after the first arrived .*a member never came") as err:
             mgr(missing_member_batch(grpo_groups, tokenizer))
     finally:
         mgr.close()
+    waited = float(re.search(r"members (\d+\.\d)s after", str(err.value)).group(1))
+    assert waited >= 2.0  # group_timeout_s passed before it gave up (how much later, a loaded machine decides)
 
 
 def test_a_member_that_never_arrives_masks_its_group_under_mask(rm_server, judge_server, tokenizer, tiny_rm,

@@ -11,7 +11,6 @@ import os
 import signal
 import socket
 import subprocess
-import time
 
 import pytest
 import requests
@@ -105,11 +104,10 @@ ENGINE_MARKERS = ("non-default args:", "Initializing a V1 LLM engine", "EngineCo
 
 
 def _run_server(args: list[str], env_extra: dict[str, str], timeout_s: float = 120.0):
-    """Run the server to its exit; (exit code, output, seconds). Killed (and the test failed) if it keeps running."""
+    """Run the server to its exit; (exit code, output). Killed (and the test failed) if it keeps running."""
     env = {k: v for k, v in os.environ.items() if k not in ("VLLM_API_KEY", API_KEY_ENV)}
     env.update({PARENT_PID_ENV: str(os.getpid()), **env_extra})
     cmd = [find_server_python(), "-m", "verl_vllm_rm.server", *args]
-    t0 = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     try:
         out, _ = proc.communicate(timeout=timeout_s)
@@ -117,7 +115,7 @@ def _run_server(args: list[str], env_extra: dict[str, str], timeout_s: float = 1
         os.killpg(proc.pid, signal.SIGKILL)
         out, _ = proc.communicate()
         pytest.fail(f"the server did not exit within {timeout_s:.0f}s; output tail:\n{out.decode()[-2000:]}")
-    return proc.returncode, out.decode(errors="replace"), time.monotonic() - t0
+    return proc.returncode, out.decode(errors="replace")
 
 
 def _port_is_free(port: int) -> bool:
@@ -130,12 +128,12 @@ def _port_is_free(port: int) -> bool:
 def test_server_refuses_unauthenticated_weight_updates_before_the_engine(tiny_rm, host, env):
     port = free_port()
     args = ["--model", tiny_rm, "--host", host, "--port", str(port), "--enable-weight-updates"]
-    code, out, seconds = _run_server(args, env)
+    code, out = _run_server(args, env)
     assert code == 1, out[-2000:]
     assert "refusing to start" in out and "--api-key KEY" in out and "--host 127.0.0.1" in out
     assert OPT_OUT_FLAG in out
     assert not [m for m in ENGINE_MARKERS if m in out], out[-2000:]
-    assert _port_is_free(port) and seconds < 90
+    assert _port_is_free(port)  # before the engine: no engine line in its output (above), nothing listening
 
 
 @pytest.mark.server
@@ -145,7 +143,7 @@ def test_a_key_passes_the_check(key_args, env):
     """With a key, the same command gets past the check (and fails later, on the missing model)."""
     args = ["--model", "/nonexistent-rm", "--host", "0.0.0.0", "--port", str(free_port()),
             "--enable-weight-updates", *key_args]
-    code, out, _ = _run_server(args, env)
+    code, out = _run_server(args, env)
     assert code != 0 and "refusing to start" not in out and "/nonexistent-rm" in out
     assert "WARNING: weight updates without an API key" not in out
 
@@ -181,7 +179,7 @@ def test_weight_updates_with_data_parallel_engines_are_refused_before_the_engine
     """vLLM's data-parallel engines would each need a transfer group: refused, naming the replicas instead."""
     args = ["--model", tiny_rm, "--host", "127.0.0.1", "--port", str(free_port()), "--enable-weight-updates",
             "--data-parallel-size", "2"]
-    code, out, _ = _run_server(args, {})
+    code, out = _run_server(args, {})
     assert code == 1, out[-2000:]
     assert "--enable-weight-updates with --data-parallel-size 2" in out and "managed replicas" in out
     assert not [m for m in ENGINE_MARKERS if m in out], out[-2000:]

@@ -32,10 +32,16 @@ class ClientOptions:
     max_batch_seqs: int = 256
     max_batch_tokens: int = 131072
     endpoint_cooldown_s: float = 5.0
+    # a request unanswered after failover_after_s has its server's /health checked (health_timeout_s): a server
+    # that does not answer it is treated as hung and the request goes to another server, so a hung server costs a
+    # request at most failover_after_s + health_timeout_s; a busy server that answers /health keeps the request
+    failover_after_s: float = 10.0
+    health_timeout_s: float = 5.0
 
     def __post_init__(self) -> None:
         check_ranges(self, {"> 0": ("connect_timeout_s", "read_timeout_s", "request_timeout_s", "deadline_s",
-                                    "max_concurrent_requests", "max_batch_seqs", "max_batch_tokens"),
+                                    "max_concurrent_requests", "max_batch_seqs", "max_batch_tokens",
+                                    "failover_after_s", "health_timeout_s"),
                             ">= 0": ("max_retries", "backoff_base_s", "backoff_max_s", "endpoint_cooldown_s")})
         for url in self.server_url:
             if not url.startswith(("http://", "https://")):

@@ -3,7 +3,11 @@
 One pooled session per event loop, bounded concurrency, finite timeouts, retries
 with exponential backoff and jitter on connection errors, timeouts, 429 and 5xx
 (never on other 4xx), and least-outstanding-requests routing over several servers
-with fail-over. Each attempt goes through :mod:`verl_vllm_rm.client.http`. The server list is
+with fail-over. A request a server has not answered after ``failover_after_s`` has that server's
+``/health`` checked (``health_timeout_s``): a hung server (no answer) is taken out of routing and the
+request goes to another server, so a hung server never holds a request for the read timeout; it
+rejoins routing once its ``/health`` answers again. Each attempt goes through
+:mod:`verl_vllm_rm.client.http`. The server list is
 fixed (``server_url``) or follows a source (:meth:`VLLMRewardClient.follow`: managed
 replicas), asked again at most once a second and awaited only while no server is known.
 
@@ -62,9 +66,19 @@ class _Endpoint:
     url: str
     outstanding: int = 0
     down_until: float = 0.0
+    hung: bool = False  # found hung: back in routing only once its /health answers
     requests: int = 0  # attempts sent to this server, failures among them, and their summed time
     failures: int = 0
     busy_s: float = 0.0
+    failovers: int = 0  # requests that failed here and went on to another server
+    hangs: int = 0  # attempts abandoned because the server did not answer /health in time
+
+
+@dataclass
+class _Trace:
+    """What one request met on its way: how often it moved to another server after a failure."""
+
+    failovers: int = 0
 
 
 @dataclass
@@ -125,7 +139,8 @@ class VLLMRewardClient:
     async def score_request(self, chunk: Sequence[ScoreInput], *, normalize: bool = False) -> Scores:
         """Score ``chunk`` in ONE ``/score`` request (retried as a whole): the caller keeps it within budget.
 
-        The scores carry ``version``, the server's weight version that computed them."""
+        The scores carry ``version``, the server's weight version that computed them, and ``failovers``, how often
+        the request moved to another server after a failure."""
         chunk = list(chunk)
         if not chunk:
             return Scores()
@@ -134,7 +149,11 @@ class VLLMRewardClient:
         payload: dict[str, Any] = {"input": chunk, "normalize": normalize}
         if self.options.model:
             payload["model"] = self.options.model
-        return await self._call("POST", "/score", payload, validate=lambda body: _validate_scores(body, len(chunk)))
+        trace = _Trace()
+        scores = await self._call("POST", "/score", payload, validate=lambda body: _validate_scores(body, len(chunk)),
+                                  trace=trace)
+        scores.failovers = trace.failovers
+        return scores
 
     async def post(self, path: str, payload: Any, validate: Callable[[Any], Any] | None = None) -> Any:
         """POST ``payload`` to ``path`` (e.g. a judge's ``/v1/chat/completions``) with this client's routing,
@@ -152,8 +171,10 @@ class VLLMRewardClient:
         return await self._call("GET", "/health")
 
     def endpoint_stats(self) -> dict[str, dict[str, float]]:
-        """Per server: requests sent, failed ones, and their mean latency in ms (per-replica metrics)."""
-        return {e.url: {"requests": e.requests, "failures": e.failures,
+        """Per server: requests sent, in flight now, failed ones, requests that failed over from it to another
+        server, attempts abandoned because it hung, and the mean latency in ms (per-replica metrics)."""
+        return {e.url: {"requests": e.requests, "outstanding": e.outstanding, "failures": e.failures,
+                        "failovers": e.failovers, "hangs": e.hangs,
                         "latency_ms": 1000.0 * e.busy_s / e.requests if e.requests else 0.0}
                 for e in self._endpoints}
 
@@ -221,7 +242,8 @@ class VLLMRewardClient:
         return random.choice([e for e in up if e.outstanding == least])
 
     async def _call(
-        self, method: str, path: str, payload: Any = None, validate: Callable[[Any], Any] | None = None
+        self, method: str, path: str, payload: Any = None, validate: Callable[[Any], Any] | None = None,
+        trace: _Trace | None = None,
     ) -> Any:
         opts, state = self.options, self._state()
         deadline = time.monotonic() + opts.deadline_s
@@ -234,6 +256,13 @@ class VLLMRewardClient:
                     if self._source is not None:
                         await self._refresh()
                     endpoint = self._pick(avoid=failed)
+                    if failed is not None and endpoint is not failed:
+                        failed.failovers += 1
+                        if trace is not None:
+                            trace.failovers += 1
+                    if endpoint.hung and not await self._answers_health(state.session, endpoint):
+                        raise _Retryable(f"/health did not answer within {opts.health_timeout_s:g}s (hung)",
+                                         endpoint_down=True)
                     body = await self._once(state.session, endpoint, method, path, payload, deadline)
                     return validate(body) if validate else body
                 except _Retryable as e:
@@ -244,29 +273,59 @@ class VLLMRewardClient:
                 delay = min(opts.backoff_max_s, opts.backoff_base_s * 2**attempt) * random.uniform(0.5, 1.0)
                 if attempt == opts.max_retries or time.monotonic() + delay >= deadline:
                     break
+                if failed is not None and any(e is not failed and e.down_until <= time.monotonic()
+                                              for e in self._endpoints):
+                    delay = 0.0  # another server looks up: fail over now
                 await asyncio.sleep(delay)
         raise RewardServerError(
             f"{method} {path} failed after {len(errors)} attempt(s) (servers {self.urls}); "
             f"last error: {errors[-1]}"
         )
 
+    async def _answers_health(self, session, endpoint: _Endpoint) -> bool:
+        """Whether the server answers ``/health`` ok within ``health_timeout_s`` (a hung server does not); an answer
+        clears its hung mark."""
+        limit = self.options.health_timeout_s
+        try:
+            body = await http.request_json(session, "GET", endpoint.url + "/health", total_s=limit,
+                                           connect_s=limit, read_s=limit)
+        except http.HttpError:
+            return False
+        ok = isinstance(body, dict) and body.get("status") == "ok"
+        endpoint.hung = endpoint.hung and not ok
+        return ok
+
     async def _once(self, session, endpoint: _Endpoint, method: str, path: str, payload: Any, deadline: float) -> Any:
-        """One attempt; a failure is either worth a retry or a refusal (:class:`RewardRequestError`)."""
+        """One attempt; a failure is either worth a retry or a refusal (:class:`RewardRequestError`). An attempt
+        unanswered after ``failover_after_s`` is abandoned when the server does not answer ``/health`` either."""
         opts = self.options
         endpoint.outstanding += 1
         endpoint.requests += 1
         t0 = time.perf_counter()
+        attempt = asyncio.ensure_future(http.request_json(
+            session, method, endpoint.url + path, payload,
+            total_s=max(0.001, min(opts.request_timeout_s, deadline - time.monotonic())),
+            connect_s=opts.connect_timeout_s, read_s=opts.read_timeout_s,
+        ))
         try:
-            return await http.request_json(
-                session, method, endpoint.url + path, payload,
-                total_s=max(0.001, min(opts.request_timeout_s, deadline - time.monotonic())),
-                connect_s=opts.connect_timeout_s, read_s=opts.read_timeout_s,
-            )
+            while not (await asyncio.wait({attempt}, timeout=opts.failover_after_s))[0]:
+                if not await self._answers_health(session, endpoint):
+                    endpoint.hung = True
+                    endpoint.hangs += 1
+                    raise _Retryable(f"no answer after {opts.failover_after_s:g}s and /health did not answer within "
+                                     f"{opts.health_timeout_s:g}s (hung)", endpoint_down=True)
+            return attempt.result()
         except http.HttpError as e:
             endpoint.failures += 1
             if not e.transient:
                 raise RewardRequestError(f"{method} {e.url} was refused with {e.cause}") from None
             raise _Retryable(e.cause, endpoint_down=e.unreachable) from None
+        except _Retryable:
+            endpoint.failures += 1
+            raise
         finally:
+            if not attempt.done():
+                attempt.cancel()
+                await asyncio.gather(attempt, return_exceptions=True)
             endpoint.outstanding -= 1
             endpoint.busy_s += time.perf_counter() - t0

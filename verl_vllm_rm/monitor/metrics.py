@@ -3,7 +3,7 @@
 Names (README "Reward metrics and alarms" lists each with its meaning):
 ``reward/<component>/{mean,std,min,max}`` for every numeric component, ``reward/rm_valid_share``,
 ``reward/rm_failures``, ``reward/rm_latency_ms/{p50,p99}``, ``reward/rm_tokens``,
-``reward/rm_prompt_tokens_dropped``, ``reward/rm_weight_version/{min,max}``, and the alarms
+``reward/rm_prompt_tokens_dropped``, ``reward/rm_weight_version/{min,max}``, ``reward/rm_failed_over``, and the alarms
 (:mod:`verl_vllm_rm.monitor.alarms`).
 """
 
@@ -18,7 +18,8 @@ from verl_vllm_rm.monitor import alarms
 from verl_vllm_rm.rewards.compose import component_stats
 
 #: Columns about the RM request, not reward components: each has its own metric.
-BOOKKEEPING = ("rm_valid", "rm_latency_ms", "rm_tokens", "rm_weight_version", "rm_prompt_tokens_dropped")
+BOOKKEEPING = ("rm_valid", "rm_latency_ms", "rm_tokens", "rm_weight_version", "rm_prompt_tokens_dropped",
+               "rm_failovers")
 
 
 @dataclass
@@ -73,6 +74,8 @@ def step_metrics(step: StepRewards, normalized: bool) -> dict[str, float]:
     for name in ("rm_tokens", "rm_prompt_tokens_dropped"):
         if name in cols:
             out[f"reward/{name}"] = float(np.nansum(cols[name]))
+    if "rm_failovers" in cols:  # samples whose score came from another server after its first one failed
+        out["reward/rm_failed_over"] = float((np.nan_to_num(cols["rm_failovers"]) > 0).sum())
     if "rm_latency_ms" in cols and asked.any():
         p50, p99 = np.percentile(cols["rm_latency_ms"][asked], [50, 99])
         out.update({"reward/rm_latency_ms/p50": float(p50), "reward/rm_latency_ms/p99": float(p99)})

@@ -130,6 +130,26 @@ def render_png(run: Run, path: Path) -> dict:
     return data
 
 
+def replica_lines(run: Run) -> list[str]:
+    """One line per managed RM: replicas healthy at the last step, and evictions, re-syncs, restarts over the run
+    (``replicas/<rm>/*``: :func:`verl_vllm_rm.replicas.metrics.replica_step_metrics`)."""
+    last = run.metrics[run.steps[-1]]
+    rms = sorted({k.split("/")[1] for m in run.metrics.values() for k in m
+                  if k.startswith("replicas/") and k.endswith("/evictions") and k.count("/") == 2})
+    lines = []
+    for rm in rms:
+        size = len({k for k in last if k.startswith(f"replicas/{rm}/") and k.endswith("/healthy")
+                    and k.count("/") == 3})
+
+        def total(key: str) -> float:
+            return sum(m.get(f"replicas/{rm}/{key}", 0.0) for m in run.metrics.values())
+
+        lines.append(f"replicas of {rm}: {last.get(f'replicas/{rm}/healthy', 0.0):.0f} of {size} healthy at step "
+                     f"{run.steps[-1]}; over the run {total('evictions'):.0f} evictions from routing, "
+                     f"{total('resyncs'):.0f} re-syncs, {total('restarts'):.0f} restarts")
+    return lines
+
+
 def summary_text(run: Run) -> str:
     """The short text: steps, each component first -> last, RM health, every alarm that tripped and when,
     and the last step's best-scored and longest responses (from the rollout dump)."""
@@ -143,6 +163,10 @@ def summary_text(run: Run) -> str:
     versions = [int(v) for v in run.series("reward/rm_weight_version/max") if v is not None]
     lines.append(f"RM: {failures:.0f} failed scores; latency p99 {max(p99):.1f} ms in the worst step" if p99 else
                  f"RM: {failures:.0f} failed scores")
+    failed_over = sum(m.get("reward/rm_failed_over", 0.0) for m in run.metrics.values())
+    if failed_over:
+        lines.append(f"RM: {failed_over:.0f} scores answered by another server after the first one failed or hung")
+    lines += replica_lines(run)
     if versions:
         lines.append(f"RM weight version {versions[0]} at step {first} -> {versions[-1]} at step {last}")
     trained = [(step, v, pairs) for step, v, pairs in zip(run.steps, run.series("rm/trained"), run.series("rm/pairs"))

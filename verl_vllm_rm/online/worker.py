@@ -29,7 +29,8 @@ PROBES_KEPT = 8  # chosen sequences of the last step kept as the parity probe's 
 
 def publish_targets(cfg: OnlineRMConfig) -> dict[str, Any]:
     """Where the RM's weights go: ``server_url``, or every replica of the managed RM ``reward_model`` (asked
-    again at each publish, so a restarted replica is re-synced; a commit moves the fleet to the new version)."""
+    again at each publish, so a restarted replica is re-synced; a commit moves the fleet to the new version; a
+    replica that fails its parity probe is drained and restarted)."""
     if cfg.server_url is not None:
         return {"server_urls": [cfg.server_url]}
     import ray
@@ -38,7 +39,8 @@ def publish_targets(cfg: OnlineRMConfig) -> dict[str, Any]:
 
     fleet = ray.get_actor(fleet_name(cfg.reward_model))  # started by the trainer's set-up (FleetReadings)
     return {"server_urls": lambda: ray.get(fleet.replica_urls.remote()),
-            "on_commit": lambda version: ray.get(fleet.set_version.remote(version))}
+            "on_commit": lambda version: ray.get(fleet.set_version.remote(version)),
+            "on_parity_failure": lambda url, reason: ray.get(fleet.drain.remote(url, reason))}
 
 
 def micro_batch_pairs(pairs: int, limit: int) -> int:

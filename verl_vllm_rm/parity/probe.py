@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import torch
 
@@ -86,21 +86,22 @@ class ParityProbe:
 
     def check(self, model: torch.nn.Module, probe_ids: Sequence[Sequence[int]], server_urls: Sequence[str],
               api_key: str | None, version: int, *, leader: bool,
-              agree: Callable[[Exception | None], None], server_dtype: str = "float32") -> dict[str, dict[str, Any]]:
+              server_dtype: str = "float32") -> tuple[dict[str, dict[str, Any]], dict[str, Exception]]:
         """The parity check after a publish: the model's reference scores once (on every rank of a distributed
-        trainer: a sharded forward is collective), compared with each server's by the ``leader`` (rank 0);
-        ``agree(error)`` lets every rank learn the leader's outcome. The figures by server URL."""
+        trainer: a sharded forward is collective), compared with each server's by the ``leader`` (rank 0). The
+        figures of the servers that passed, and the error of each that did not (a :class:`ParityError`, or why it
+        could not be probed), by server URL; only the leader's are filled (the caller shares its outcome)."""
         reference = self.reference_scores(model, probe_ids)
         dtype = coarsest(self.compute_dtype, server_dtype)
-        error, figures = None, {}
+        figures: dict[str, dict[str, Any]] = {}
+        failures: dict[str, Exception] = {}
         if leader:
-            try:
-                for url in server_urls:
+            for url in server_urls:
+                try:
                     figures[url] = self.compare(reference, probe_ids, url, api_key, version, dtype).as_dict()
-            except Exception as e:  # every rank learns it through agree
-                error = e
-        agree(error)
-        return figures
+                except Exception as e:
+                    failures[url] = e
+        return figures, failures
 
     def reference_scores(self, model: torch.nn.Module, probes: Sequence[Sequence[int]]) -> list[float]:
         """The trainer model's scores, one unpadded sequence at a time, in eval mode."""

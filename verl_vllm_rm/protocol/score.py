@@ -151,10 +151,12 @@ def score_response(
 class Scores(list):
     """The scores of one ``/score`` answer in input order, ``version``: the weight version that computed
     them (None when the server does not say), and ``steps``: each input's step scores (None when the server
-    is not in step mode)."""
+    is not in step mode). A client sets ``failovers``: how often the request moved to another server after a
+    failure."""
 
     version: int | None = None
     steps: list[list[float]] | None = None
+    failovers: int = 0
 
 
 def parse_score_response(body: Any, n: int) -> Scores:

@@ -9,11 +9,16 @@ one bundle per replica (``{"CPU": cpus_per_replica, "GPU": gpus_per_replica}``),
 answers ``/health``; Ray holds every call to the fleet until then, so whoever asks first (the
 trainer's set-up, else the first score) waits for all replicas (the health gate).
 
-A thread per replica watches it every ``health_interval_s``: a replica whose server process is
-gone, or whose ``/health`` fails three times in a row, leaves routing at once and is restarted
-after ``restart_backoff_s`` (doubling after each failed restart, at most
-``max_restart_backoff_s``); it rejoins routing only when healthy and on the fleet's weight
-version. Clients ask :meth:`ReplicaFleet.urls` for the replicas in routing.
+A thread per replica watches it every ``health_interval_s``. A ``/health`` unanswered within
+``health_timeout_s`` takes the replica out of routing at once (a hung server: alive, port open, no
+answer), and it is restarted when its process is gone or it stays silent for ``hung_restart_s``.
+Restarts back off (``restart_backoff_s``, doubling after each failed start, at most
+``max_restart_backoff_s``); a replica whose start fails ``max_failed_starts`` times in a row is given
+up, and once fewer than ``min_healthy`` replicas remain the fleet fails with their engines' errors. A
+replica rejoins routing only when healthy and on the fleet's weight version (a publish re-syncs one
+that fell behind). A replica that fails its parity probe after a publish is drained
+(:meth:`ReplicaFleet.drain`): out of routing, restarted, re-synced by the next publish. Clients ask
+:meth:`ReplicaFleet.urls` for the replicas in routing.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from __future__ import annotations
 import logging
 import tempfile
 import threading
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
@@ -32,7 +38,6 @@ from verl_vllm_rm.replicas.replica import ServerReplica
 logger = logging.getLogger(__name__)
 
 FLEET_PREFIX = "vllm_rm_replicas_"
-HEALTH_FAILURES_TO_RESTART = 3  # a busy server may miss one /health; a dead process is restarted at once
 
 
 class FleetError(RuntimeError):
@@ -43,20 +48,27 @@ class FleetError(RuntimeError):
 class ReplicaStatus:
     index: int
     url: str | None = None
-    routed: bool = False  # in routing: healthy and on the fleet's weight version
+    routed: bool = False  # in routing: healthy, on the fleet's weight version, not drained
     healthy: bool = False  # up (its last /health was ok): publishes go to it, on its version or not
     version: int | None = None
     restarts: int = 0
+    evictions: int = 0  # times it left routing (a missed /health, a publish it missed, a drain)
+    resyncs: int = 0  # times a publish brought it back into routing after it had fallen behind
+    failed_starts: int = 0  # failed starts in a row (reset by a good one)
+    drained: bool = False  # failed its parity probe: out of routing until restarted
+    given_up: bool = False  # failed to start max_failed_starts times in a row: not tried again
     last_error: str | None = None
     scoring: dict[str, float] = field(default_factory=dict)  # the server's /health counters (since its start)
 
     def update(self, health: dict[str, Any] | None, fleet_version: int) -> None:
-        """Take a ``/health`` answer (None: the replica is down)."""
+        """Take a ``/health`` answer (None: the replica is down or hung)."""
+        was_routed = self.routed
         self.healthy = health is not None
         if health is not None:
             self.version = health.get("version")
             self.scoring = health.get("scoring", {})
-        self.routed = self.healthy and self.version == fleet_version
+        self.routed = self.healthy and self.version == fleet_version and not self.drained
+        self.evictions += was_routed and not self.routed
 
 
 class ReplicaFleet:
@@ -82,16 +94,27 @@ class ReplicaFleet:
         self.log_dir = tempfile.mkdtemp(prefix=f"{name}-")
         self.lock = threading.Lock()
         self.stopping = threading.Event()
+        self.restart_wanted = [threading.Event() for _ in range(options.num_replicas)]
         self.replicas = [self._replica_actor(i) for i in range(options.num_replicas)]
         self.status = [ReplicaStatus(i) for i in range(options.num_replicas)]
         starts = [r.start.remote() for r in self.replicas]
-        for i, start in enumerate(starts):
+        for st, start in zip(self.status, starts):
             try:
-                self.status[i].url = ray.get(start)
+                st.url = ray.get(start)
             except Exception as e:
-                self.stop()
-                raise FleetError(f"replica {i} of {name} did not start (logs in {self.log_dir}): {e}") from e
-        healths = [self._health(st.url) for st in self.status]
+                st.last_error, st.failed_starts = start_error(e), 1
+        failed = [st for st in self.status if st.url is None]
+        if options.num_replicas - len(failed) < options.required:
+            self.stop()
+            raise FleetError(f"{len(failed)} of {options.num_replicas} replicas of {name} did not start, and "
+                             f"replicas.min_healthy={options.required} (logs in {self.log_dir}):\n"
+                             + "\n".join(f"replica {st.index}: {st.last_error}" for st in failed)
+                             + "\nfix the cause the replica's own lines give, or set replicas.min_healthy lower to "
+                             "run on the replicas that start")
+        for st in failed:
+            logger.warning("%s: replica %d did not start; running degraded on %d, retrying it: %s", name, st.index,
+                           options.num_replicas - len(failed), st.last_error)
+        healths = [self._health(st.url) if st.url else None for st in self.status]
         self.version = max((h or {}).get("version", 0) for h in healths)  # every fresh server starts at 0
         for st, health in zip(self.status, healths):
             st.update(health, self.version)
@@ -102,24 +125,55 @@ class ReplicaFleet:
 
     # -- what clients and tests ask ---------------------------------------------------
     def urls(self) -> list[str]:
-        """The replicas in routing (healthy, on the fleet's version)."""
+        """The replicas in routing (healthy, on the fleet's version, not drained); raises :class:`FleetError` once
+        too many replicas were given up."""
+        self.check()
         with self.lock:
             return [st.url for st in self.status if st.routed]
 
     def replica_urls(self) -> list[str]:
-        """The replicas that are up, on the fleet's version or not: where a publish goes (and re-syncs)."""
+        """The replicas that are up and not drained, on the fleet's version or not: where a publish goes (and
+        re-syncs); raises like :meth:`urls`."""
+        self.check()
         with self.lock:
-            return [st.url for st in self.status if st.healthy]
+            return [st.url for st in self.status if st.healthy and not st.drained]
+
+    def check(self) -> None:
+        """Raise :class:`FleetError` when fewer than ``min_healthy`` replicas are left (the others given up)."""
+        with self.lock:
+            lost = [st for st in self.status if st.given_up]
+        if self.options.num_replicas - len(lost) >= self.options.required:
+            return
+        raise FleetError(f"{self.name}: {len(lost)} of {self.options.num_replicas} replicas were given up after "
+                         f"{self.options.max_failed_starts} failed starts in a row, leaving fewer than "
+                         f"replicas.min_healthy={self.options.required} (logs in {self.log_dir}):\n"
+                         + "\n".join(f"replica {st.index}: {st.last_error}" for st in lost)
+                         + "\nfix the cause the replica's own lines give, or lower replicas.min_healthy")
 
     def set_version(self, version: int) -> list[str]:
         """The weight version the fleet serves from now on (after a committed publish); returns the URLs in
-        routing: the replicas up and on it (each replica's /health is read again first)."""
+        routing: the replicas up and on it (each replica's /health is read again first). A replica the publish
+        brought back into routing after it had fallen behind counts a re-sync."""
         healths = [self._health(st.url) for st in self.status]
         with self.lock:
             self.version = version
             for st, health in zip(self.status, healths):
+                behind = st.healthy and not st.routed
                 st.update(health, version)
+                st.resyncs += behind and st.routed
         return self.urls()
+
+    def drain(self, url: str, reason: str) -> None:
+        """Take the replica at ``url`` out of routing and restart it (it failed its parity probe: it must not serve
+        what it holds); the next publish re-syncs it."""
+        with self.lock:
+            st = next((st for st in self.status if st.url == url), None)
+            if st is None:
+                return  # already restarted elsewhere
+            st.drained, st.last_error = True, f"drained: {reason}"
+            st.update(None, self.version)
+        logger.warning("%s: replica %d (%s) drained and restarting: %s", self.name, st.index, url, reason)
+        self.restart_wanted[st.index].set()
 
     def replica_status(self, refresh: bool = False) -> list[dict[str, Any]]:
         """Each replica's status as of its supervisor's last ``/health`` (up to ``health_interval_s`` old), or with
@@ -166,9 +220,12 @@ class ReplicaFleet:
         ).remote(self.options, index, self.host, self.log_dir, self.api_key)
 
     def _health(self, url: str | None) -> dict[str, Any] | None:
-        """The replica's ``/health`` answer when it is ok, else None."""
+        """The replica's ``/health`` answer when it is ok within ``health_timeout_s``, else None (also for a replica
+        that never started: no URL)."""
+        if url is None:
+            return None
         try:
-            health = get_json(f"{url}/health", timeout_s=5.0)
+            health = get_json(f"{url}/health", timeout_s=self.options.health_timeout_s)
         except HttpError:
             return None
         return health if isinstance(health, dict) and health.get("status") == "ok" else None
@@ -182,26 +239,40 @@ class ReplicaFleet:
             return False
 
     def _supervise(self, index: int) -> None:
-        st, misses = self.status[index], 0
-        while not self.stopping.wait(self.options.health_interval_s):
-            health = self._health(st.url)
-            misses = 0 if health else misses + 1
-            if health:
-                with self.lock:
-                    st.update(health, self.version)
-                continue
-            if misses < HEALTH_FAILURES_TO_RESTART and self._alive(index):
-                continue
-            with self.lock:
-                st.update(None, self.version)
-            logger.warning("%s: replica %d (%s) is down: out of routing, restarting", self.name, index, st.url)
+        st, silent_since = self.status[index], None
+        if st.url is None:  # it did not start with the fleet (min_healthy let the run go on without it)
             self._restart(index)
-            misses = 0
+        while not st.given_up and not self.stopping.wait(self.options.health_interval_s):
+            if self.restart_wanted[index].is_set():
+                self._restart(index)
+                silent_since = None
+                continue
+            health = self._health(st.url)
+            with self.lock:
+                st.update(health, self.version)
+            if health:
+                silent_since = None
+                continue
+            now = time.monotonic()
+            if silent_since is None:
+                silent_since = now
+                logger.warning("%s: replica %d (%s) did not answer /health within %gs: out of routing", self.name,
+                               index, st.url, self.options.health_timeout_s)
+            alive = self._alive(index)
+            if alive and now - silent_since < self.options.hung_restart_s:
+                continue
+            logger.warning("%s: replica %d (%s) %s: restarting", self.name, index, st.url,
+                           "is hung (no /health for %.0fs)" % (now - silent_since) if alive else "is down")
+            self._restart(index)
+            silent_since = None
 
     def _restart(self, index: int) -> None:
+        """Start replica ``index`` again (stopping what is left of it), backing off after each failed start; give
+        it up after ``max_failed_starts`` failures in a row."""
         import ray
 
         st, backoff = self.status[index], self.options.restart_backoff_s
+        self.restart_wanted[index].clear()
         while not self.stopping.wait(backoff):
             try:
                 if not self._alive(index):  # the server died; the actor may have died with it
@@ -212,18 +283,31 @@ class ReplicaFleet:
                         self.replicas[index] = self._replica_actor(index)
                 url = ray.get(self.replicas[index].start.remote())
             except Exception as e:
-                st.last_error = f"{type(e).__name__}: {e}"
+                with self.lock:
+                    st.last_error, st.failed_starts = start_error(e), st.failed_starts + 1
+                    st.given_up = st.failed_starts >= self.options.max_failed_starts
+                if st.given_up:
+                    logger.error("%s: replica %d given up after %d failed starts in a row: %s", self.name, index,
+                                 st.failed_starts, st.last_error)
+                    return
                 backoff = min(self.options.max_restart_backoff_s, backoff * 2)
-                logger.warning("%s: replica %d failed to restart (next try in %.0fs): %s", self.name, index, backoff,
+                logger.warning("%s: replica %d failed to start (next try in %.0fs): %s", self.name, index, backoff,
                                st.last_error)
                 continue
             health = self._health(url)
             with self.lock:
-                st.url, st.restarts = url, st.restarts + 1
+                st.url, st.restarts, st.failed_starts, st.drained = url, st.restarts + 1, 0, False
                 st.update(health, self.version)
             logger.warning("%s: replica %d is back at %s (version %s, %s)", self.name, index, url, st.version,
                            "in routing" if st.routed else "out of routing until re-synced")
             return
+
+
+def start_error(error: Exception) -> str:
+    """What a replica's failed start says: the launcher's error (the server's last log lines), without Ray's
+    wrapping of it."""
+    cause = getattr(error, "cause", None) or error
+    return f"{type(cause).__name__}: {cause}"
 
 
 class FleetReadings:
@@ -250,6 +334,7 @@ class FleetReadings:
 
         out: dict[str, float] = {}
         for rm, fleet in self.fleets.items():
+            ray.get(fleet.check.remote())  # a fleet left with fewer than min_healthy replicas stops the run here
             now = ray.get(fleet.replica_status.remote(refresh=True))
             out.update(replica_step_metrics(rm, now, self.last.get(rm)))
             self.last[rm] = now

@@ -65,6 +65,7 @@ class RewardServer:
             return
         try:
             os.killpg(self.process.pid, signal.SIGTERM)
+            os.killpg(self.process.pid, signal.SIGCONT)  # a stopped (SIGSTOP) server acts on SIGTERM only once resumed
             self.process.wait(timeout=grace_s)
         except subprocess.TimeoutExpired:
             os.killpg(self.process.pid, signal.SIGKILL)

@@ -27,15 +27,23 @@ class ReplicaOptions:
     python: str | None = None  # the server environment's interpreter; None: $VERL_VLLM_RM_SERVER_PYTHON/.venv-server
     startup_timeout_s: float = 900.0
     health_interval_s: float = 1.0
+    health_timeout_s: float = 5.0  # a /health unanswered this long takes the replica out of routing
+    hung_restart_s: float = 60.0  # a replica whose process lives but whose /health fails this long is restarted
     restart_backoff_s: float = 1.0  # first wait before restarting a dead replica; doubles per failed restart
     max_restart_backoff_s: float = 60.0
+    max_failed_starts: int = 5  # a replica whose start fails this many times in a row is given up
+    min_healthy: int | None = None  # replicas that must start (and not be given up) for the run to go on; None: all
 
     def __post_init__(self) -> None:
-        check_ranges(self, {">= 1": ("num_replicas",), ">= 0": ("gpus_per_replica", "cpus_per_replica"),
-                            "> 0": ("startup_timeout_s", "health_interval_s", "restart_backoff_s",
-                                    "max_restart_backoff_s")}, prefix="replicas.")
+        check_ranges(self, {">= 1": ("num_replicas", "max_failed_starts", "min_healthy"),
+                            ">= 0": ("gpus_per_replica", "cpus_per_replica"),
+                            "> 0": ("startup_timeout_s", "health_interval_s", "health_timeout_s", "hung_restart_s",
+                                    "restart_backoff_s", "max_restart_backoff_s")}, prefix="replicas.")
         if self.max_restart_backoff_s < self.restart_backoff_s:
             raise ValueError("replicas.max_restart_backoff_s must be >= replicas.restart_backoff_s")
+        if self.min_healthy is not None and self.min_healthy > self.num_replicas:
+            raise ValueError(f"replicas.min_healthy={self.min_healthy} is more than replicas.num_replicas="
+                             f"{self.num_replicas}: lower it, or leave it unset (all replicas)")
         parallel = self.model_parallel_size  # one replica sharing a GPU (a fraction) is fine; a sharded one is not
         if parallel > 1 and self.gpus_per_replica is not None and 0 < self.gpus_per_replica < parallel:
             raise ValueError(f"replicas.gpus_per_replica={self.gpus_per_replica:g} is less than the "
@@ -45,6 +53,11 @@ class ReplicaOptions:
         if reserved:
             raise ValueError(f"replicas.server_args sets {sorted(reserved)}, which the fleet chooses per replica: "
                              "give the model as replicas.model and drop the others")
+
+    @property
+    def required(self) -> int:
+        """Replicas that must be up for the run to go on (``min_healthy``, else all)."""
+        return self.num_replicas if self.min_healthy is None else self.min_healthy
 
     @property
     def model_parallel_size(self) -> int:

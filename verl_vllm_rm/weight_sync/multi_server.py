@@ -9,12 +9,17 @@ managed replicas (``on_commit`` given: the fleet routes only the replicas on its
 replica that fails for another reason (it died, its transfer broke) is left behind instead:
 the others commit, ``on_commit`` moves the fleet to the new version, which takes the laggard
 out of routing, and the next publish re-syncs it (its server list comes from ``server_urls``
-again each time).
+again each time). There, too, a server that fails the parity probe while others pass is handed
+to ``on_parity_failure`` (the fleet drains and restarts it) instead of failing the publish.
+
+A server that leaves the list (down, hung) has its session closed in the background: cleanup
+aimed at a dead or hung peer is logged, never raised, and never holds up a training step.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -42,9 +47,14 @@ class MultiServerPublisher(ClosedOnExit):
     """
 
     def __init__(self, server_urls: ServerList, *, on_commit: Callable[[int], None] | None = None,
+                 on_parity_failure: Callable[[str, str], None] | None = None,
                  parity_probe: ParityProbe | None = None, **publisher_kwargs: Any) -> None:
+        if on_parity_failure is not None and on_commit is None:
+            raise ValueError("on_parity_failure drains a server from routing: it needs on_commit (servers routed "
+                             "by weight version, i.e. managed replicas)")
         self._server_urls = server_urls if callable(server_urls) else (lambda: list(server_urls))
         self.on_commit = on_commit
+        self.on_parity_failure = on_parity_failure
         self.parity_probe = parity_probe
         self.publisher_kwargs = publisher_kwargs
         self.publishers: dict[str, RewardModelPublisher] = {}
@@ -58,10 +68,23 @@ class MultiServerPublisher(ClosedOnExit):
         if not urls:
             raise ValueError("MultiServerPublisher needs at least one server URL")
         for url in set(self.publishers) - set(urls):
-            self.publishers.pop(url).close()
+            self._discard(url)
         for url in urls:
             if url not in self.publishers:
                 self.publishers[url] = RewardModelPublisher(url, **self.publisher_kwargs)
+
+    def _discard(self, url: str) -> None:
+        """Forget the server's publisher; its session is closed in the background (a dead or hung server may never
+        answer), any error logged: the next publish to it starts a fresh session, which re-syncs it."""
+        publisher = self.publishers.pop(url)
+
+        def close() -> None:
+            try:
+                publisher.close()
+            except Exception as e:
+                logger.warning("closing the weight-sync session of %s (out of the server list): %s", url, e)
+
+        threading.Thread(target=close, daemon=True, name=f"close-{url}").start()
 
     @property
     def distributed(self) -> bool:
@@ -114,11 +137,28 @@ class MultiServerPublisher(ClosedOnExit):
             self.on_commit(version)  # the fleet routes the replicas on this version only
         figures: dict[str, dict[str, Any]] = {}
         if probe_due:
-            first = next(iter(self.publishers.values()))
-            figures = self.parity_probe.check(state_dict, probe_ids, list(results), first.api_key, version,
-                                              leader=first.rank == 0, agree=first.agree,
-                                              server_dtype=coarsest(*(p.server_dtype for p in self.publishers.values())))
+            figures, drained = self._probe(state_dict, probe_ids, list(results), version)
+            results = {url: r for url, r in results.items() if url not in drained}
         return [replace(r, seconds=time.monotonic() - t0, parity=figures.get(url)) for url, r in results.items()]
+
+    def _probe(self, model: Any, probe_ids: Sequence[Sequence[int]], urls: list[str],
+               version: int) -> tuple[dict[str, dict[str, Any]], list[str]]:
+        """The parity probe on every server that serves ``version``: the figures of those that pass (rank 0's) and
+        the servers drained. With
+        ``on_parity_failure``, servers that fail while another passes are drained (and their sessions dropped, so
+        the next publish re-syncs them); otherwise any failure is raised on every rank."""
+        first = next(iter(self.publishers.values()))
+        figures, failures = self.parity_probe.check(
+            model, probe_ids, urls, first.api_key, version, leader=first.rank == 0,
+            server_dtype=coarsest(*(p.server_dtype for p in self.publishers.values())))
+        drain = self.on_parity_failure is not None and len(failures) < len(urls)
+        first.agree(None if drain or not failures else next(iter(failures.values())))
+        drained = first.share({url: str(e) for url, e in failures.items()})
+        for url, reason in drained.items():
+            logger.warning("version %d: server %s failed its parity probe: drained (%s)", version, url, reason)
+            self.on_parity_failure(url, reason)
+            self._discard(url)
+        return figures, list(drained)
 
     def _stage_and_commit(self, state_dict: StateDictLike, version: int, training_mode: Any,
                           publish_kwargs: dict[str, Any]) -> dict[str, PublishResult]:
@@ -137,7 +177,7 @@ class MultiServerPublisher(ClosedOnExit):
         for url, error in failed.items():
             logger.warning("version %d: server %s left behind (out of routing until re-synced): %s",
                            version, url, error)
-            self.publishers.pop(url).close()  # a fresh session re-syncs it at the next publish
+            self._discard(url)  # a fresh session re-syncs it at the next publish
         commits = self._each(lambda p: p.commit(version), parallel=True)
         broken = {url: r for url, r in commits.items() if isinstance(r, Exception)}
         if broken and self.on_commit is None:
@@ -159,12 +199,10 @@ class MultiServerPublisher(ClosedOnExit):
         return WeightUpdateRefused(message) if refused else WeightSyncError(message)
 
     def close(self) -> None:
-        """Close every publisher's session (each one, even when another fails)."""
-        errors = []
-        for pub in self.publishers.values():
+        """Close every publisher's session (each one; a server that cannot be reached is logged, not raised: the run
+        is over for it either way)."""
+        for url, pub in self.publishers.items():
             try:
                 pub.close()
             except Exception as e:
-                errors.append(e)
-        if errors:
-            raise errors[0]
+                logger.warning("closing the weight-sync session of %s: %s", url, e)

@@ -191,9 +191,10 @@ class RewardModelPublisher(ClosedOnExit):
             self.version = version
             self.publishes += 1
         if probe_due:
-            parity = self.parity_probe.check(state_dict, probe_ids, [self.server_url], self.api_key, version,
-                                             leader=self.rank == 0, agree=self.agree,
-                                             server_dtype=self.server_dtype).get(self.server_url)
+            figures, failures = self.parity_probe.check(state_dict, probe_ids, [self.server_url], self.api_key,
+                                                        version, leader=self.rank == 0, server_dtype=self.server_dtype)
+            self.agree(failures.get(self.server_url))
+            parity = figures.get(self.server_url)
         return PublishResult(version, len(items), sum(b.nbytes for b in buckets), len(buckets),
                              time.monotonic() - t0, server, parity, peak)
 
@@ -216,14 +217,19 @@ class RewardModelPublisher(ClosedOnExit):
                 raise WeightUpdateRefused(e.message) from None
             raise WeightSyncError(f"{path} for version {version} failed: {e.cause}") from None
 
+    def share(self, value: Any) -> Any:
+        """Rank 0's ``value`` on every rank (a picklable object)."""
+        if self.world_size == 1:
+            return value
+        box = [value]
+        dist.broadcast_object_list(box, src=dist.get_global_rank(self.group, 0) if self.group else 0, group=self.group)
+        return box[0]
+
     def agree(self, error: Exception | None) -> None:
         """Every rank learns rank 0's outcome before anyone starts gathering (or nobody does)."""
-        if self.world_size > 1:
-            box = [None if error is None else (isinstance(error, WeightUpdateRefused), str(error))]
-            dist.broadcast_object_list(box, src=dist.get_global_rank(self.group, 0) if self.group else 0,
-                                       group=self.group)
-            if error is None and box[0] is not None:
-                refused, message = box[0]
-                error = WeightUpdateRefused(message) if refused else WeightSyncError(f"rank 0 failed: {message}")
+        outcome = self.share(None if error is None else (isinstance(error, WeightUpdateRefused), str(error)))
+        if error is None and outcome is not None:
+            refused, message = outcome
+            error = WeightUpdateRefused(message) if refused else WeightSyncError(f"rank 0 failed: {message}")
         if error is not None:
             raise error
