@@ -283,6 +283,28 @@ def test_a_hung_server_fails_over_once_its_health_check_times_out(hung_and_live,
     assert [r["path"] for r in hung.requests if r["path"] != "/health"] == []
 
 
+def test_a_server_found_hung_is_asked_for_health_before_it_gets_another_request(hung_and_live, tokenizer, texts):
+    """With no cooldown, a server found hung is picked again at once, but its /health is asked first: it still
+    does not answer, so the request goes to the live server. 20 requests one after another over [hung, live]
+    (both idle: the router picks at random, the hung one 1 in 2): /health probes reach the hung server, /score
+    never does again."""
+    hung, live = hung_and_live
+    ids = [tokenizer(texts[0]).input_ids]
+    client = VLLMRewardClient([hung.url, live.url], failover_after_s=0.5, health_timeout_s=0.5, read_timeout_s=3600,
+                              request_timeout_s=3600, endpoint_cooldown_s=0, max_retries=3, **FAST)
+
+    async def requests_one_by_one():
+        while client.endpoint_stats().get(hung.url, {}).get("hangs", 0) == 0:  # until a request met it hanging
+            await client.score_request(ids)
+        hung.requests.clear()
+        for _ in range(20):
+            await client.score_request(ids)
+
+    run(client, requests_one_by_one())
+    paths = [r["path"] for r in hung.requests]
+    assert "/health" in paths and "/score" not in paths, paths
+
+
 def test_a_busy_server_that_answers_health_keeps_its_request(fault_proxy, tokenizer, hf_model, texts):
     """A /score answered after 2 s by a server whose /health answers at once is no hang: past failover_after_s
     (0.2 s) the client checks /health, finds it up and keeps waiting; one /score attempt, no fail-over."""
@@ -350,8 +372,8 @@ def test_bad_options_are_clear():
 
 def test_a_followed_source_gives_the_servers_and_is_asked_again(rm_server, blackhole, tokenizer, hf_model, texts):
     """``follow``: requests wait for the source's first list (managed replicas come up behind it), route over
-    it, and take a new list at most every ``refresh_s`` (a replica out of routing is dropped, stats kept for the
-    ones that stay)."""
+    it, and take a new list at most every ``refresh_s`` (a replica out of routing is dropped; every server's
+    figures are kept)."""
     lists = [[blackhole], [rm_server.url]]
     asked = []
 
@@ -366,6 +388,7 @@ def test_a_followed_source_gives_the_servers_and_is_asked_again(rm_server, black
     scores = run(client, client.score_batch(ids))  # first to the blackhole, then the refreshed list
     assert scores == pytest.approx(sequence_scores(hf_model, ids), abs=1e-4)
     assert len(asked) >= 2 and client.urls == [rm_server.url]
+    assert client.endpoint_stats()[blackhole]["requests"] >= 1  # dropped from routing, its figures kept
     stats = client.endpoint_stats()[rm_server.url]
     assert stats["requests"] >= 1 and stats["failures"] == 0 and stats["latency_ms"] > 0
 

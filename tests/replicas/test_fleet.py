@@ -25,11 +25,13 @@ SPLIT_GROUPS = np.array([0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15])
 
 
 HUNG_RESTART_S = 10.0  # the module's fleet restarts a replica silent this long
+FAILOVER_AFTER_S = 4.0  # the workers' clients check a server's /health after this long without an answer
 
 
 def replicas_block(model: str, server_args: list[str], n: int = 2) -> dict:
     return {"model": model, "num_replicas": n, "server_args": [f"'{a}'" for a in server_args],
-            "health_interval_s": 0.5, "restart_backoff_s": 0.5, "hung_restart_s": HUNG_RESTART_S}
+            "health_interval_s": 0.5, "restart_backoff_s": 0.5, "hung_restart_s": HUNG_RESTART_S,
+            "max_failed_starts": 2}
 
 
 def random_groups(tokenizer, n: int, seed: int = 0) -> list:
@@ -55,8 +57,8 @@ def fleet_run(tiny_rm, server_args):
     ray.init(num_cpus=6, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
     block = replicas_block(tiny_rm, [*server_args, "--enable-weight-updates"])
     # requests of at most 16 rows: a step is many requests, spread over both replicas
-    cfg = vllm_rm_config(None, tiny_rm, {"replicas": block, "failover_after_s": 2, "health_timeout_s": 2,
-                                         "max_batch_seqs": 16}, ["reward.num_workers=2"])
+    cfg = vllm_rm_config(None, tiny_rm, {"replicas": block, "failover_after_s": FAILOVER_AFTER_S,
+                                         "health_timeout_s": 2, "max_batch_seqs": 16}, ["reward.num_workers=2"])
     manager = RewardLoopManager(cfg)
     yield manager
     fleet = ray.get_actor(fleet_name("rm"))
@@ -196,51 +198,72 @@ def route_over_both(manager, tokenizer) -> None:
     wait_until(routed, 60, "every worker routes over both replicas")
 
 
-def scored_step(manager, tokenizer, seed: int):
-    """A step of 64 groups of distinct random rows (no prefix-cache shortcut: a few seconds) started in a thread:
-    (thread, its result box, the rows, the batch)."""
+def signal_mid_step(manager, tiny_rm: str, tokenizer, seed: int, signum: int) -> dict:
+    """Publish known weights (both replicas routed), SIGSTOP replica 0's server (its process group) and start a step
+    of 64 groups of distinct random rows (many requests): the fleet keeps a silent replica in routing for its
+    health_timeout_s (5 s) and the step's first requests go out within it, so some hang there. SIGSTOP: leave it so.
+    SIGKILL: kill it once a request of the step is seen held there (a crash mid-request: the connection is reset
+    before the clients' fail-over check, FAILOVER_AFTER_S + 2 s, would end it). Wait for the step: every score must
+    be the published model's, every sample valid. What the test reads next: the fleet status before, the victim's
+    pid and URL, the workers' client counters for it before and after, the rows scored."""
+    import ray
+    from sync_helpers import load_rm, perturbed
+
+    fleet = ray.get_actor(fleet_name("rm"))
+    serving = perturbed(load_rm(tiny_rm), seed)
+    publish_known(tiny_rm, serving)
+    route_over_both(manager, tokenizer)
+    before = ray.get(fleet.replica_status.remote())
+    victim, url = ray.get(fleet.server_pids.remote())[0], before[0]["url"]
+    seen = client_stats(manager, url)
     groups = random_groups(tokenizer, 64, seed)
     data = build_batch(groups, tokenizer.pad_token_id)
     results: dict = {}
     step = threading.Thread(target=lambda: results.update(out=manager.compute_rm_score(data)))
+    os.killpg(victim, signal.SIGSTOP)
+    step.start()
+    if signum == signal.SIGKILL:
+        wait_until(lambda: client_stats(manager, url).get("outstanding", 0) > 0, 60,
+                   "a request of the step held at replica 0")
+        os.killpg(victim, signal.SIGKILL)
+    step.join(timeout=600)
     rows = [row_token_ids(g, r) for g in groups for r in g.response_ids]
-    return step, results, rows, data
+    out = results["out"]
+    assert torch.allclose(last_token_rewards(out.batch["rm_scores"], data),
+                          torch.tensor(sequence_scores(serving, rows)), atol=1e-4)
+    assert out.non_tensor_batch["rm_valid"].tolist() == [1.0] * len(data)
+    return {"before": before, "victim": victim, "url": url, "seen": seen, "after": client_stats(manager, url),
+            "rows": rows}
 
 
-def test_a_replica_killed_mid_step_is_restarted_and_serves_again(fleet_run, tiny_rm, tokenizer, hf_model):
-    """SIGKILL of replica 0 while a step is scoring: requests that met the dead server were answered by replica 1
-    (the workers' clients count its failures and the fail-overs away from it), every score right; the fleet
-    restarts it, keeps it out of routing (a fresh server serves the checkpoint) until a publish re-syncs it."""
+def wait_restarted(index: int, restarts_before: int, what: str) -> list[dict]:
+    """Wait until replica ``index`` has restarted once more and is healthy; the fleet's status then."""
     import ray
-    from sync_helpers import assert_parity, load_rm, perturbed
 
     fleet = ray.get_actor(fleet_name("rm"))
-    serving = perturbed(load_rm(tiny_rm), 7)
-    publish_known(tiny_rm, serving)
-    route_over_both(fleet_run, tokenizer)
-    before = ray.get(fleet.replica_status.remote())
-    victim, url = ray.get(fleet.server_pids.remote())[0], before[0]["url"]
-    seen = client_stats(fleet_run, url)
-    step, results, rows, data = scored_step(fleet_run, tokenizer, seed=1)
-    step.start()
-    wait_until(lambda: client_stats(fleet_run, url).get("outstanding", 0) > 0, 60,
-               "a request of the step in flight at replica 0")
-    os.killpg(victim, signal.SIGKILL)  # the server and its engine, as a crash would
-    step.join(timeout=600)
-    expected = torch.tensor(sequence_scores(serving, rows))
-    out = results["out"]
-    assert torch.allclose(last_token_rewards(out.batch["rm_scores"], data), expected, atol=1e-4)
-    assert out.non_tensor_batch["rm_valid"].tolist() == [1.0] * len(data)
-    after = client_stats(fleet_run, url)
-    assert after["failures"] > seen.get("failures", 0) and after["failovers"] > seen.get("failovers", 0), after
 
     def restarted():
         status = ray.get(fleet.replica_status.remote())
-        return status[0]["restarts"] == before[0]["restarts"] + 1 and status[0]["healthy"]
+        return status[index]["restarts"] == restarts_before + 1 and status[index]["healthy"]
 
-    wait_until(restarted, 300, "the killed replica restarted")
-    new_pid = ray.get(fleet.server_pids.remote())[0]
-    assert new_pid != victim and not pid_alive(victim)
+    wait_until(restarted, 300, what)
+    return ray.get(fleet.replica_status.remote())
+
+
+def test_a_replica_killed_mid_step_is_restarted_and_serves_again(fleet_run, tiny_rm, tokenizer, hf_model):
+    """SIGKILL of replica 0 while a request of a step is held there: the requests that met the dead server were
+    answered by replica 1
+    (the workers' clients count its failures and the fail-overs away from it), every score right; the fleet
+    restarts it, keeps it out of routing (a fresh server serves the checkpoint) until a publish re-syncs it."""
+    import ray
+    from sync_helpers import assert_parity, load_rm
+
+    fleet = ray.get_actor(fleet_name("rm"))
+    run = signal_mid_step(fleet_run, tiny_rm, tokenizer, 7, signal.SIGKILL)  # the server and its engine: a crash
+    before, seen, after = run["before"], run["seen"], run["after"]
+    assert after["failures"] > seen.get("failures", 0) and after["failovers"] > seen.get("failovers", 0), after
+    wait_restarted(0, before[0]["restarts"], "the killed replica restarted")
+    assert ray.get(fleet.server_pids.remote())[0] != run["victim"] and not pid_alive(run["victim"])
     # a fresh server serves the checkpoint (version 0), not the fleet's version: out of routing until re-synced
     status = ray.get(fleet.replica_status.remote())
     assert (status[0]["version"], status[0]["routed"]) == (0, False) and status[1]["routed"]
@@ -250,50 +273,30 @@ def test_a_replica_killed_mid_step_is_restarted_and_serves_again(fleet_run, tiny
     assert [(s["version"], s["routed"]) for s in status] == [(version, True), (version, True)]
     assert status[0]["resyncs"] == before[0]["resyncs"] + 1
     for s in status:
-        assert_parity(s["url"], hf_model, rows[:8])
+        assert_parity(s["url"], hf_model, run["rows"][:8])
 
 
 def test_a_hung_replica_leaves_routing_its_requests_fail_over_and_it_is_restarted(fleet_run, tiny_rm, tokenizer):
     """SIGSTOP of replica 0's server (alive, port open, never answering) while a step is scoring: the requests that
-    met it fail over once its /health stays silent (failover_after_s 2 + health_timeout_s 2, not the 120 s read
+    met it fail over once its /health stays silent (FAILOVER_AFTER_S + health_timeout_s 2, not the 120 s read
     timeout), every score right; the fleet's own /health check takes it out of routing and, silent for
     HUNG_RESTART_S, it is restarted (the stopped process ends) and re-synced by the next publish."""
     import ray
-    from sync_helpers import load_rm, perturbed
+    from sync_helpers import load_rm
 
     fleet = ray.get_actor(fleet_name("rm"))
-    serving = perturbed(load_rm(tiny_rm), 8)
-    publish_known(tiny_rm, serving)
-    route_over_both(fleet_run, tokenizer)
-    before = ray.get(fleet.replica_status.remote())
-    victim, url = ray.get(fleet.server_pids.remote())[0], before[0]["url"]
-    seen = client_stats(fleet_run, url)
-    step, results, rows, data = scored_step(fleet_run, tokenizer, seed=2)
-    step.start()
-    wait_until(lambda: client_stats(fleet_run, url).get("outstanding", 0) > 0, 60,
-               "a request of the step in flight at replica 0")
-    os.killpg(victim, signal.SIGSTOP)
     try:
-        step.join(timeout=600)
-        out = results["out"]
-        assert torch.allclose(last_token_rewards(out.batch["rm_scores"], data),
-                              torch.tensor(sequence_scores(serving, rows)), atol=1e-4)
-        assert out.non_tensor_batch["rm_valid"].tolist() == [1.0] * len(data)
-        after = client_stats(fleet_run, url)
+        run = signal_mid_step(fleet_run, tiny_rm, tokenizer, 8, signal.SIGSTOP)
+        before, seen, after = run["before"], run["seen"], run["after"]
         assert after["hangs"] > seen.get("hangs", 0) and after["failovers"] > seen.get("failovers", 0), after
         wait_until(lambda: not ray.get(fleet.replica_status.remote())[0]["routed"], 60, "replica 0 out of routing")
         assert ray.get(fleet.urls.remote()) == [before[1]["url"]]
-
-        def restarted():
-            status = ray.get(fleet.replica_status.remote())
-            return status[0]["restarts"] == before[0]["restarts"] + 1 and status[0]["healthy"]
-
-        wait_until(restarted, 300, "the hung replica restarted")
-        assert not pid_alive(victim)
+        status = wait_restarted(0, before[0]["restarts"], "the hung replica restarted")
+        assert not pid_alive(run["victim"])
     finally:
-        if pid_alive(victim):
-            os.killpg(victim, signal.SIGCONT)
-    status = ray.get(fleet.replica_status.remote())
+        for pid in ray.get(fleet.server_pids.remote()):
+            if pid is not None:
+                os.killpg(pid, signal.SIGCONT)  # never leave a stopped server behind a failed check
     assert status[0]["evictions"] > before[0]["evictions"] and (status[0]["version"], status[0]["routed"]) == (0, False)
     publish_known(tiny_rm, load_rm(tiny_rm))  # the re-sync
 
@@ -334,12 +337,7 @@ def test_a_replica_that_fails_its_parity_probe_is_drained_restarted_and_resynced
     assert status[1]["evictions"] == before[1]["evictions"] + 1 and "drained" in status[1]["last_error"]
     assert "does not score like the trainer's model" in status[1]["last_error"]
 
-    def restarted():
-        now = ray.get(fleet.replica_status.remote())
-        return now[1]["restarts"] == before[1]["restarts"] + 1 and now[1]["healthy"]
-
-    wait_until(restarted, 300, "the drained replica restarted")
-    status = ray.get(fleet.replica_status.remote())
+    status = wait_restarted(1, before[1]["restarts"], "the drained replica restarted")
     assert (status[1]["version"], status[1]["routed"], status[1]["drained"]) == (0, False, False)
     version = publish_known(tiny_rm, model)  # the re-sync
     status = ray.get(fleet.replica_status.remote())
@@ -347,3 +345,28 @@ def test_a_replica_that_fails_its_parity_probe_is_drained_restarted_and_resynced
     for s in status:
         assert (s["version"], s["routed"]) == (version, True)
         assert_parity(s["url"], model, probe_ids)
+
+
+def test_a_replica_that_keeps_failing_to_start_is_given_up_and_the_fleet_fails(fleet_run, tiny_rm):
+    """The last test of the module (it leaves the fleet failed). The RM's folder vanishes (its storage lost) and
+    replica 1 dies: each restart fails with the server's own words, the second in a row gives it up
+    (max_failed_starts=2), and with fewer than min_healthy (all: 2) replicas left the fleet answers every caller
+    with the error, each given-up replica's cause in it."""
+    import ray
+
+    fleet = ray.get_actor(fleet_name("rm"))
+    before = ray.get(fleet.replica_status.remote())
+    moved = f"{tiny_rm}.moved"
+    os.rename(tiny_rm, moved)
+    try:
+        os.killpg(ray.get(fleet.server_pids.remote())[1], signal.SIGKILL)
+        wait_until(lambda: ray.get(fleet.replica_status.remote())[1]["given_up"], 300, "replica 1 given up")
+    finally:
+        os.rename(moved, tiny_rm)
+    status = ray.get(fleet.replica_status.remote())
+    assert status[1]["restarts"] == before[1]["restarts"] and status[1]["failed_starts"] == 2
+    assert f"--model {tiny_rm} does not exist" in status[1]["last_error"]
+    with pytest.raises(Exception, match=r"1 of 2 replicas were given up after 2 failed starts in a row, leaving "
+                                        r"fewer than replicas.min_healthy=2(.|\n)*replica 1: ServerStartError: "
+                                        r"server exited with code 1"):
+        ray.get(fleet.urls.remote())

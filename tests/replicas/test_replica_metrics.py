@@ -51,6 +51,33 @@ def test_the_fleet_counts_healthy_replicas_and_the_steps_evictions_resyncs_and_r
     assert gone["replicas/rm/0/given_up"] == 1.0 and gone["replicas/rm/healthy"] == 0.0
 
 
+def test_a_replica_status_counts_evictions_and_resyncs_but_not_a_commit_the_fleet_has_not_seen_yet():
+    """Health readings of one replica against the fleet's version: a replica that committed a publish before the
+    fleet moved to it is briefly out of routing without an eviction; a missed /health is one; a replica seen behind
+    and later routed on the fleet's version was re-synced."""
+    from verl_vllm_rm.replicas.fleet import ReplicaStatus
+
+    def ok(version):
+        return {"status": "ok", "version": version}
+
+    st = ReplicaStatus(0)
+    st.update(ok(0), 0)
+    assert (st.routed, st.evictions) == (True, 0)
+    st.update(ok(1), 0)  # committed version 1; the fleet still says 0
+    assert (st.routed, st.evictions) == (False, 0)
+    st.update(ok(1), 1)
+    assert (st.routed, st.resyncs) == (True, 0)
+    st.update(None, 1)  # hung or down
+    assert (st.routed, st.healthy, st.evictions) == (False, False, 1)
+    st.update(ok(1), 2)  # back, but the fleet moved on without it
+    assert (st.routed, st.lagging, st.evictions) == (False, True, 1)
+    st.update(ok(3), 3)  # a publish re-synced it
+    assert (st.routed, st.resyncs, st.lagging) == (True, 1, False)
+    st.drained = True
+    st.update(ok(3), 3)
+    assert (st.routed, st.evictions) == (False, 2)
+
+
 @pytest.mark.parametrize("kwargs, message", [
     ({"server_url": "http://a:1", "replicas": {"model": "/rm"}}, r"both server_url \['http://a:1'\] and replicas"),
     ({"replicas": {"model": "/rm", "num_replicas": 0}}, r"num_replicas must be >= 1"),

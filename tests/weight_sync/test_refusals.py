@@ -143,3 +143,12 @@ def test_weight_routes_404_without_the_flag(rm_server):
 def test_init_communicator_rejects_bad_fields(ws_server):
     resp = requests.post(f"{ws_server.url}/init_communicator", json={"master_address": "127.0.0.1"}, timeout=10)
     assert resp.status_code == 400 and "master_port" in resp.json()["error"]["message"]
+
+
+def test_draining_on_a_parity_failure_needs_a_fleet_that_routes_by_version():
+    """``on_parity_failure`` takes a server out of routing, which only servers routed by weight version (managed
+    replicas, ``on_commit``) have: a fixed list is refused before any server is contacted."""
+    from verl_vllm_rm.weight_sync import MultiServerPublisher
+
+    with pytest.raises(ValueError, match=r"on_parity_failure drains a server from routing: it needs on_commit"):
+        MultiServerPublisher(["http://127.0.0.1:9"], on_parity_failure=lambda url, reason: None)

@@ -71,6 +71,7 @@ def test_updates_under_manager_load_never_mix_or_lose(ws_server, tiny_rm, verl_c
         for model in states[1:]:
             pub.publish(model, pub.version + 1, "full")
             one_more_round()
+    one_more_round()  # a call in flight during the last commit may end that round: this one started after it
     stop.set()
     for t in threads:
         t.join(JOIN_S)

@@ -9,7 +9,7 @@ request goes to another server, so a hung server never holds a request for the r
 rejoins routing once its ``/health`` answers again. Each attempt goes through
 :mod:`verl_vllm_rm.client.http`. The server list is
 fixed (``server_url``) or follows a source (:meth:`VLLMRewardClient.follow`: managed
-replicas), asked again at most once a second and awaited only while no server is known.
+replicas), asked again at most once a second (a due answer is awaited: no request routes on an older list).
 
 ``score_request`` sends its items as one ``/score`` request; ``score_batch`` first
 splits them by the sequence and token budget (the group batcher splits on its own
@@ -111,7 +111,8 @@ class VLLMRewardClient:
         elif server_url is not None or kwargs:
             raise TypeError("pass either options=ClientOptions(...) or keyword options, not both")
         self.options: ClientOptions = options
-        self._endpoints = [_Endpoint(u.rstrip("/")) for u in self.options.server_url]
+        self._endpoints = [_Endpoint(u.rstrip("/")) for u in self.options.server_url]  # the servers routed over
+        self._seen: dict[str, _Endpoint] = {e.url: e for e in self._endpoints}  # every server ever routed over
         self._loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopState] = weakref.WeakKeyDictionary()
         self._source: Callable[[], Awaitable[list[str]]] | None = None
         self._refresh_s, self._refreshed = 1.0, -math.inf
@@ -171,17 +172,19 @@ class VLLMRewardClient:
         return await self._call("GET", "/health")
 
     def endpoint_stats(self) -> dict[str, dict[str, float]]:
-        """Per server: requests sent, in flight now, failed ones, requests that failed over from it to another
-        server, attempts abandoned because it hung, and the mean latency in ms (per-replica metrics)."""
+        """Per server ever routed over (one a source dropped keeps its figures, and its hung mark should it come
+        back): requests sent, in flight now, failed ones, requests that failed over from it to another server,
+        attempts abandoned because it hung, and the mean latency in ms (per-replica metrics)."""
         return {e.url: {"requests": e.requests, "outstanding": e.outstanding, "failures": e.failures,
                         "failovers": e.failovers, "hangs": e.hangs,
                         "latency_ms": 1000.0 * e.busy_s / e.requests if e.requests else 0.0}
-                for e in self._endpoints}
+                for e in self._seen.values()}
 
     def follow(self, source: Callable[[], Awaitable[list[str]]], refresh_s: float = 1.0) -> None:
         """Route over the URLs ``source()`` gives (the replicas in routing), asked again at most every
         ``refresh_s``; requests wait for its first answer."""
         self._source, self._refresh_s, self._refreshed, self._endpoints = source, refresh_s, -math.inf, []
+        self._seen = {}
 
     async def close(self) -> None:
         """Close this event loop's HTTP session."""
@@ -208,13 +211,15 @@ class VLLMRewardClient:
         return state
 
     async def _refresh(self) -> None:
-        """Ask the source for the servers (at most every ``refresh_s``; one question at a time)."""
+        """Ask the source for the servers (at most every ``refresh_s``; one question at a time, which every request
+        of that moment awaits: a list older than ``refresh_s`` is never used, so a replica that fell behind while
+        this client was idle, e.g. between two steps, gets no request)."""
         now = time.monotonic()
         if self._pending is None and now - self._refreshed >= self._refresh_s:
             self._refreshed = now
             self._pending = asyncio.ensure_future(self._source())
         pending = self._pending
-        if pending is None or (self._endpoints and not pending.done()):
+        if pending is None:
             return
         try:
             urls = await asyncio.shield(pending)
@@ -226,8 +231,7 @@ class VLLMRewardClient:
             if self._pending is pending:
                 self._pending = None
         if urls:
-            known = {e.url: e for e in self._endpoints}
-            self._endpoints = [known.get(u.rstrip("/")) or _Endpoint(u.rstrip("/")) for u in urls]
+            self._endpoints = [self._seen.setdefault(u.rstrip("/"), _Endpoint(u.rstrip("/"))) for u in urls]
 
     def _pick(self, avoid: _Endpoint | None = None) -> _Endpoint:
         """Least outstanding among the servers that look up; a retry avoids the one that just failed."""

@@ -56,19 +56,26 @@ class ReplicaStatus:
     resyncs: int = 0  # times a publish brought it back into routing after it had fallen behind
     failed_starts: int = 0  # failed starts in a row (reset by a good one)
     drained: bool = False  # failed its parity probe: out of routing until restarted
+    lagging: bool = False  # seen up on an older version than the fleet's: its next time in routing is a re-sync
     given_up: bool = False  # failed to start max_failed_starts times in a row: not tried again
     last_error: str | None = None
     scoring: dict[str, float] = field(default_factory=dict)  # the server's /health counters (since its start)
 
     def update(self, health: dict[str, Any] | None, fleet_version: int) -> None:
-        """Take a ``/health`` answer (None: the replica is down or hung)."""
+        """Take a ``/health`` answer (None: the replica is down or hung). Leaving routing counts an eviction, unless
+        the replica is ahead of the fleet (it committed a publish the fleet has not moved to yet); coming back into
+        routing after it was seen behind counts a re-sync."""
         was_routed = self.routed
         self.healthy = health is not None
         if health is not None:
             self.version = health.get("version")
             self.scoring = health.get("scoring", {})
-        self.routed = self.healthy and self.version == fleet_version and not self.drained
-        self.evictions += was_routed and not self.routed
+        known = self.healthy and self.version is not None
+        self.lagging = self.lagging or (known and self.version < fleet_version)
+        self.routed = known and self.version == fleet_version and not self.drained
+        if self.routed and self.lagging:
+            self.resyncs, self.lagging = self.resyncs + 1, False
+        self.evictions += was_routed and not self.routed and not (known and self.version > fleet_version)
 
 
 class ReplicaFleet:
@@ -93,6 +100,7 @@ class ReplicaFleet:
         self.host = options.host or ("127.0.0.1" if len(nodes) == 1 else None)  # None: each replica's node IP
         self.log_dir = tempfile.mkdtemp(prefix=f"{name}-")
         self.lock = threading.Lock()
+        self.epoch = 0  # moves with the fleet's version: a /health read before the move is stale (see _supervise)
         self.stopping = threading.Event()
         self.restart_wanted = [threading.Event() for _ in range(options.num_replicas)]
         self.replicas = [self._replica_actor(i) for i in range(options.num_replicas)]
@@ -152,15 +160,12 @@ class ReplicaFleet:
 
     def set_version(self, version: int) -> list[str]:
         """The weight version the fleet serves from now on (after a committed publish); returns the URLs in
-        routing: the replicas up and on it (each replica's /health is read again first). A replica the publish
-        brought back into routing after it had fallen behind counts a re-sync."""
+        routing: the replicas up and on it (each replica's /health is read again first)."""
         healths = [self._health(st.url) for st in self.status]
         with self.lock:
-            self.version = version
+            self.version, self.epoch = version, self.epoch + 1
             for st, health in zip(self.status, healths):
-                behind = st.healthy and not st.routed
                 st.update(health, version)
-                st.resyncs += behind and st.routed
         return self.urls()
 
     def drain(self, url: str, reason: str) -> None:
@@ -170,8 +175,9 @@ class ReplicaFleet:
             st = next((st for st in self.status if st.url == url), None)
             if st is None:
                 return  # already restarted elsewhere
-            st.drained, st.last_error = True, f"drained: {reason}"
+            was_routed, st.drained, st.last_error = st.routed, True, f"drained: {reason}"
             st.update(None, self.version)
+            st.evictions += not was_routed  # a drain is an eviction even of a replica already out (e.g. ahead)
         logger.warning("%s: replica %d (%s) drained and restarting: %s", self.name, st.index, url, reason)
         self.restart_wanted[st.index].set()
 
@@ -181,10 +187,11 @@ class ReplicaFleet:
         that include the step's last requests). A replica that does not answer keeps its status: marking it down
         is its supervisor's call."""
         if refresh:
+            epoch = self.epoch
             healths = [self._health(st.url) for st in self.status]
             with self.lock:
                 for st, health in zip(self.status, healths):
-                    if health is not None:
+                    if health is not None and self.epoch == epoch:
                         st.update(health, self.version)
         with self.lock:
             return [asdict(st) for st in self.status]
@@ -247,9 +254,14 @@ class ReplicaFleet:
                 self._restart(index)
                 silent_since = None
                 continue
+            epoch = self.epoch
             health = self._health(st.url)
             with self.lock:
-                st.update(health, self.version)
+                stale = self.epoch != epoch  # read before a publish moved the fleet: it would mark a replica behind
+                if not stale:
+                    st.update(health, self.version)
+            if stale:
+                continue
             if health:
                 silent_since = None
                 continue

@@ -87,6 +87,12 @@ class MultiServerPublisher(ClosedOnExit):
         threading.Thread(target=close, daemon=True, name=f"close-{url}").start()
 
     @property
+    def leader(self) -> bool:
+        """Rank 0 of the trainer: it alone talks to the servers' control plane (commits, and the fleet with
+        ``on_commit`` / ``on_parity_failure``: another rank's call could move the fleet before rank 0's commit)."""
+        return all(p.rank == 0 for p in self.publishers.values())
+
+    @property
     def distributed(self) -> bool:
         return any(p.world_size > 1 for p in self.publishers.values())
 
@@ -133,7 +139,7 @@ class MultiServerPublisher(ClosedOnExit):
             results = self._stage_and_commit(state_dict, version, training_mode, publish_kwargs)
         self.version = version
         self.publishes += 1
-        if self.on_commit is not None:
+        if self.on_commit is not None and self.leader:
             self.on_commit(version)  # the fleet routes the replicas on this version only
         figures: dict[str, dict[str, Any]] = {}
         if probe_due:
@@ -156,7 +162,8 @@ class MultiServerPublisher(ClosedOnExit):
         drained = first.share({url: str(e) for url, e in failures.items()})
         for url, reason in drained.items():
             logger.warning("version %d: server %s failed its parity probe: drained (%s)", version, url, reason)
-            self.on_parity_failure(url, reason)
+            if self.leader:
+                self.on_parity_failure(url, reason)
             self._discard(url)
         return figures, list(drained)
 
