@@ -55,7 +55,7 @@ def test_combine_shorthand_adds_only_the_verifiable_keys(load_manager, rm_server
     mgr = load_manager(verl_config(rm_server.url, combine=mode), tokenizer)
     info = mgr(build_batch(grpo_groups, tokenizer.pad_token_id), return_dict=True)["reward_extra_info"]
     keys = {"score", "rm_score", "rm_valid", "rm_prompt_tokens_dropped", "rm_tokens", "rm_latency_ms",
-            "rm_weight_version"}
+            "rm_weight_version", "rm_failovers"}
     assert set(info) == (keys if mode == "replace" else keys | {"verifiable_score"})
 
 

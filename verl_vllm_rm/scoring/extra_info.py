@@ -18,7 +18,7 @@ def info_keys(reward_models: Mapping[str, RewardModel], per_member: bool, rule_s
     """Every ``reward_extra_info`` key a sample can get: each sample gets all of them (None where its route
     has no such value), because verl builds its columns from the first sample's keys."""
     keys = ["score", "rm_score", "rm_valid", "rm_prompt_tokens_dropped", "rm_tokens", "rm_latency_ms",
-            "rm_weight_version"]
+            "rm_weight_version", "rm_failovers"]
     if per_member:
         keys.append("rm_ensemble_std")
         for name, rm in reward_models.items():
