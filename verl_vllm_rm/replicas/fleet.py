@@ -27,6 +27,7 @@ import logging
 import tempfile
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
@@ -115,14 +116,13 @@ class ReplicaFleet:
         if options.num_replicas - len(failed) < options.required:
             self.stop()
             raise FleetError(f"{len(failed)} of {options.num_replicas} replicas of {name} did not start, and "
-                             f"replicas.min_healthy={options.required} (logs in {self.log_dir}):\n"
-                             + "\n".join(f"replica {st.index}: {st.last_error}" for st in failed)
-                             + "\nfix the cause the replica's own lines give, or set replicas.min_healthy lower to "
+                             f"replicas.min_healthy={options.required} (logs in {self.log_dir}):\n{causes(failed)}"
+                             "\nfix the cause the replica's own lines give, or set replicas.min_healthy lower to "
                              "run on the replicas that start")
         for st in failed:
             logger.warning("%s: replica %d did not start; running degraded on %d, retrying it: %s", name, st.index,
                            options.num_replicas - len(failed), st.last_error)
-        healths = [self._health(st.url) if st.url else None for st in self.status]
+        healths = self._healths()
         self.version = max((h or {}).get("version", 0) for h in healths)  # every fresh server starts at 0
         for st, health in zip(self.status, healths):
             st.update(health, self.version)
@@ -154,14 +154,13 @@ class ReplicaFleet:
             return
         raise FleetError(f"{self.name}: {len(lost)} of {self.options.num_replicas} replicas were given up after "
                          f"{self.options.max_failed_starts} failed starts in a row, leaving fewer than "
-                         f"replicas.min_healthy={self.options.required} (logs in {self.log_dir}):\n"
-                         + "\n".join(f"replica {st.index}: {st.last_error}" for st in lost)
-                         + "\nfix the cause the replica's own lines give, or lower replicas.min_healthy")
+                         f"replicas.min_healthy={self.options.required} (logs in {self.log_dir}):\n{causes(lost)}"
+                         "\nfix the cause the replica's own lines give, or lower replicas.min_healthy")
 
     def set_version(self, version: int) -> list[str]:
         """The weight version the fleet serves from now on (after a committed publish); returns the URLs in
         routing: the replicas up and on it (each replica's /health is read again first)."""
-        healths = [self._health(st.url) for st in self.status]
+        healths = self._healths()
         with self.lock:
             self.version, self.epoch = version, self.epoch + 1
             for st, health in zip(self.status, healths):
@@ -188,7 +187,7 @@ class ReplicaFleet:
         is its supervisor's call."""
         if refresh:
             epoch = self.epoch
-            healths = [self._health(st.url) for st in self.status]
+            healths = self._healths()
             with self.lock:
                 for st, health in zip(self.status, healths):
                     if health is not None and self.epoch == epoch:
@@ -236,6 +235,12 @@ class ReplicaFleet:
         except HttpError:
             return None
         return health if isinstance(health, dict) and health.get("status") == "ok" else None
+
+    def _healths(self) -> list[dict[str, Any] | None]:
+        """Every replica's :meth:`_health`, read at once (a hung replica costs ``health_timeout_s`` once, not once
+        per replica behind it)."""
+        with ThreadPoolExecutor(len(self.status)) as pool:
+            return list(pool.map(self._health, [st.url for st in self.status]))
 
     def _alive(self, index: int) -> bool:
         import ray
@@ -313,6 +318,11 @@ class ReplicaFleet:
             logger.warning("%s: replica %d is back at %s (version %s, %s)", self.name, index, url, st.version,
                            "in routing" if st.routed else "out of routing until re-synced")
             return
+
+
+def causes(statuses: list[ReplicaStatus]) -> str:
+    """One line per replica: its index and its last error (the server's own words)."""
+    return "\n".join(f"replica {st.index}: {st.last_error}" for st in statuses)
 
 
 def start_error(error: Exception) -> str:

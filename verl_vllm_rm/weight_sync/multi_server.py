@@ -76,15 +76,8 @@ class MultiServerPublisher(ClosedOnExit):
     def _discard(self, url: str) -> None:
         """Forget the server's publisher; its session is closed in the background (a dead or hung server may never
         answer), any error logged: the next publish to it starts a fresh session, which re-syncs it."""
-        publisher = self.publishers.pop(url)
-
-        def close() -> None:
-            try:
-                publisher.close()
-            except Exception as e:
-                logger.warning("closing the weight-sync session of %s (out of the server list): %s", url, e)
-
-        threading.Thread(target=close, daemon=True, name=f"close-{url}").start()
+        threading.Thread(target=close_quietly, args=(url, self.publishers.pop(url)), daemon=True,
+                         name=f"close-{url}").start()
 
     @property
     def leader(self) -> bool:
@@ -209,7 +202,13 @@ class MultiServerPublisher(ClosedOnExit):
         """Close every publisher's session (each one; a server that cannot be reached is logged, not raised: the run
         is over for it either way)."""
         for url, pub in self.publishers.items():
-            try:
-                pub.close()
-            except Exception as e:
-                logger.warning("closing the weight-sync session of %s: %s", url, e)
+            close_quietly(url, pub)
+
+
+def close_quietly(url: str, publisher: RewardModelPublisher) -> None:
+    """Close a publisher's session; a server that cannot be reached is logged, not raised (nothing is left to
+    undo there: a dropped session only means the next publish to it starts afresh)."""
+    try:
+        publisher.close()
+    except Exception as e:
+        logger.warning("closing the weight-sync session of %s: %s", url, e)
