@@ -34,6 +34,7 @@ def test_rm_ranks_held_by_other_pools_time_out_naming_them_and_leave_nothing_beh
     with pytest.raises(RewardModelPlacementError, match=r"were not free within online_rm.placement_timeout_s=1: "
                                                         r"other pools .* hold them; the cluster has CPU 0 free of 16"):
         place_rm_ranks(config, "rm_waits")
-    remove_placement_group(hog)
-    group = place_rm_ranks(config, "rm_fits")  # the refused request left nothing pending in front of this one
+    remove_placement_group(hog)  # Ray frees the hog's slots asynchronously: wait for the group, not for a duration
+    group = place_rm_ranks(OnlineRMConfig.from_dict({**BASE, "use_gpu": False, "placement_timeout_s": 120.0}),
+                           "rm_fits")  # the refused request left nothing pending in front of this one
     remove_placement_group(group)
