@@ -7,6 +7,7 @@ statistics are in the run's checkpoint, and no replica process outlives the run.
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
 
@@ -48,6 +49,8 @@ def two_rm_run(tmp_path_factory, tiny_rm, tiny_task, rm_server, second_rm, serve
     overrides = [
         f"+reward.reward_kwargs.reward_models=[{{name:helpful}},{{name:safety,whiten:running,replicas:{replicas}}}]",
         f"+reward.reward_kwargs.routes=[{{data_source:'*',ensemble:mean_minus_std,uncertainty_penalty:{PENALTY}}}]",
+        # one reward-loop worker: one whitening stream, which test_whitened_scores_replay_from_the_raw_ones replays
+        "reward.num_workers=1",
     ]
     run = tiny_ppo(tmp_path_factory.mktemp("ppo_two_rms"), tiny_rm, tiny_task["policy"], rm_server.url, steps=2,
                    validate=False, extra_overrides=[*overrides, "trainer.save_freq=2"])
@@ -87,6 +90,46 @@ def test_every_reward_is_the_ensemble_of_both_servers(two_rm_run, rm_server, sec
     assert checked == 32
 
 
+def whitening_order(pairs: list[tuple[float, float]]) -> list[int] | None:
+    """An order of one whitening stream in which every row's whitened value is ``(x - mean) / std`` of the raw
+    scores up to and including its own (population std, 1 until two scores), or None if there is none.
+
+    Found backwards: the whole stream's moments come from the raw scores alone; the last row must whiten to its
+    value under them; removing it gives the moments before it (Welford run backwards), and so on."""
+    def back(remaining: frozenset[int], n: int, mean: float, m2: float) -> list[int] | None:
+        if not remaining:
+            return []
+        std = math.sqrt(m2 / n) if n >= 2 and m2 > 0 else 1.0
+        tried = set()
+        for i in sorted(remaining):
+            x, w = pairs[i]
+            if (x, w) in tried or abs((x - mean) / std - w) > 1e-5 * (1 + abs(w)):
+                continue
+            tried.add((x, w))  # rows alike in both values are interchangeable: one try covers them
+            before = mean if n == 1 else (n * mean - x) / (n - 1)
+            rest = back(remaining - {i}, n - 1, before, max(0.0, m2 - (x - before) * (x - mean)))
+            if rest is not None:
+                return [*rest, i]
+        return None
+
+    raw = np.array([x for x, _ in pairs])
+    return back(frozenset(range(len(pairs))), len(pairs), float(raw.mean()), float(((raw - raw.mean()) ** 2).sum()))
+
+
+def test_whitened_scores_replay_from_the_raw_ones(two_rm_run):
+    """Every whitened safety score the ensemble used is recomputed here from the raw scores alone (themselves
+    checked against the replicas above): there is an order of the run's one whitening stream (one reward-loop
+    worker, both steps) in which each equals its raw score whitened by the running moments up to it."""
+    work = Path(two_rm_run["rollout_data_dir"]).parent
+    rows = [row for step in (1, 2) for row in read_dump(work, step)]
+    pairs = [(row["rm_score_safety"], row["rm_scaled_safety"]) for row in rows]
+    assert len(pairs) == 32 and all(w is not None for _, w in pairs)
+    order = whitening_order(pairs)
+    assert order is not None, f"no order of the stream whitens like the run (a second reward-loop worker?): {pairs}"
+    assert pairs[order[0]][1] == pytest.approx(0.0, abs=1e-9)  # the first score whitens to 0
+    assert sorted(order) == list(range(32))
+
+
 def test_per_rm_metrics_are_in_verls_logger(two_rm_run):
     work = Path(two_rm_run["rollout_data_dir"]).parent
     metrics = dict(read_metrics(work))
@@ -99,7 +142,8 @@ def test_per_rm_metrics_are_in_verls_logger(two_rm_run):
 
 def test_the_checkpoint_holds_the_whitened_rms_statistics(two_rm_run):
     """Trainer mode vllm_rm saves global_step_N/vllm_rm/whitening.json: the whitened RM's running statistics over
-    every raw score of the run, merged over the reward-loop workers (the unwhitened RM has none)."""
+    every raw score of the run (the unwhitened RM has none). One reward-loop worker here; the merge over several
+    is tested with real Ray workers in tests/plugin/test_whitening_checkpoint.py."""
     work = Path(two_rm_run["rollout_data_dir"]).parent
     saved = json.loads((work / "checkpoints" / "global_step_2" / "vllm_rm" / "whitening.json").read_text())
     seen = np.array([row["rm_score_safety"] for step in (1, 2) for row in read_dump(work, step)], dtype=float)
