@@ -8,6 +8,7 @@ import time
 import pytest
 
 
+from verl_vllm_rm.client.options import ClientOptions
 from verl_vllm_rm.client.reward_client import RewardRequestError, RewardServerError, VLLMRewardClient
 from verl_vllm_rm.scoring.options import ConfigError
 from verl_vllm_rm.parity.reference import sequence_scores
@@ -88,7 +89,7 @@ def test_token_budget_splits_requests(fault_proxy, tokenizer, hf_model, texts):
 
 def test_4xx_is_not_retried(fault_proxy):
     client = VLLMRewardClient(fault_proxy.url, max_retries=5, **FAST)
-    with pytest.raises(RewardRequestError, match="HTTP 400.*longer than max_model_len"):
+    with pytest.raises(RewardRequestError, match=r"POST \S+/score was refused with HTTP 400.*longer than max_model"):
         run(client, client.score_batch([[5] * 600]))
     assert len(fault_proxy.requests) == 1
 
@@ -367,6 +368,8 @@ def test_bad_options_are_clear():
     with pytest.raises(TypeError, match="all strings or all token-id lists"):
         client = VLLMRewardClient("http://127.0.0.1:1")
         run(client, client.score_batch(["a", [1]]))
+    with pytest.raises(TypeError, match=r"pass either options=ClientOptions\(\.\.\.\) or keyword options, not both"):
+        VLLMRewardClient("http://127.0.0.1:1", options=ClientOptions())
 
 
 
@@ -399,5 +402,23 @@ def test_a_source_that_fails_before_any_server_is_named(texts):
 
     client = VLLMRewardClient(max_retries=0, **FAST)
     client.follow(source)
-    with pytest.raises(RewardServerError, match="source failed: fleet vllm_rm_replicas_rm: replica 0 did not start"):
+    with pytest.raises(RewardServerError, match="the reward servers' source failed: fleet vllm_rm_replicas_rm: "
+                                                "replica 0 did not start"):
         run(client, client.score_batch([[1, 2, 3]]))
+
+
+def test_a_source_that_lists_no_server_yet_is_retried_then_reported():
+    """A followed source that lists no server (managed replicas still starting, or all out of routing): each
+    attempt asks it again, and the error says that no server was in routing, not a connection failure."""
+    asked = []
+
+    async def source():
+        asked.append(1)
+        return []
+
+    client = VLLMRewardClient(max_retries=2, **FAST)
+    client.follow(source, refresh_s=0.0)
+    with pytest.raises(RewardServerError, match=r"after 3 attempt\(s\) \(servers \[\]\); last error: \(no server\): "
+                                                r"no reward server in routing yet: the followed source lists none"):
+        run(client, client.score_batch([[1, 2, 3]]))
+    assert len(asked) == 3

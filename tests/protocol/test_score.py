@@ -179,7 +179,7 @@ def test_parse_score_response_reads_what_the_server_builds():
 @pytest.mark.parametrize("version", ["3", 1.5, True, [1]])
 def test_a_non_integer_weight_version_is_an_error(version):
     body = {"data": [{"index": 0, "score": 1.0}], "version": version}
-    with pytest.raises(ScoreResponseError, match="non-integer weight version"):
+    with pytest.raises(ScoreResponseError, match=r"^/score returned a non-integer weight version "):
         parse_score_response(body, 1)
 
 

@@ -1,5 +1,6 @@
 """``--runner generate``: the server serves a generative judge. Its defaults and refusals happen before the engine
-loads (checked here in one server-side interpreter); serving a judge is tested in tests/judge/test_judge_client.py
+loads (checked here in one server-side interpreter, with the other start-up flag conflicts refused at that point:
+one vLLM import for all of them); serving a judge is tested in tests/judge/test_judge_client.py
 (a real engine)."""
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from verl_vllm_rm.replicas.launcher import find_server_python
 
 pytestmark = pytest.mark.server  # runs in the server's environment (.venv-server's vLLM), like every server test
 
-CHECK_JUDGE_ARGS = """
+CHECK_ARGS = """
 import json, sys
 from verl_vllm_rm.server.entry import apply_reward_defaults, build_parser
 
@@ -32,21 +33,50 @@ print(json.dumps(out))
 """
 
 
-def test_judge_defaults_and_refusals_before_the_engine():
-    cases = [
-        ["--runner", "generate"],  # answers without free whitespace: a small judge's JSON then always ends
-        ["--runner", "generate", "--structured-outputs-config", '{"backend": "guidance"}'],  # the user's choice
-        [],  # a reward model: vLLM's own default
-        ["--runner", "generate", "--enable-weight-updates"],
-        ["--runner", "generate", "--step-tag-id", "5"],
-    ]
-    proc = subprocess.run([find_server_python(), "-c", CHECK_JUDGE_ARGS, json.dumps(cases)], capture_output=True,
+JUDGE_CASES = [
+    ["--runner", "generate"],  # answers without free whitespace: a small judge's JSON then always ends
+    ["--runner", "generate", "--structured-outputs-config", '{"backend": "guidance"}'],  # the user's choice
+    [],  # a reward model: vLLM's own default
+    ["--runner", "generate", "--enable-weight-updates"],
+    ["--runner", "generate", "--step-tag-id", "5"],
+]
+WEIGHT_UPDATE_CASES = [  # flags that would undo what --enable-weight-updates sets
+    ["--enable-weight-updates", "--weight-transfer-config", '{"backend": "nccl"}'],
+    ["--enable-weight-updates", "--worker-extension-cls", "my_pkg.MyExtension"],
+]
+
+
+@pytest.fixture(scope="module")
+def before_the_engine() -> tuple[list, str]:
+    """What ``apply_reward_defaults`` made of each case (its exit message, or the judge's structured-output
+    settings), and the interpreter's stderr."""
+    cases = JUDGE_CASES + WEIGHT_UPDATE_CASES
+    proc = subprocess.run([find_server_python(), "-c", CHECK_ARGS, json.dumps(cases)], capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
+    return got, proc.stderr
+
+
+def test_judge_defaults_and_refusals_before_the_engine(before_the_engine):
+    results, stderr = before_the_engine
+    got = results[:len(JUDGE_CASES)]
     assert got[:3] == [["xgrammar", True], ["guidance", False], ["auto", False]]
     for (kind, message), flag in zip(got[3:], ("--enable-weight-updates", "--step-tag-id")):
         assert kind == "exit" and message == (
             f"verl-vllm-rm: {flag} is for a reward model (--runner pooling); a generative judge (--runner generate) "
             f"takes no {flag}: drop one of the two")
-    assert "pad its JSON answer with whitespace" in proc.stderr  # the user's config without it is warned about
+    assert "pad its JSON answer with whitespace" in stderr  # the user's config without it is warned about
+
+
+def test_weight_updates_refuse_an_engine_or_extension_of_the_users_before_the_engine(before_the_engine):
+    """--enable-weight-updates sets vLLM's weight-transfer engine and worker extension itself: an operator's own
+    choice of either would silently replace ours, so the server refuses to start, naming the flag to drop."""
+    results, _ = before_the_engine
+    assert results[len(JUDGE_CASES):] == [
+        ["exit", "verl-vllm-rm: --enable-weight-updates sets the weight-transfer engine itself; drop "
+                 "--weight-transfer-config and choose the transport with --weight-update-backend"],
+        ["exit", "verl-vllm-rm: --enable-weight-updates needs --worker-extension-cls "
+                 "verl_vllm_rm.server.weights.worker_extension.WeightSyncWorkerExtension, got my_pkg.MyExtension: "
+                 "drop --worker-extension-cls (the server sets it)"],
+    ]

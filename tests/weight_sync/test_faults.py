@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import requests
 import torch
-from sync_helpers import PARITY_ATOL, assert_parity, load_rm, max_diff, perturbed, reset_server, runtime_version
+from sync_helpers import (PARITY_ATOL, assert_parity, load_rm, max_diff, perturbed, reset_server, runtime_version,
+                          server_scores)
 
 from verl_vllm_rm.parity.reference import sequence_scores
 from verl_vllm_rm.weight_sync import RewardModelPublisher, WeightSyncError
@@ -144,8 +145,48 @@ def test_a_stalled_trainer_does_not_stall_scoring(ws_server, tiny_rm, probe_ids)
         assert health["pending_update"] == old_version + 1  # scored while the update still waits for tensors
         assert runtime_version(ws_server.url) == old_version
         final = next(lines)  # the group's timeout ends the stalled receive
-    assert b'"failed"' in final and b"receiving the weights failed" in final, final
+    assert b'"failed"' in final and b"receiving the weights failed: " in final, final
     pub.session.drop()  # the server closed the session; the next publish joins a new one
     health = _wait_for_failed_update(ws_server.url, old_version + 1)
     assert health["last_failed_update"]["serving_version"] == old_version
     assert reset_server(ws_server.url, tiny_rm) == old_version + 1  # a fresh publish works again
+
+
+def test_a_transfer_that_breaks_on_the_trainer_fails_the_publish_and_the_server_keeps_its_weights(ws_server, tiny_rm,
+                                                                                               probe_ids):
+    """A model whose head was never materialised (on torch's meta device, e.g. built under init_empty_weights and
+    never loaded) passes every metadata check, and packing its first bucket fails after the server accepted the
+    update: the publish raises WeightSyncError naming the version and the cause, the server's receive fails in
+    turn, and the weights it served before keep serving, under their version."""
+    version, before = runtime_version(ws_server.url), server_scores(ws_server.url, probe_ids)
+    with RewardModelPublisher(ws_server.url, timeout_s=TRANSFER_TIMEOUT_S) as pub:
+        with pytest.raises(WeightSyncError, match=rf"^weight transfer for version {version + 1} failed: Cannot copy "
+                                                  r"out of meta tensor"):
+            pub.publish({"score.weight": torch.empty(1, 128, device="meta")}, version + 1, "head_only")
+        assert not pub.connected  # dropped: the server closes its side after a failed update
+    health = _wait_for_failed_update(ws_server.url, version + 1)
+    assert health["last_failed_update"]["serving_version"] == version
+    assert runtime_version(ws_server.url) == version
+    assert max_diff(server_scores(ws_server.url, probe_ids), before) <= 1e-5
+
+
+def test_a_server_that_could_not_apply_fails_the_publish(ws_server, tiny_rm):
+    """The server's final answer reports a failed reload: the publish raises WeightSyncError with the server's
+    own error and drops its communicator. No real server fails a reload on demand (it takes an engine fault), so
+    the fault is injected into the real answer: its final line is replaced by the record such a failure gives."""
+    version = reset_server(ws_server.url, tiny_rm)
+    failure = {"version": version + 1, "status": "failed", "serving_version": version,
+               "error": "RuntimeError: the reload ran out of memory"}
+    with RewardModelPublisher(ws_server.url, timeout_s=60) as pub:
+        announce = pub.session.announce
+
+        def failing_reload(*args, **kwargs):
+            lines = announce(*args, **kwargs)  # the real update: accepted, then received and applied
+            return (failure for _ in lines)  # ... whose final line is read, then replaced
+
+        pub.session.announce = failing_reload
+        with pytest.raises(WeightSyncError, match=rf"^the server could not apply version {version + 1}: "
+                                                  r"RuntimeError: the reload ran out of memory$"):
+            pub.publish(load_rm(tiny_rm), version + 1, "head_only")
+        assert not pub.connected and pub.version == version
+    assert reset_server(ws_server.url, tiny_rm) == version + 2  # a fresh session publishes again

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import json
+import re
+
 import pytest
 import requests
 import torch
+from aiohttp import web
+from fault_proxy import FaultProxy
 from sync_helpers import assert_parity, load_rm, reset_server, runtime_version, update_record
 
 from verl_vllm_rm.weight_sync import RewardModelPublisher, WeightUpdateRefused
@@ -17,8 +22,6 @@ Q = "model.layers.0.self_attn.q_proj"
 def served(ws_server, tiny_rm, probe_ids):
     """The on-disk model, serving; yields (publisher, model, proxy): the publisher talks to the server through
     a recording proxy, and afterwards the version and the scores are unchanged."""
-    from fault_proxy import FaultProxy
-
     reset_server(ws_server.url, tiny_rm)
     model = load_rm(tiny_rm)
     version = runtime_version(ws_server.url)
@@ -78,9 +81,12 @@ def test_publisher_refuses_an_old_version(served, ws_server):
     assert_nothing_sent(ws_server.url, before, proxy)
 
 
-def _post_update(url: str, metadata: list[dict], mode: str, version: int) -> requests.Response:
+def _post_update(url: str, metadata: list[dict] | dict, mode: str, version: int) -> requests.Response:
     body = {"metadata": metadata, "training_mode": mode, "version": version, "bucket_bytes": DEFAULT_BUCKET_BYTES}
     return requests.post(f"{url}/update_param_batch", json=body, timeout=30)
+
+
+SHAPE_RULE = "'shape' must be a list of at most 8 non-negative integers"
 
 
 def _meta(name: str, shape: list[int], dtype: str = "float32") -> dict:
@@ -92,23 +98,27 @@ def _meta(name: str, shape: list[int], dtype: str = "float32") -> dict:
     [
         ([_meta("model.layers.0.mlp.down_proj.weight", [128, 256]), _meta("score.weight", [1, 128])],
          "head_only", "is a backbone tensor but training_mode is head_only"),
-        ([_meta("model.layers.9.mlp.down_proj.weight", [128, 256])], "full", "unknown parameter"),
+        ([_meta("model.layers.9.mlp.down_proj.weight", [128, 256])], "full",
+         "weight update refused: unknown parameter 'model.layers.9.mlp.down_proj.weight'"),
         ([_meta("score.weight", [2, 128])], "full", "has shape [2, 128]"),
         ([_meta(f"{Q}.weight", [128, 128]), _meta(f"{Q}.bias", [128])], "full", "partial module"),
         ([_meta("score.weight", [1, 128], "bfloat16")], "head_only", "is bfloat16 but the server's is float32"),
         ([_meta("score.weight", [1, 128])], "everything", "unknown training_mode"),
         ([_meta("score.weight", [1, 128], "complex64")], "head_only", "dtype 'complex64' is not one of"),
         ([_meta("score.weight", [1, 128], "Tensor")], "head_only", "dtype 'Tensor' is not one of"),
-        ([_meta("score.weight", [1.0, 128])], "head_only", "non-negative integers"),
-        ([_meta("score.weight", ["1", 128])], "head_only", "non-negative integers"),
-        ([_meta("score.weight", [True, 128])], "head_only", "non-negative integers"),
-        ([_meta("score.weight", 128)], "head_only", "non-negative integers"),
+        ([_meta("score.weight", [1.0, 128])], "head_only",
+         f"bad metadata entry for 'score.weight': {SHAPE_RULE}, got [1.0, 128]"),
+        ([_meta("score.weight", ["1", 128])], "head_only", f"{SHAPE_RULE}, got ['1', 128]"),
+        ([_meta("score.weight", [True, 128])], "head_only", f"{SHAPE_RULE}, got [True, 128]"),
+        ([_meta("score.weight", 128)], "head_only", f"{SHAPE_RULE}, got 128"),
+        ([_meta("score.weight", [1] * 9)], "head_only", f"{SHAPE_RULE}, got {[1] * 9}"),
         ([{**_meta("score.weight", [1, 128]), "pickle": "gASV"}], "head_only", "exactly {name, dtype, shape}"),
         (["score.weight"], "head_only", "exactly {name, dtype, shape}"),
+        (_meta("score.weight", [1, 128]), "head_only", "'metadata' must be a list of {name, dtype, shape}"),
     ],
     ids=["backbone-in-head-only", "unknown-name", "wrong-shape", "q-without-kv", "wrong-dtype", "bad-mode",
          "dtype-not-allowed", "dtype-not-a-dtype", "float-dim", "string-dim", "bool-dim", "shape-not-a-list",
-         "extra-key", "entry-not-an-object"],
+         "nine-dims", "extra-key", "entry-not-an-object", "metadata-not-a-list"],
 )
 def test_server_refuses_bad_metadata(served, ws_server, metadata, mode, expected):
     """The server checks again (a client other than our publisher may call it): a 400 before the update
@@ -127,11 +137,56 @@ def test_server_refuses_a_stale_version_and_a_missing_communicator(served, ws_se
     pub.close()
     before = update_record(ws_server.url)
     resp = _post_update(ws_server.url, [_meta("score.weight", [1, 128])], "head_only", pub.version + 1)
-    assert resp.status_code == 409 and "/init_communicator" in resp.json()["error"]["message"]
+    assert resp.status_code == 409, resp.text
+    assert resp.json()["error"]["message"] == "no communicator: call /init_communicator before /update_param_batch"
     pub.connect()
     resp = _post_update(ws_server.url, [_meta("score.weight", [1, 128])], "head_only", pub.version)
     assert resp.status_code == 409 and "greater than the serving version" in resp.json()["error"]["message"]
     assert_nothing_sent(ws_server.url, before)
+
+
+def test_a_bucket_size_of_zero_is_refused_before_anything_moves(ws_server, tiny_rm):
+    """``bucket_bytes=0`` (a publisher built by hand; verl's online_rm section checks it) is refused at the first
+    publish, before any communicator or metadata: the server only ever saw the inventory request."""
+    proxy = FaultProxy(ws_server.url).start()
+    before, version = update_record(ws_server.url), runtime_version(ws_server.url)
+    try:
+        with RewardModelPublisher(proxy.url, bucket_bytes=0) as pub:
+            with pytest.raises(ValueError, match=r"^bucket_bytes must be a positive number of bytes, got 0: give the "
+                                                 r"publisher a bucket size > 0 \(default 67108864, 64 MiB\)$"):
+                pub.publish(load_rm(tiny_rm), version + 1, "head_only")
+    finally:
+        proxy.stop()
+    assert [r["path"] for r in proxy.requests] == ["/weight_inventory"]
+    assert update_record(ws_server.url) == before and runtime_version(ws_server.url) == version
+
+
+class NcclInventoryProxy(FaultProxy):
+    """The session server behind a proxy whose ``/weight_inventory`` answer says the server receives over NCCL:
+    this CPU machine runs no NCCL server (it needs CUDA), so the transport is the one fault injected."""
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        response = await super()._handle(request)
+        if request.path != "/weight_inventory":
+            return response
+        return web.json_response({**json.loads(response.text), "transport": "nccl", "nccl_version": "2.29.7"})
+
+
+def test_a_trainer_without_cuda_is_refused_by_an_nccl_server(ws_server):
+    """A server receiving over NCCL and a trainer with no CUDA: refused when the publisher is built, naming both
+    ways out, before any communicator forms (only the inventory was asked for)."""
+    proxy = NcclInventoryProxy(ws_server.url).start()
+    before = update_record(ws_server.url)
+    try:
+        with pytest.raises(WeightUpdateRefused, match=rf"^cannot publish to {re.escape(proxy.url)}: the server "
+                                                      r"receives weights over nccl \(GPU\) and this trainer has no "
+                                                      r"CUDA: publish from a trainer on a GPU, or start the server "
+                                                      r"with --weight-update-backend gloo$"):
+            RewardModelPublisher(proxy.url)
+    finally:
+        proxy.stop()
+    assert [r["path"] for r in proxy.requests] == ["/weight_inventory"]
+    assert update_record(ws_server.url) == before
 
 
 def test_weight_routes_404_without_the_flag(rm_server):
@@ -152,3 +207,14 @@ def test_draining_on_a_parity_failure_needs_a_fleet_that_routes_by_version():
 
     with pytest.raises(ValueError, match=r"on_parity_failure drains a server from routing: it needs on_commit"):
         MultiServerPublisher(["http://127.0.0.1:9"], on_parity_failure=lambda url, reason: None)
+
+
+@pytest.mark.parametrize("server_urls", [[], lambda: []], ids=["empty-list", "source-lists-none"])
+def test_publishing_to_no_server_is_refused(server_urls):
+    """No server to publish to (an empty list, or managed replicas none of which is in routing) is refused at
+    once, not a publish that succeeds without reaching any server."""
+    from verl_vllm_rm.weight_sync import MultiServerPublisher
+
+    with pytest.raises(ValueError, match=r"^MultiServerPublisher needs at least one server URL, and server_urls gave "
+                                         r"none: pass the servers' URLs \(with managed replicas, none is up"):
+        MultiServerPublisher(server_urls)

@@ -165,6 +165,7 @@ class VLLMRewardClient:
         body = await self._call("GET", "/runtime_version")
         version = body.get("version") if isinstance(body, dict) else None
         if isinstance(version, bool) or not isinstance(version, int):
+            # internal: a peer answering out of protocol (our server's /runtime_version is always {"version": int})
             raise RewardServerError(f"/runtime_version returned no integer version: {body!r}")
         return version
 
@@ -236,7 +237,8 @@ class VLLMRewardClient:
     def _pick(self, avoid: _Endpoint | None = None) -> _Endpoint:
         """Least outstanding among the servers that look up; a retry avoids the one that just failed."""
         if not self._endpoints:
-            raise _Retryable("no reward server in routing yet", endpoint_down=False)
+            raise _Retryable("no reward server in routing yet: the followed source lists none (managed replicas still "
+                             "starting, or every one out of routing; their own log lines say why)", endpoint_down=False)
         now = time.monotonic()
         up = [e for e in self._endpoints if e.down_until <= now]
         up = [e for e in up if e is not avoid] or up  # a slow (timed-out) server is not marked down

@@ -62,6 +62,7 @@ def dtype_name(dtype: torch.dtype) -> str:
 def to_dtype(name: str) -> torch.dtype:
     dtype = getattr(torch, name, None)
     if not isinstance(dtype, torch.dtype):
+        # internal: every spec reaching slot_view passed ParamSpec.from_json or check_update (ALLOWED_DTYPES only)
         raise ValueError(f"unknown dtype name {name!r}")
     return dtype
 
@@ -86,7 +87,8 @@ def plan_buckets(specs: Sequence[ParamSpec], bucket_bytes: int = DEFAULT_BUCKET_
     every slot can be viewed in its own dtype without a copy.
     """
     if bucket_bytes <= 0:
-        raise ValueError(f"bucket_bytes must be positive, got {bucket_bytes}")
+        raise ValueError(f"bucket_bytes must be a positive number of bytes, got {bucket_bytes}: give the publisher a "
+                         f"bucket size > 0 (default {DEFAULT_BUCKET_BYTES}, 64 MiB)")
     buckets: list[Bucket] = []
     slots: list[Slot] = []
     used = 0
@@ -215,6 +217,7 @@ def open_group(
     raises too, where torch's default would kill the process.
     """
     if backend not in BACKENDS:
+        # internal: the server takes an argparse choice (gloo/nccl), the trainer that server's /weight_inventory answer
         raise ValueError(f"unknown transport backend {backend!r}; use one of {list(BACKENDS)}")
     if backend == "nccl" and (device is None or device.type != "cuda" or device.index is None):
         raise ValueError(f"the nccl transport needs this rank's own CUDA device (cuda:N), got {device}: pass the "

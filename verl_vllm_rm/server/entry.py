@@ -157,7 +157,7 @@ def _enable_weight_updates(args: argparse.Namespace) -> None:
                          "drop --weight-transfer-config and choose the transport with --weight-update-backend")
     if args.worker_extension_cls and args.worker_extension_cls != WORKER_EXTENSION:
         raise SystemExit(f"verl-vllm-rm: --enable-weight-updates needs --worker-extension-cls {WORKER_EXTENSION}, "
-                         f"got {args.worker_extension_cls}")
+                         f"got {args.worker_extension_cls}: drop --worker-extension-cls (the server sets it)")
     if not (0 < args.weight_update_join_timeout and math.isfinite(args.weight_update_join_timeout)):
         raise SystemExit(f"verl-vllm-rm: --weight-update-join-timeout must be a positive number of seconds, "
                          f"got {args.weight_update_join_timeout}")

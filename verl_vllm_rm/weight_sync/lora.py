@@ -61,7 +61,8 @@ def find_lora_modules(
 ) -> list[LoraModule]:
     """Every module carrying adapter ``adapter`` in ``state_dict``, with its merge inputs."""
     if any(".lora_magnitude_vector." in k for k in state_dict):
-        raise ValueError("DoRA adapters (lora_magnitude_vector) are not supported; publish with use_dora=False")
+        raise ValueError("DoRA adapters (lora_magnitude_vector) are not supported: train the adapters with "
+                         "LoraConfig(use_dora=False), or merge them yourself and publish in training_mode 'full'")
     scaling_of: Callable[[str], float | None]
     if isinstance(scaling, Mapping):
         scaling_of = scaling.get
@@ -76,8 +77,11 @@ def find_lora_modules(
         lora_b = key.replace(f".lora_{match['kind']}.", ".lora_embedding_B." if embedding else ".lora_B.")
         base = next((b for b in (f"{module}.base_layer.weight", f"{module}.weight") if b in state_dict), None)
         s = scaling_of(module)
-        if lora_b not in state_dict or base is None:
-            raise ValueError(f"LoRA module {module!r} lacks {lora_b!r} or its base weight in the state dict")
+        missing = [name for name, present in ((lora_b, lora_b in state_dict),
+                                              (f"{module}.base_layer.weight", base is not None)) if not present]
+        if missing:
+            raise ValueError(f"LoRA module {module!r} has {key!r} but the state dict lacks {missing}: publish the "
+                             "PEFT model's whole state dict (each adapted module's base weight, lora_A and lora_B)")
         if s is None:
             raise ValueError(
                 f"no LoRA scaling for {module!r}: pass the PEFT model itself to publish(), or "

@@ -66,7 +66,8 @@ class MultiServerPublisher(ClosedOnExit):
     def _sync_servers(self) -> None:
         urls = list(dict.fromkeys(self._server_urls()))  # a URL listed twice is one server
         if not urls:
-            raise ValueError("MultiServerPublisher needs at least one server URL")
+            raise ValueError("MultiServerPublisher needs at least one server URL, and server_urls gave none: pass "
+                             "the servers' URLs (with managed replicas, none is up and in routing now)")
         for url in set(self.publishers) - set(urls):
             self._discard(url)
         for url in urls:

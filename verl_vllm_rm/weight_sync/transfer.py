@@ -95,6 +95,7 @@ class TransferSession:
                 " (is that address reachable from the server? set the publisher's master_address)") from None
         thread.join(self.timeout_s + 30)
         if "group" not in result:
+            # internal: the server answers ok only once all ranks joined one rendezvous, this one's open_group included
             raise WeightSyncError(f"could not open the transfer group: {result.get('error', 'timed out')}")
         self._group = result["group"]
 
@@ -133,6 +134,7 @@ class TransferSession:
                     continue
                 raise (WeightUpdateRefused(e.message) if is_refusal(e) else e) from None
             if first.get("status") != "accepted":
+                # internal: a peer out of protocol (our server's first line of an accepted update is "accepted")
                 raise WeightSyncError(f"unexpected answer from the server: {first}")
             return lines
         raise AssertionError("unreachable")

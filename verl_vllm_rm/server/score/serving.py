@@ -29,6 +29,7 @@ async def _pool(engine, token_ids: list[int], params: PoolingParams, request_id:
     async for output in engine.encode(TokensPrompt(prompt_token_ids=token_ids), params, request_id):
         final = output
     if final is None:
+        # internal: vLLM's encode yields a final output or raises; an empty stream would be vLLM out of protocol
         raise RuntimeError(f"engine returned no output for request {request_id}")
     return final.outputs.data
 

@@ -94,6 +94,7 @@ class PendingJoin:
         if self._error is not None:
             raise RuntimeError(f"{type(self._error).__name__}: {self._error}") from self._error
         if self._group is None:
+            # internal: finish_join reads the result only of a join it has not abandoned (shutdown drops it unread)
             raise RuntimeError("the join was abandoned")
         return self._group
 

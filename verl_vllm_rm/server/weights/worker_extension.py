@@ -126,9 +126,11 @@ class ProcessGroupWeightTransferEngine(WeightTransferEngine[ProcessGroupInitInfo
     def finish_join(self) -> None:
         pending, self.pending_join = self.pending_join, None
         if pending is None:
+            # internal: join_group sends "finish" only after its own "begin", both under the router's control lock
             raise RuntimeError("no join in progress: begin one with /init_communicator")
         if not pending.done():
             pending.abandon()
+            # internal: join_group sends "finish" only once every worker's rm_join_done says the join has ended
             raise TimeoutError("the join of the trainer's process group has not finished; abandoned")
         self.group = pending.result()
 
@@ -144,14 +146,17 @@ class ProcessGroupWeightTransferEngine(WeightTransferEngine[ProcessGroupInitInfo
         """
         if update_info.get("phase") == ABORT_PHASE:  # drop a staged update; raising makes vLLM close the session
             self.staged = []
+            # internal: raised on purpose for /abort_update, whose apply.abort_update catches it (status "aborted")
             raise UpdateAborted("update aborted: the staged weights were dropped, the serving ones never changed")
         info = self.parse_update_info(update_info)
         _run_phase("update", info.phase, {"begin": lambda: self.begin_receive(info), "join": self.join_receive})
 
     def begin_receive(self, update_info: ProcessGroupUpdateInfo) -> None:
         if self.group is None:
+            # internal: /update_param_batch needs a session (else 409); whatever drops this group clears the session
             raise RuntimeError("no communicator: the trainer must call /init_communicator first")
         if self.receiver is not None and self.receiver.is_alive():
+            # internal: an update's task waits for all receives to end (rm_receive_done), and blocks others (409)
             raise RuntimeError("a weight transfer is still being received")
         self.staged, self.receive_error = [], None
         device = self.group.device
@@ -174,6 +179,7 @@ class ProcessGroupWeightTransferEngine(WeightTransferEngine[ProcessGroupInitInfo
 
     def join_receive(self) -> None:
         if self.receiver is None:
+            # internal: apply._receive sends "join" only after its own "begin" started the receiver
             raise RuntimeError("no weight transfer was started")
         self.receiver.join()
         self.receiver, error, self.receive_error = None, self.receive_error, None
@@ -210,6 +216,7 @@ class ProcessGroupWeightTransferEngine(WeightTransferEngine[ProcessGroupInitInfo
 
         staged, self.staged = self.staged, []
         if not staged:
+            # internal: a reload follows a receive that staged a non-empty update; a staged one blocks other updates
             raise RuntimeError("finish_weight_update without received weights")
         targets = self._reload_targets(name for name, _ in staged)
         with torch.no_grad():
