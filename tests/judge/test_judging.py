@@ -38,3 +38,15 @@ def test_modes_that_compare_within_a_group_refuse_groups_of_one(tokenizer, tiny_
     with pytest.raises(ConfigError, match=rf"judge mode {judge['mode']} compares each response with the others "
                                           rf"of its group, and {phase}: set it to 2 or more"):
         load_manager(tokenizer, "http://127.0.0.1:1", tiny_rm, kwargs, overrides)
+
+
+def test_a_run_whose_group_size_is_unknown_is_refused_naming_both_settings(tokenizer, tiny_rm):
+    """No ``judge.group_size`` and verl's ``actor_rollout_ref.rollout.n`` set to null: the manager cannot know when
+    a group is whole, so it refuses to load rather than judge partial groups."""
+    from verl_vllm_rm.dev.loader import load_manager
+
+    kwargs = {"rewards": {"components": ["rubric", "judge"]},
+              "judge": {"server_url": ["http://127.0.0.1:1"], "mode": "listwise"}}
+    with pytest.raises(ConfigError, match=r"judge needs the prompt groups' size: set reward_kwargs\.judge\.group_size, "
+                                          r"or run with verl's actor_rollout_ref\.rollout\.n"):
+        load_manager(tokenizer, "http://127.0.0.1:1", tiny_rm, kwargs, ["actor_rollout_ref.rollout.n=null"])

@@ -50,7 +50,8 @@ def test_columns_are_floats_with_nan_where_a_row_lacks_one():
 
 def test_rewards_not_from_vllm_rm_are_named():
     step = StepRewards.from_rows(["a"], [1], [{"score": 1.0}])
-    with pytest.raises(KeyError, match="reward_manager.name=vllm_rm"):
+    with pytest.raises(KeyError, match=r"no rm_valid column: these rewards are not from "
+                                       r"reward\.reward_manager\.name=vllm_rm"):
         step_metrics(step, normalized=False)
 
 

@@ -43,14 +43,15 @@ def test_a_valid_answer_reads_as_its_value(mode, text, n, value):
 
 
 @pytest.mark.parametrize(("mode", "text", "n", "message"), [
-    ("pointwise", "7", 1, "has no 'score'"),
-    ("pointwise", "{score: 7", 1, "not JSON"),
+    ("pointwise", "7", 1, "the pointwise judge's answer has no 'score': '7'"),
+    ("pointwise", "{score: 7", 1, "the pointwise judge's answer is not JSON: '{score: 7'"),
     ("pointwise", '{"score": 11}', 1, "integer 1-10"),
     ("pointwise", '{"score": 7.5}', 1, "integer 1-10"),
     ("pointwise", '{"score": true}', 1, "integer 1-10"),
-    ("pairwise", '{"winner": "C"}', 2, "'A', 'B' or 'tie'"),
-    ("pairwise", '{"verdict": "A"}', 2, "has no 'winner'"),
-    ("listwise", '{"ranking": [1, 1, 2]}', 3, "each of 1..3 once"),
+    ("pairwise", '{"winner": "C"}', 2, "the pairwise judge's winner must be 'A', 'B' or 'tie', got 'C'"),
+    ("pairwise", '{"verdict": "A"}', 2, "the pairwise judge's answer has no 'winner'"),
+    ("listwise", '{"ranking": [1, 1, 2]}', 3,
+     r"the listwise judge's ranking must hold each of 1\.\.3 once, got \[1, 1, 2\]"),
     ("listwise", '{"ranking": [1, 2]}', 3, "each of 1..3 once"),
     ("listwise", '{"ranking": [0, 1, 2]}', 3, "each of 1..3 once"),
     ("listwise", '{"ranking": [1, true, 3]}', 3, "each of 1..3 once"),
@@ -67,7 +68,7 @@ def test_prompts_show_the_principles_and_label_the_responses():
     assert pair.index("# Response A\n4") < pair.index("# Response B\n5")
     listed = render_prompt("listwise", DEFAULT_TEMPLATES["listwise"], ["Be right."], "Q?", ["x", "y", "z"])
     assert "# Response 3\nz" in listed and "the 3 response numbers" in listed
-    with pytest.raises(ValueError, match="takes 2 response"):
+    with pytest.raises(ValueError, match=r"a pairwise judgement takes 2 response\(s\), got 1"):
         render_prompt("pairwise", DEFAULT_TEMPLATES["pairwise"], [], "Q?", ["only one"])
     for mode, template in DEFAULT_TEMPLATES.items():
         check_template(mode, template)

@@ -78,7 +78,8 @@ def test_from_dict_accepts_omegaconf_and_the_result_pickles():
         ({"weights": {"rubric": True}}, r"rewards\.weights\.rubric must be a number, got True"),
         ({"weights": [1.0]}, r"rewards\.weights must be a mapping of strings to numbers, got \[1\.0\]"),
         ({"length": {"overlong_buffer": 64}}, r"rewards\.length: overlong_buffer=64 needs max_response_tokens"),
-        ({"thought_length": {"close_tag": ""}}, r"rewards\.thought_length: open_tag and close_tag"),
+        ({"thought_length": {"close_tag": ""}},
+         r"rewards\.thought_length: open_tag and close_tag must be non-empty strings, got ''"),
         ({"format": {"pattern": "(unclosed"}}, r"rewards\.format: format pattern .* not a valid regular expression"),
         ({"gallery": {"length_penalty": 3}}, r"rewards\.gallery\.length_penalty must be a mapping of strings to values, got 3"),
         ({"gate": ["verifiable", "verifiable"]}, r"rewards: gate lists \['verifiable'\] more than once"),
@@ -93,6 +94,15 @@ def test_from_dict_accepts_omegaconf_and_the_result_pickles():
 def test_config_errors_name_the_problem(raw, message):
     with pytest.raises(ConfigError, match=message):
         RewardConfig.from_dict(raw)
+
+
+def test_a_config_built_in_python_checks_its_gate_too():
+    """``RewardConfig(...)`` built directly (not through ``from_dict``'s type checks) still refuses a gate given as
+    one string, naming the fix (read character by character it would be an unknown component 'v')."""
+    with pytest.raises(ValueError, match=r"gate must be a list of names, got 'verifiable'; a string is not read as "
+                                         r"one name: give \['verifiable'\]"):
+        RewardConfig(components=("rubric",), gate="verifiable")
+    assert RewardConfig(components=("rubric",), gate=["verifiable"]).gate == ("verifiable",)
 
 
 def test_compose_is_the_weighted_sum():
@@ -228,7 +238,8 @@ def test_compute_rule_rewards_end_to_end(word_tokenizer, padded):
 def test_compute_rule_rewards_input_errors(padded):
     config = RewardConfig.from_dict({"components": ["thought_length"]})
     ids, lengths = padded([[1, 2], [3]])
-    with pytest.raises(ValueError, match="thought_length needs think_tags"):
+    with pytest.raises(ValueError, match=r"thought_length needs think_tags: pass spans\.think_tag_ids\(tokenizer, "
+                                         r"config\.thought_length\.open_tag, config\.thought_length\.close_tag\)"):
         compute_rule_rewards(config, ids, lengths, ["x", "y"])
     with pytest.raises(ValueError, match="3 texts for 2 token rows"):
         compute_rule_rewards(config, ids, lengths, ["x", "y", "z"])

@@ -78,7 +78,7 @@ def test_whitening_from_a_prior_counts_it_once():
         assert w.update_and_whiten(x) == pytest.approx((x - seen.mean()) / seen.std())
     assert w.seen.count == 10 and w.seen.mean == pytest.approx(after.mean())
     assert w.prior.merged(w.seen).mean == pytest.approx(np.concatenate([before, after]).mean())
-    with pytest.raises(RuntimeError, match="already seen 10 scores"):
+    with pytest.raises(RuntimeError, match="whitening has already seen 10 scores: a prior must come first"):
         w.start_from(moments_of(before))
     fresh = RunningWhitening()
     fresh.start_from(moments_of(before))

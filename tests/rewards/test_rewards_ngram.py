@@ -114,8 +114,9 @@ def test_bad_parameters_are_named(kwargs, message):
 @pytest.mark.parametrize(
     "ids, lengths, message",
     [
-        (np.arange(6), [6], r"padded \[batch, max_len\] array"),
-        (np.zeros((2, 4)), [4, 4], "integer token ids"),
+        (np.arange(6), [6], r"token_ids must be a padded \[batch, max_len\] array, got shape \(6,\); stack the "
+                            r"responses and pad them on the right"),
+        (np.zeros((2, 4)), [4, 4], "token_ids must hold integer token ids, got dtype float64"),
         (np.zeros((2, 4), dtype=np.int64), [4], "one integer per row"),
         (np.zeros((2, 4), dtype=np.int64), [4, 5], r"lengths must lie in \[0, 4\]"),
         (np.zeros((2, 4), dtype=np.int64), [-1, 2], r"lengths must lie in \[0, 4\]"),

@@ -238,9 +238,37 @@ def test_num_examine_prints_components(load_manager, rm_server, verl_config, tok
         ({"failure_policy": "ignore"}, "failure_policy='ignore' is not one of ['raise', 'mask']"),
         ({"combine": "avg"}, "is not one of ['replace', 'add', 'multiply', 'weighted']"),
         ({"alpha": 2}, "alpha must be in [0, 1]"),
-        ({"input_format": "chat_template"}, "needs reward_kwargs.rm_tokenizer_path"),
+        ({"input_format": "chat_template"}, "input_format=chat_template needs reward_kwargs.rm_tokenizer_path (the "
+                                             "reward model's tokenizer, whose chat template builds the RM input)"),
         ({"max_batch_seqs": 0}, "max_batch_seqs must be > 0"),
+        ({"rubric_template": "'{prompt} {response}'", "input_format": "chat_template", "rm_tokenizer_path": "tok"},
+         "rubric_template replaces input_format=chat_template; use one of them"),
+        ({"step_reward": "token", "whiten": "running"},
+         "step_reward=token puts each raw step score on its token; whiten rescales one number per sample: use "
+         "whiten=none with it, or a scalar step_reward"),
+        ({"step_reward": "token", "input_format": "chat_template", "rm_tokenizer_path": "tok"},
+         "step_reward=token places step scores on the policy's own response tokens: it needs input_format=token_ids "
+         "without rubric_template (or use a scalar step_reward: min, last, mean, prod)"),
+        ({"step_reward": "token", "rubric_template": "'{prompt} {response}'"},
+         "step_reward=token places step scores on the policy's own response tokens: it needs input_format=token_ids "
+         "without rubric_template"),
+        ({"rewards": "{components:[rubric,judge],weights:{judge:0.5}}"},
+         "routes[0] (data_source ['*']) composes 'judge' and reward_kwargs has no judge section: add judge: "
+         "{server_url: [...], mode: ...} or drop 'judge'"),
+        ({"reward_models": "[{name:helpful,step_reward:token},{name:safety}]"},
+         "routes[0] ensembles ['helpful', 'safety'], and ['helpful'] gives token-level step rewards, which do not "
+         "ensemble: give it a route of its own or a scalar step_reward (min, last, mean, prod)"),
+        ({"routes": "[{data_source:['*'],reward_models:[]}]"},
+         "routes[0] (data_source ['*']) composes 'rubric' (the reward models' score) but scores with no reward "
+         "model: list some in its reward_models or drop 'rubric' from its rewards"),
+        ({"judge": "{server_url:['http://127.0.0.1:1'],mode:listwise,group_size:4}"},
+         "reward_kwargs.judge is set and no reward composition enables 'judge': add it to rewards.components (with a "
+         "weight) or drop the judge section"),
     ],
+    ids=["unknown-option", "bad-type", "bad-policy", "bad-combine", "alpha-range", "chat-template-no-tokenizer",
+         "zero-batch", "rubric-and-chat-template", "token-steps-whitened", "token-steps-chat-template",
+         "token-steps-rubric", "judge-component-no-section", "token-steps-in-an-ensemble", "rubric-without-an-rm",
+         "judge-section-no-component"],
 )
 def test_bad_options_fail_at_load(load_manager, verl_config, tokenizer, kwargs, needle):
     with pytest.raises(ConfigError) as err:

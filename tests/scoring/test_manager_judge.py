@@ -138,8 +138,10 @@ def test_a_member_that_never_arrives_fails_its_group_under_raise(rm_server, judg
 
     mgr = load_manager(tokenizer, rm_server.url, tiny_rm, judge_kwargs(judge_server.url, group_timeout_s=2.0))
     try:
-        with pytest.raises(JudgeError, match=r"judge failed for training sample uid=.*group size 4 .*has 3 of its 4 "
-                                             r"members (\d+\.\d)s after the first arrived .*a member never came") as err:
+        with pytest.raises(JudgeError, match=r"the judge failed for training sample uid=\S+, group size 4 "
+                                             r"\(judge\.failure_policy is raise; mask drops the judge's part of these "
+                                             r"samples instead; .*\): .*has 3 of its 4 members (\d+\.\d)s after the "
+                                             r"first arrived .*a member never came") as err:
             mgr(missing_member_batch(grpo_groups, tokenizer))
     finally:
         mgr.close()

@@ -182,7 +182,9 @@ def test_a_mixed_batch_is_routed_per_data_source(load_manager, rm_server, other_
 def test_a_data_source_no_route_takes_is_an_error_naming_it(load_manager, rm_server, config, tokenizer,
                                                             grpo_groups):
     mgr = load_manager(config(rm_server.url, routes=[{"data_source": "chat/*"}]), tokenizer)
-    with pytest.raises(UnroutedDataSourceError, match=r"'openai/gsm8k' matches no route.*\['\*'\]"):
+    with pytest.raises(UnroutedDataSourceError, match=r"'openai/gsm8k' matches no route of reward_kwargs\.routes "
+                                                      r"\(data_source patterns: \[\['chat/\*'\]\]\); add a route "
+                                                      r"for it, or a last route with data_source \['\*'\]"):
         mgr(build_batch(grpo_groups, tokenizer.pad_token_id))
 
 

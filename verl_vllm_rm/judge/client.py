@@ -15,6 +15,7 @@ the whole group, ``pairwise`` once per response against the reference answer
 from __future__ import annotations
 
 import asyncio
+import json
 from dataclasses import dataclass
 from itertools import combinations
 from typing import Any, Sequence
@@ -118,9 +119,18 @@ def _completion(body: Any) -> tuple[str, int]:
         text, finish = choice["message"]["content"], choice.get("finish_reason")
         prompt_tokens = int(body.get("usage", {}).get("prompt_tokens", 0))
     except (KeyError, IndexError, TypeError, ValueError):
-        raise JudgeAnswerError(f"the judge's reply is not a chat completion: {str(body)[:200]!r}") from None
+        raise JudgeAnswerError(f"the judge's reply is not a chat completion: {_excerpt(body)}; judge.server_url "
+                               "must be an OpenAI-compatible server answering /v1/chat/completions (vLLM's, or "
+                               "python -m verl_vllm_rm.server --runner generate)") from None
     if not isinstance(text, str):
-        raise JudgeAnswerError(f"the judge's reply has no answer text: {str(body)[:200]!r}")
+        raise JudgeAnswerError(f"the judge's reply has no answer text (message.content): {_excerpt(body)}; a "
+                               "reasoning or tool-call parser on the judge server moves the answer out of it: serve "
+                               "the judge without one")
     if finish == "length":
         raise JudgeAnswerError(f"the judge's answer was cut at max_tokens (raise the judge's max_tokens): {text!r}")
     return text, prompt_tokens
+
+
+def _excerpt(body: Any) -> str:
+    """The reply's first 200 characters, as the JSON it came as."""
+    return json.dumps(body, default=str)[:200]

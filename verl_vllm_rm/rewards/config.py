@@ -170,7 +170,8 @@ class RewardConfig:
         if not components or isinstance(self.components, str):
             raise ValueError(f"components must be a non-empty list of names, got {self.components!r}")
         if isinstance(self.gate, str):
-            raise ValueError(f"gate must be a list of names, got {self.gate!r}")
+            raise ValueError(f"gate must be a list of names, got {self.gate!r}; a string is not read as one name: "
+                             f"give [{self.gate!r}]")
         _check_names("components", components)
         _check_names("gate", gate)
         both = [c for c in gate if c in components]

@@ -88,7 +88,8 @@ def split_verifiable(result: Any) -> tuple[float, dict[str, float]]:
     """``compute_score`` returns a number or a dict with ``score`` and extra fields (``verifiable_<key>``)."""
     if isinstance(result, dict):
         if "score" not in result:
-            raise ValueError(f"compute_score returned a dict without 'score': {sorted(result)}")
+            raise ValueError(f"compute_score returned a dict without 'score': {sorted(result)}; return a number or "
+                             "a dict whose 'score' is the reward (its other keys become verifiable_<key>)")
         extras = {f"verifiable_{k}": v for k, v in result.items() if k != "score"}
         return float(result["score"]), extras
     return float(result), {}
