@@ -125,3 +125,107 @@ def test_importing_the_harness_modules_changes_nothing():
 
     assert "verl_vllm_rm.dev.cpu_harness.activate" not in sys.modules
     assert "VERL_PLATFORM" not in os.environ and "VERL_ENGINE_DEVICE" not in os.environ
+
+
+def test_the_harness_refuses_to_load_where_a_gpu_is_visible():
+    """activate.py asks ``torch.cuda.is_available()``; no environment variable makes that True on a machine without
+    a GPU, so the subprocess answers it True itself before importing the harness (the one stand-in here), and the
+    import must fail naming the fix."""
+    import os
+
+    code = "import torch; torch.cuda.is_available = lambda: True; import verl_vllm_rm.dev.cpu_harness.activate"
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         env={k: v for k, v in os.environ.items() if k != "VERL_USE_EXTERNAL_MODULES"})
+    assert run.returncode == 1
+    assert ("RuntimeError: verl_vllm_rm.dev.cpu_harness.activate is for machines without a GPU and a GPU is visible "
+            "here: remove it from VERL_USE_EXTERNAL_MODULES and run with verl's own rollout") in run.stderr
+
+
+def rollout_config(*overrides: str):
+    """verl's rollout and model configs of a run with ``rollout.name=hf_cpu`` and ``overrides``, as verl hands them
+    to a rollout replica and to the actor's server adapter."""
+    from verl.utils.config import omega_conf_to_dataclass
+    from verl.workers.config import HFModelConfig
+
+    from verl_vllm_rm.dev.cpu_names import BACKEND_NAME
+    from verl_vllm_rm.dev.loader import compose_verl_config
+
+    config = compose_verl_config([f"actor_rollout_ref.rollout.name={BACKEND_NAME}", *overrides]).actor_rollout_ref
+    return (omega_conf_to_dataclass(config.rollout),
+            omega_conf_to_dataclass(config.model, dataclass_type=HFModelConfig))
+
+
+def test_a_tensor_parallel_rollout_is_refused_before_any_server_starts(tiny_task):
+    import asyncio
+
+    from verl_vllm_rm.dev.cpu_harness.rollout import CPURolloutReplica
+
+    rollout, model = rollout_config(f"actor_rollout_ref.model.path={tiny_task['policy']}",
+                                    "actor_rollout_ref.rollout.tensor_model_parallel_size=2")
+    replica = CPURolloutReplica(replica_rank=0, config=rollout, model_config=model,
+                                gpus_per_node=rollout.n_gpus_per_node)
+    with pytest.raises(ValueError, match=r"rollout 'hf_cpu' runs one process per replica: set "
+                                         r"actor_rollout_ref.rollout.tensor_model_parallel_size=1"):
+        asyncio.run(replica.launch_servers())
+    assert replica.servers == []
+
+
+@pytest.mark.parametrize("update, needle", [
+    # what verl's delta_sharded checkpoint engine sends (its module needs cupy: a custom backend could send it here)
+    ({"wire_format": "delta_flush"}, r"takes full weights, not 'delta_flush': keep "
+                                     r"actor_rollout_ref.rollout.checkpoint_engine.backend at its default"),
+    # what verl's actor sends for LoRA without merge (engine_workers.py: peft_config=...)
+    ({"peft_config": {"r": 8, "lora_alpha": 16}}, r"takes merged weights: set actor_rollout_ref.model.lora.merge=True"),
+], ids=["delta-wire-format", "unmerged-lora"])
+def test_weight_updates_the_rollout_cannot_load_are_refused_naming_the_setting(tiny_task, update, needle):
+    import asyncio
+
+    from verl_vllm_rm.dev.cpu_harness.rollout import CPUServerAdapter
+
+    rollout, model = rollout_config(f"actor_rollout_ref.model.path={tiny_task['policy']}")
+    adapter = CPUServerAdapter(config=rollout, model_config=model, device_mesh=None)
+    sent = []
+
+    def weights():
+        sent.append("read")
+        yield "lm_head.weight", torch.zeros(1)
+
+    with pytest.raises(ValueError, match=rf"rollout 'hf_cpu' {needle}"):
+        asyncio.run(adapter.update_weights(weights(), **update))
+    assert sent == []  # refused before reading a tensor
+
+
+@pytest.fixture()
+def generation_server(tiny_task):
+    """The hf_cpu replica's server class, in this process, with 8 prompt and 4 response tokens (it sets torch's
+    threads to 1, as in its own actor: restored after)."""
+    from verl_vllm_rm.dev.cpu_harness.rollout import HFGenerationServer
+
+    threads = torch.get_num_threads()
+    yield HFGenerationServer(str(tiny_task["policy"]), prompt_length=8, response_length=4)
+    torch.set_num_threads(threads)
+
+
+def test_a_prompt_that_fills_the_context_is_refused_naming_the_lengths(generation_server):
+    import asyncio
+
+    out = asyncio.run(generation_server.generate("fits", list(range(10, 21)), {"max_tokens": 4}))
+    assert len(out.token_ids) == 1  # 11 of 12 tokens: one left to generate
+    with pytest.raises(ValueError, match=r"prompt of 12 tokens leaves no room to generate within 12 tokens "
+                                         r"\(data.max_prompt_length \+ max_response_length\): raise "
+                                         r"data.max_prompt_length, or drop longer prompts"):
+        asyncio.run(generation_server.generate("full", list(range(10, 22)), {"max_tokens": 4}))
+
+
+def test_a_weight_update_of_another_architecture_is_refused_and_changes_nothing(generation_server):
+    before = {name: t.clone() for name, t in generation_server.model.state_dict().items()}
+    moved = {name: t + 1 for name, t in before.items()}
+    renamed = {("output.weight" if name == "lm_head.weight" else name): t for name, t in moved.items()}
+    with pytest.raises(ValueError, match=r"policy weight update does not match the rollout model: missing "
+                                         r"\['lm_head.weight'\], unexpected \['output.weight'\]; rollout 'hf_cpu' "
+                                         r"loads actor_rollout_ref.model.path as saved"):
+        generation_server.load_weights(renamed, global_steps=3)
+    after = generation_server.model.state_dict()
+    assert generation_server.global_steps is None and all(torch.equal(after[n], t) for n, t in before.items())
+    assert generation_server.load_weights(moved, global_steps=3) == len(moved)  # the same tensors, rightly named
+    assert generation_server.global_steps == 3 and torch.equal(after["lm_head.weight"], moved["lm_head.weight"])

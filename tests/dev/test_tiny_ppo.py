@@ -264,9 +264,43 @@ def test_bad_options_are_refused(tmp_path, kwargs, message):
 def test_an_rm_dir_without_a_model_is_refused_before_anything_starts(tmp_path):
     from verl_vllm_rm.dev.tiny_ppo import TinyPPOConfig, TinyPPOError, run_tiny_ppo
 
-    with pytest.raises(TinyPPOError, match="no config.json there"):
+    with pytest.raises(TinyPPOError, match=r"--rm .*: no config.json there; give a \*ForSequenceClassification "
+                                           r"checkpoint dir"):
         run_tiny_ppo(TinyPPOConfig(tmp_path / "work", rm=str(tmp_path)), on_step=None)
     assert not (tmp_path / "work" / "main_ppo.log").exists()
+
+
+def test_an_rm_the_server_cannot_load_stops_the_run_with_the_servers_words(tmp_path, tiny_task):
+    """A config.json that is no model's: the server refuses it before its engine loads, and main_ppo never starts."""
+    from verl_vllm_rm.dev.tiny_ppo import TinyPPOConfig, TinyPPOError, run_tiny_ppo
+
+    rm = tmp_path / "not-a-model"
+    rm.mkdir()
+    (rm / "config.json").write_text("{}")
+    cfg = TinyPPOConfig(tmp_path / "work", rm=str(rm), policy=str(tiny_task["policy"]))
+    with pytest.raises(TinyPPOError, match=rf"the reward server on {rm} did not start: server exited with code 1; "
+                                           rf"log tail:(.|\n)*Unrecognized model in {rm}"):
+        run_tiny_ppo(cfg, on_step=None)
+    assert not (cfg.work_dir / "main_ppo.log").exists()
+
+
+def test_an_rm_whose_tokenizer_has_no_eos_is_refused_before_the_policy_is_built(tmp_path, tiny_rm):
+    """The tiny policy shares the RM's tokenizer and stops generating at its EOS token."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    from verl_vllm_rm.dev.tiny_ppo import TinyPPOConfig, run_tiny_ppo
+
+    rm = tmp_path / "rm-without-eos"
+    shutil.copytree(tiny_rm, rm)
+    tokenizer = AutoTokenizer.from_pretrained(rm)
+    tokenizer.eos_token = None
+    tokenizer.save_pretrained(rm)
+    with pytest.raises(ValueError, match=rf"the tokenizer in {rm} has no EOS token; the policy needs one to stop "
+                                         r"generating: set eos_token in its tokenizer_config.json"):
+        run_tiny_ppo(TinyPPOConfig(tmp_path / "work", rm=str(rm)), on_step=None)
+    assert not (tmp_path / "work" / "tiny-policy" / "config.json").exists()
 
 
 def test_cli_reports_failures_with_exit_code_1(tmp_path):

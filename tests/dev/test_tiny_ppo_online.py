@@ -228,7 +228,10 @@ def test_replicas_that_cannot_start_stop_the_run_at_set_up_with_the_engines_erro
     with pytest.raises(TinyPPOError) as err:
         run_tiny_ppo(cfg, on_step=None)
     log = (cfg.work_dir / "main_ppo.log").read_text(errors="replace")
-    assert "FleetError: 2 of 2 replicas of vllm_rm_replicas_rm did not start" in log, str(err.value)
+    assert "FleetError: 2 of 2 replicas of vllm_rm_replicas_rm did not start, and replicas.min_healthy=2" in log, \
+        str(err.value)
+    assert ("fix the cause the replica's own lines give, or set replicas.min_healthy lower to run on the replicas "
+            "that start") in log
     assert "replica 0: ServerStartError: server exited with code 1" in log
     assert f"verl-vllm-rm: --model {missing} does not exist" in log  # the server's own words, from its log
     assert not [step for step, m in read_metrics(cfg.work_dir) if "training/global_step" in m]

@@ -125,6 +125,27 @@ def test_the_trained_rm_exports_from_verls_checkpoint_and_scores_like_the_traine
     assert max_diff(sequence_scores(load_reward_model(str(out)), probe_ids), trained) <= 1e-5
 
 
+def test_a_checkpoint_whose_rm_was_replaced_is_refused_on_export_naming_the_fix(runs, tmp_path):
+    """rm_state.json names the model the run started from; another one there now (here: one layer, not two) does
+    not take the checkpoint's weights, and the export says which and where the model is read from."""
+    import json
+    import shutil
+
+    from verl_vllm_rm.dev.tiny_rm import TinyRMSpec, build_tiny_rm
+    from verl_vllm_rm.online.export import RM_STATE_FILE, export_trained_rm
+
+    folder = tmp_path / "online_rm"
+    shutil.copytree(runs[1] / "full" / "online_rm", folder)
+    other = build_tiny_rm(tmp_path / "one-layer-rm", TinyRMSpec(num_hidden_layers=1))
+    state = json.loads((folder / RM_STATE_FILE).read_text())
+    (folder / RM_STATE_FILE).write_text(json.dumps({**state, "model_path": str(other)}))
+    with pytest.raises(ValueError, match=rf"the checkpoint at {folder} does not fit its RM {other}: missing \[\], "
+                                         r"unexpected \['model.layers.1.[^']*'.*\]. The RM is rebuilt from model_path "
+                                         rf"in {RM_STATE_FILE} \(the run's online_rm.model_path\): put the model"):
+        export_trained_rm(folder, tmp_path / "exported")
+    assert not (tmp_path / "exported").exists()
+
+
 def test_an_rm_whose_head_does_not_load_is_refused_naming_it(ray_cluster, tiny_rm, tmp_path):
     """A classifier whose head is not named like the token classifier's (here ``score`` renamed) would start
     from a random head in verl's value model: refused at set-up, naming the weight and the fix."""

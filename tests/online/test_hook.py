@@ -34,6 +34,13 @@ def test_a_group_that_ties_on_one_pair_source_takes_its_pair_from_the_next(rollo
     assert best_vs_worst_pairs(uids, sequences, [[1.0] * len(uids)] * 2) == ([], [], [])
 
 
+def test_pairs_need_one_uid_sequence_and_reward_per_response(rollout):
+    uids, sequences, rewards, _ = rollout
+    with pytest.raises(ValueError, match=r"uids, sequences and rewards differ in length: 16, 15, 16; give one uid, "
+                                         r"sequence and reward \(in each row of rewards\) per response"):
+        best_vs_worst_pairs(uids, sequences[:-1], rewards)
+
+
 def test_rm_step_worker_method_publishes_every_n_steps(ray_cluster, ws_server, tiny_rm, rollout, probe_ids):
     from verl_vllm_rm.dev.cpu_profile import CPU_RM_ENGINE
     from verl_vllm_rm.online.config import OnlineRMConfig

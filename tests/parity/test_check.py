@@ -4,6 +4,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from verl_vllm_rm.parity.embeddings import check_matrix
@@ -39,6 +40,13 @@ def test_compare_reports_the_multiplicative_error():
     max_d, mean_d, mult = compare([0.0, 0.0], [0.1, -0.3])
     assert (round(max_d, 6), round(mean_d, 6)) == (0.3, 0.2)
     assert abs(mult - (torch.exp(torch.tensor(0.1)) + torch.exp(torch.tensor(0.3))).item() / 2) < 1e-6
+
+
+@pytest.mark.parametrize("reference, served, got", [([0.0, 1.0], [0.0], "2 and 1"), ([], [], "0 and 0")])
+def test_compare_refuses_lists_it_cannot_pair(reference, served, got):
+    with pytest.raises(ValueError, match=r"parity compares score lists item by item: need two non-empty lists of "
+                                         rf"equal length \(one reference score per probe\), got {got}"):
+        compare(reference, served)
 
 
 def test_embedding_health_flags_zero_and_identical_rows():

@@ -60,9 +60,12 @@ def test_probe_due_without_a_model_or_probes_is_refused_before_sending(ws_server
     assert update_record(ws_server.url) == before
 
 
-@pytest.mark.parametrize("kwargs, needle", [({"every": 0}, "parity probe every must be >= 1"),
-                                            ({"threshold": 0.9}, "mean(exp|diff|) >= 1"),
-                                            ({"max_probes": 0}, "parity probe max_probes must be >= 1")])
+@pytest.mark.parametrize("kwargs, needle", [
+    ({"every": 0}, "parity probe every must be >= 1"),
+    ({"threshold": 0.9}, "parity probe threshold bounds mean(exp|diff|), which is 1 for equal scores and above 1 "
+                         "otherwise: set it >= 1 (1.05 by default), got 0.9"),
+    ({"max_probes": 0}, "parity probe max_probes must be >= 1"),
+])
 def test_bad_probe_options(kwargs, needle):
     with pytest.raises(ValueError, match=needle.replace("(", r"\(").replace(")", r"\)").replace("|", r"\|")):
         ParityProbe(**kwargs)

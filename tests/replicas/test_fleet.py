@@ -49,12 +49,58 @@ def random_groups(tokenizer, n: int, seed: int = 0) -> list:
 
 
 @pytest.fixture(scope="module")
-def fleet_run(tiny_rm, server_args):
-    """verl's RewardLoopManager (2 workers) on an RM with 2 managed replicas, in a Ray cluster of this module."""
+def fleet_ray():
+    """This module's Ray cluster (6 CPUs): every fleet of its tests, the ones that cannot start too, lives there."""
+    import ray
+
+    ray.init(num_cpus=6, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+    yield
+    ray.shutdown()
+
+
+def test_replicas_ray_cannot_place_fail_the_fleet_naming_what_was_asked(fleet_ray, tiny_rm):
+    """Two replicas of 4 CPUs on a 6-CPU cluster: refused after replicas.startup_timeout_s, no server started, the
+    placement group given back."""
+    import ray
+
+    from verl_vllm_rm.replicas.fleet import fleet_for
+    from verl_vllm_rm.replicas.options import ReplicaOptions
+
+    fleet = fleet_for("unplaceable", ReplicaOptions(model=tiny_rm, num_replicas=2, cpus_per_replica=4,
+                                                    startup_timeout_s=1))
+    with pytest.raises(Exception, match=r"FleetError: Ray could not place 2 replicas of \{'CPU': 4\} \(SPREAD\) "
+                                        r"within replicas.startup_timeout_s=1; the cluster has CPU \d+ free of 6: "
+                                        r"lower replicas.num_replicas or the resources per replica "
+                                        r"\(replicas.cpus_per_replica"):
+        ray.get(fleet.urls.remote())
+    groups = [g for g in ray.util.placement_group_table().values() if g["name"] == fleet_name("unplaceable")]
+    assert [g["state"] for g in groups] == ["REMOVED"]
+
+
+def test_a_replica_not_healthy_within_the_startup_timeout_fails_the_fleet_with_the_launchers_words(
+        fleet_ray, tiny_rm, server_args):
+    """replicas.startup_timeout_s=2: no vLLM server answers /health that soon (its imports alone take longer), so
+    the launcher stops it and the fleet, with min_healthy all (1), fails naming the replica's cause and the fix."""
+    import ray
+
+    from verl_vllm_rm.replicas.fleet import fleet_for
+    from verl_vllm_rm.replicas.options import ReplicaOptions
+
+    fleet = fleet_for("slow", ReplicaOptions(model=tiny_rm, server_args=tuple(server_args), startup_timeout_s=2))
+    with pytest.raises(Exception, match=r"1 of 1 replicas of vllm_rm_replicas_slow did not start, and "
+                                        r"replicas.min_healthy=1 \(logs in .*\):\nreplica 0: ServerStartError: server "
+                                        r"not healthy after 2s \(startup_timeout_s; replicas.startup_timeout_s for "
+                                        r"managed replicas\): raise it if the model loads slowly here"):
+        ray.get(fleet.urls.remote())
+    assert wait_for_no_orphaned_engines() == []
+
+
+@pytest.fixture(scope="module")
+def fleet_run(fleet_ray, tiny_rm, server_args):
+    """verl's RewardLoopManager (2 workers) on an RM with 2 managed replicas, in the module's Ray cluster."""
     import ray
     from verl.experimental.reward_loop.reward_loop import RewardLoopManager
 
-    ray.init(num_cpus=6, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
     block = replicas_block(tiny_rm, [*server_args, "--enable-weight-updates"])
     # requests of at most 16 rows: a step is many requests, spread over both replicas
     cfg = vllm_rm_config(None, tiny_rm, {"replicas": block, "failover_after_s": FAILOVER_AFTER_S,
@@ -345,6 +391,32 @@ def test_a_replica_that_fails_its_parity_probe_is_drained_restarted_and_resynced
     for s in status:
         assert (s["version"], s["routed"]) == (version, True)
         assert_parity(s["url"], model, probe_ids)
+
+
+def test_the_drift_probe_refuses_a_fleet_with_no_replica_in_routing(fleet_run, tiny_rm, probe_ids):
+    """The fleet moves to a weight version no replica serves yet (what a commit followed by every replica restarting
+    from its checkpoint leaves): none is in routing, and the online trainer's drift probe, which must score with the
+    RM the policy is rewarded by, refuses naming each replica's state; the next publish re-syncs them."""
+    import ray
+    from sync_helpers import load_rm
+
+    from verl_vllm_rm.online.config import OnlineRMConfig
+    from verl_vllm_rm.plugin.online_mode import make_drift_probe
+    from verl_vllm_rm.replicas.fleet import FleetError
+
+    fleet = ray.get_actor(fleet_name("rm"))
+    version = publish_known(tiny_rm, load_rm(tiny_rm))
+    config = OnlineRMConfig(model_path=tiny_rm, reward_model="rm", use_gpu=False)
+    probe = make_drift_probe(config, probe_ids)  # scored on a replica in routing
+    assert ray.get(fleet.set_version.remote(version + 1)) == []
+    needle = (rf"no replica of reward model 'rm' is in routing to probe drift on \(replica 0 up on version {version}; "
+              rf"replica 1 up on version {version}\): a replica serves once it is up and on the fleet's weight version")
+    with pytest.raises(FleetError, match=needle):
+        make_drift_probe(config, probe_ids)
+    with pytest.raises(FleetError, match=needle):
+        probe.measure()  # a probe made earlier, at its next step
+    publish_known(tiny_rm, load_rm(tiny_rm))  # the fleet's version now: both back in routing
+    assert probe.measure()["drift/mean_abs_change"] <= 1e-4  # the same weights as when the probe was made
 
 
 def test_a_replica_that_keeps_failing_to_start_is_given_up_and_the_fleet_fails(fleet_run, tiny_rm):

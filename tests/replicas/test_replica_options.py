@@ -1,6 +1,9 @@
-"""How many GPUs a managed replica asks Ray for: by default what its server's parallelism uses, where there are GPUs."""
+"""Managed replicas' options: how many GPUs a replica asks Ray for (by default what its server's parallelism uses,
+where there are GPUs), and the settings a fleet refuses."""
 
 from __future__ import annotations
+
+import re
 
 import pytest
 
@@ -34,3 +37,20 @@ def test_verls_cpu_platform_has_no_gpus_for_replicas():
     assert replica_gpus_available({"CPU": 2.0}, environ={}) == 0.0
     assert replica_gpus_available({"GPU": 1.0, "CPU": 2.0}, environ={"VERL_PLATFORM": "cpu"}) == 0.0
     assert replica_gpus_available({"GPU": 8.0}, environ={"VERL_PLATFORM": "cuda"}) == 8.0
+
+
+def test_a_backoff_cap_below_the_first_backoff_is_refused():
+    with pytest.raises(ValueError, match=r"replicas.max_restart_backoff_s=2 is less than replicas.restart_backoff_s=5, "
+                                         r"the first wait it caps: raise max_restart_backoff_s or lower "
+                                         r"restart_backoff_s"):
+        ReplicaOptions(model="/rm", restart_backoff_s=5, max_restart_backoff_s=2)
+
+
+@pytest.mark.parametrize("server_args, reserved", [
+    (("--port", "9000"), "['--port']"),
+    (("--model=/other", "--host", "0.0.0.0", "--max-model-len", "4096"), "['--host', '--model']"),
+])
+def test_server_args_may_not_set_what_the_fleet_chooses_per_replica(server_args, reserved):
+    with pytest.raises(ValueError, match=rf"replicas.server_args sets {re.escape(reserved)}, which the fleet chooses "
+                                         r"per replica: give the model as replicas.model and drop the others"):
+        ReplicaOptions(model="/rm", server_args=server_args)

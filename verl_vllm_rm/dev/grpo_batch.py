@@ -38,7 +38,9 @@ def build_batch(groups: Sequence[Group], pad_id: int, prompt_len: int | None = N
     mask = torch.zeros((n, p_len + r_len), dtype=torch.long)
     for i, (g, r) in enumerate(rows):
         if len(g.prompt_ids) > p_len or len(r) > r_len:
-            raise ValueError(f"row {i}: prompt/response longer than prompt_len={p_len}/response_len={r_len}")
+            raise ValueError(f"row {i}: prompt/response of {len(g.prompt_ids)}/{len(r)} tokens is longer than "
+                             f"prompt_len={p_len}/response_len={r_len}: raise them, or leave them None (the longest "
+                             "prompt and response)")
         prompts[i, p_len - len(g.prompt_ids):] = torch.tensor(g.prompt_ids)
         mask[i, p_len - len(g.prompt_ids): p_len] = 1
         if r:

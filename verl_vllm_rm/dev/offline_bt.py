@@ -57,7 +57,8 @@ class OfflineBradleyTerry:
         self.model = model
         self.params = [p for p in model.parameters() if p.requires_grad]
         if not self.params:
-            raise ValueError("the reward model has no trainable parameter; call prepare_reward_model first")
+            raise ValueError("the reward model has no trainable parameter (all have requires_grad=False): call "
+                             "prepare_reward_model(model, training_mode) first, which chooses what trains")
         self.optimizer = torch.optim.AdamW(self.params, lr=lr)
         self.max_grad_norm = max_grad_norm
 

@@ -50,7 +50,8 @@ def policy_tokenizer(rm_dir: str | Path):
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     if tokenizer.eos_token_id is None:
-        raise ValueError(f"the tokenizer in {rm_dir} has no EOS token; the policy needs one to stop generating")
+        raise ValueError(f"the tokenizer in {rm_dir} has no EOS token; the policy needs one to stop generating: "
+                         "set eos_token in its tokenizer_config.json, or give an RM whose tokenizer has one")
     return tokenizer
 
 

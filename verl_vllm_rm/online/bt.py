@@ -30,8 +30,10 @@ def pair_batch(chosen: Sequence[Sequence[int]], rejected: Sequence[Sequence[int]
     if len(chosen) != len(rejected) or not chosen:
         raise ValueError(f"need as many chosen as rejected sequences (>0), got {len(chosen)} and {len(rejected)}")
     sequences = [torch.tensor(list(s), dtype=torch.long) for pair in zip(chosen, rejected) for s in pair]
-    if any(len(s) == 0 for s in sequences):
-        raise ValueError("a preference pair holds an empty sequence")
+    empty = [i // PAIR_GROUP for i, s in enumerate(sequences) if len(s) == 0]
+    if empty:
+        raise ValueError(f"preference pair(s) {sorted(set(empty))} hold an empty sequence: every chosen and rejected "
+                         "sequence needs at least one token (the RM's score is its value at the last one)")
     masks = [torch.zeros(len(s), dtype=torch.long).index_fill_(0, torch.tensor([len(s) - 1]), 1) for s in sequences]
 
     def jagged(rows: list[torch.Tensor]) -> torch.Tensor:

@@ -26,7 +26,8 @@ class DriftProbe:
 
     def __init__(self, server: Callable[[], JsonHttp], sequences: list[list[int]]):
         if not sequences:
-            raise ValueError("a drift probe needs at least one sequence")
+            raise ValueError("a drift probe needs at least one sequence to score: pass some token ids (the online "
+                             "trainer passes its first PPO step's sequences)")
         self.server = server
         self.sequences = [list(s) for s in sequences[:PROBE_SIZE]]
         self.initial = self.score()

@@ -63,7 +63,9 @@ def load_trained_rm(folder: str | Path) -> torch.nn.Module:
     missing, unexpected = model.load_state_dict(merged_state_dict(folder), strict=False)
     if missing or unexpected:
         raise ValueError(f"the checkpoint at {folder} does not fit its RM {state['model_path']}: missing "
-                         f"{missing[:4]}, unexpected {unexpected[:4]}")
+                         f"{missing[:4]}, unexpected {unexpected[:4]}. The RM is rebuilt from model_path in "
+                         f"{RM_STATE_FILE} (the run's online_rm.model_path): put the model the run started from "
+                         "back there, or set model_path to where it is now")
     return (model.merge_and_unload() if lora else model).eval()
 
 

@@ -30,7 +30,7 @@ def best_vs_worst_pairs(
     table = np.atleast_2d(np.asarray(rewards, dtype=np.float64))
     if not len(uids) == len(sequences) == table.shape[1]:
         raise ValueError(f"uids, sequences and rewards differ in length: {len(uids)}, {len(sequences)}, "
-                         f"{table.shape[1]}")
+                         f"{table.shape[1]}; give one uid, sequence and reward (in each row of rewards) per response")
     groups: dict[Hashable, list[int]] = {}
     for i, uid in enumerate(uids):
         groups.setdefault(uid, []).append(i)

@@ -55,6 +55,8 @@ class RewardModelWorker(TrainingWorker):
     def __init__(self, config: TrainingWorkerConfig, online: Mapping[str, Any]) -> None:
         super().__init__(config)
         if not isinstance(self.engine, RewardModelEngine):  # verl looks engines up by model_type and device
+            # Built only by OnlineRewardModel, from OnlineRMConfig.training_worker_config().
+            # internal: only RewardModelEngine registers that config's model_type (verl raises its own error else)
             raise TypeError(f"verl built a {type(self.engine).__name__} for the RM, not a RewardModelEngine: "
                             f"check that model_type={config.model_type!r} and the engine device are verl's FSDP ones")
         self.online = OnlineRMConfig.from_dict(online)
@@ -83,7 +85,7 @@ class RewardModelWorker(TrainingWorker):
         """One BT step: each rank takes its contiguous share of the pairs (as many as every other rank), verl
         runs the micro-batches and the optimizer step; then the publish hook. The step's metrics."""
         rank, world = self.engine.get_data_parallel_rank(), self.engine.get_data_parallel_size()
-        if len(chosen) % world:
+        if len(chosen) % world:  # internal: train_on_rollout trims the pairs to a multiple of the ranks
             raise ValueError(f"{len(chosen)} pairs do not split evenly over {world} RM ranks")
         share = len(chosen) // world
         mine = slice(rank * share, (rank + 1) * share)

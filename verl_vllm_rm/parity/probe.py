@@ -72,7 +72,8 @@ class ParityProbe:
         check_ranges(self, {">= 1": ("every", "max_probes")}, prefix="parity probe ")
         coarsest(self.compute_dtype)
         if self.threshold < 1.0:
-            raise ValueError(f"parity threshold bounds mean(exp|diff|) >= 1, got {self.threshold}")
+            raise ValueError(f"parity probe threshold bounds mean(exp|diff|), which is 1 for equal scores and "
+                             f"above 1 otherwise: set it >= 1 (1.05 by default), got {self.threshold}")
 
     def due(self, publish_count: int, model: Any = None, probe_ids: Sequence[Sequence[int]] | None = None) -> bool:
         """Whether the probe runs after publish number ``publish_count``; when it does, the publish must pass the

@@ -44,7 +44,8 @@ class ParityReport:
 def compare(reference: Sequence[float], served: Sequence[float]) -> tuple[float, float, float]:
     """(max |diff|, mean |diff|, mean(exp|diff|)) of two equally long score lists."""
     if len(reference) != len(served) or not reference:
-        raise ValueError(f"need two non-empty lists of equal length, got {len(reference)} and {len(served)}")
+        raise ValueError(f"parity compares score lists item by item: need two non-empty lists of equal length "
+                         f"(one reference score per probe), got {len(reference)} and {len(served)}")
     diffs = [abs(a - b) for a, b in zip(reference, served)]
     return max(diffs), sum(diffs) / len(diffs), sum(math.exp(d) for d in diffs) / len(diffs)
 

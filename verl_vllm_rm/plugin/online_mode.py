@@ -189,11 +189,23 @@ def make_drift_probe(config: "OnlineRMConfig", sequences: list[list[int]]) -> "D
             return JsonHttp(config.server_url, config.api_key)
         import ray
 
-        from verl_vllm_rm.replicas.fleet import fleet_name
+        from verl_vllm_rm.replicas.fleet import FleetError, fleet_name
 
-        urls = ray.get(ray.get_actor(fleet_name(config.reward_model)).urls.remote())
+        fleet = ray.get_actor(fleet_name(config.reward_model))
+        urls = ray.get(fleet.urls.remote())
         if not urls:
-            raise ConfigError(f"no replica of reward model {config.reward_model!r} is in routing to probe drift on")
+            raise FleetError(f"no replica of reward model {config.reward_model!r} is in routing to probe drift on "
+                             f"({replica_states(ray.get(fleet.replica_status.remote()))}): a replica serves once it "
+                             "is up and on the fleet's weight version. The fleet restarts one that is down and the "
+                             "next publish re-syncs one behind; the replicas/* metrics and the fleet's replica logs "
+                             "say why they left")
         return JsonHttp(urls[0], config.api_key)
 
     return DriftProbe(server, sequences)
+
+
+def replica_states(statuses: list[dict[str, Any]]) -> str:
+    """Each replica as routing sees it (``ReplicaFleet.replica_status``): up or down, its weight version, drained."""
+    return "; ".join(f"replica {s['index']} {'up' if s['healthy'] else 'down'} on version {s['version']}"
+                     + (", drained" if s["drained"] else "") + (", given up" if s["given_up"] else "")
+                     for s in statuses)

@@ -94,9 +94,12 @@ class ReplicaFleet:
         self.group = placement_group([bundle] * options.num_replicas, strategy=options.placement, name=name)
         if not ray.wait([self.group.ready()], timeout=options.startup_timeout_s)[0]:
             ray.util.remove_placement_group(self.group)
+            total, free = ray.cluster_resources(), ray.available_resources()
+            have = ", ".join(f"{key} {free.get(key, 0):g} free of {total.get(key, 0):g}" for key in bundle)
             raise FleetError(f"Ray could not place {options.num_replicas} replicas of {bundle} ({options.placement}) "
-                             f"within {options.startup_timeout_s:.0f}s on a cluster with {ray.cluster_resources()}: "
-                             "lower replicas.num_replicas or the resources per replica")
+                             f"within replicas.startup_timeout_s={options.startup_timeout_s:g}; the cluster has "
+                             f"{have}: lower replicas.num_replicas or the resources per replica "
+                             "(replicas.cpus_per_replica, replicas.gpus_per_replica), or give Ray more")
         nodes = [n for n in ray.nodes() if n["Alive"]]
         self.host = options.host or ("127.0.0.1" if len(nodes) == 1 else None)  # None: each replica's node IP
         self.log_dir = tempfile.mkdtemp(prefix=f"{name}-")

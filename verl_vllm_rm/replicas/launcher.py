@@ -102,7 +102,9 @@ def start_server(
             if proc.poll() is not None:
                 raise ServerStartError(f"server exited with code {proc.returncode}; log tail:\n{server.log_tail()}")
             if time.monotonic() - t0 > startup_timeout_s:
-                raise ServerStartError(f"server not healthy after {startup_timeout_s:.0f}s; log tail:\n{server.log_tail()}")
+                raise ServerStartError(f"server not healthy after {startup_timeout_s:g}s (startup_timeout_s; "
+                                       "replicas.startup_timeout_s for managed replicas): raise it if the model "
+                                       f"loads slowly here, else see why in the log tail:\n{server.log_tail()}")
             try:
                 if get_json(server.url + "/health", timeout_s=2.0).get("status") == "ok":
                     break

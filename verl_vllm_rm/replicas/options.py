@@ -40,7 +40,9 @@ class ReplicaOptions:
                             "> 0": ("startup_timeout_s", "health_interval_s", "health_timeout_s", "hung_restart_s",
                                     "restart_backoff_s", "max_restart_backoff_s")}, prefix="replicas.")
         if self.max_restart_backoff_s < self.restart_backoff_s:
-            raise ValueError("replicas.max_restart_backoff_s must be >= replicas.restart_backoff_s")
+            raise ValueError(f"replicas.max_restart_backoff_s={self.max_restart_backoff_s:g} is less than "
+                             f"replicas.restart_backoff_s={self.restart_backoff_s:g}, the first wait it caps: raise "
+                             "max_restart_backoff_s or lower restart_backoff_s")
         if self.min_healthy is not None and self.min_healthy > self.num_replicas:
             raise ValueError(f"replicas.min_healthy={self.min_healthy} is more than replicas.num_replicas="
                              f"{self.num_replicas}: lower it, or leave it unset (all replicas)")

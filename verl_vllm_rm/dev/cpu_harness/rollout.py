@@ -107,7 +107,8 @@ class HFGenerationServer:
         room = self.max_model_len - len(prompt_ids)
         if room < 1:
             raise ValueError(f"prompt of {len(prompt_ids)} tokens leaves no room to generate within "
-                             f"{self.max_model_len} tokens (data.max_prompt_length + max_response_length)")
+                             f"{self.max_model_len} tokens (data.max_prompt_length + max_response_length): raise "
+                             "data.max_prompt_length, or drop longer prompts with data.filter_overlong_prompts=True")
         max_tokens = max(1, min(params.get("max_tokens", self.response_length), room))
         top_k = params.get("top_k", -1)
         with self.lock:
@@ -125,12 +126,18 @@ class HFGenerationServer:
     def load_weights(self, state_dict: dict[str, torch.Tensor], global_steps: int | None = None) -> int:
         """Load the actor's full weights (HF names); returns how many tensors were loaded."""
         with self.lock:
-            missing, unexpected = self.model.load_state_dict(state_dict, strict=False)
+            # Checked before loading, so a refused update leaves the model as it was.
+            names = self.model.state_dict().keys()
             # Tied embeddings arrive once; anything else missing means a wrong or partial update.
-            missing = [n for n in missing if not (n == "lm_head.weight" and self.model.config.tie_word_embeddings)]
+            missing = [n for n in names if n not in state_dict
+                       and not (n == "lm_head.weight" and self.model.config.tie_word_embeddings)]
+            unexpected = [n for n in state_dict if n not in names]
             if missing or unexpected:
                 raise ValueError(f"policy weight update does not match the rollout model: missing {missing[:5]}, "
-                                 f"unexpected {unexpected[:5]}")
+                                 f"unexpected {unexpected[:5]}; rollout {BACKEND_NAME!r} loads "
+                                 "actor_rollout_ref.model.path as saved, so the actor must train that same "
+                                 "architecture under its Hugging Face names")
+            self.model.load_state_dict(state_dict, strict=False)
             self.global_steps = global_steps
         return len(state_dict)
 
