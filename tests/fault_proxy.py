@@ -2,7 +2,8 @@
 
 The only fake in the suite, and it fakes nothing about scoring: it forwards to
 the real vLLM server and then delays, drops, fails or corrupts what passes
-through, so client error handling is tested against real traffic.
+through (or rewrites its JSON answer on a path), so client error handling is
+tested against real traffic.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import asyncio
 import json
 import threading
 from dataclasses import dataclass, field
+from typing import Any, Callable
 
 import aiohttp
 from aiohttp import web
@@ -26,6 +28,7 @@ class Faults:
     drop: bool = False  # close the connection without answering
     hang: bool = False  # never answer, /health included (a stopped server: port open, nobody home) until stop()
     delay_path: str | None = None  # delay_s only for this path (None: every path)
+    rewrite: dict[str, Callable[[Any], Any]] = field(default_factory=dict)  # path -> new JSON answer from the real one
 
 
 @dataclass
@@ -89,6 +92,8 @@ class FaultProxy:
                                          headers=headers) as up:
             status, text = up.status, await up.text()
         record["answer"] = text  # what the upstream said (before any corruption)
+        if request.path in f.rewrite and status == 200:
+            return web.json_response(f.rewrite[request.path](json.loads(text)))
         if f.corrupt and request.path in ("/score", "/v1/chat/completions") and status == 200 and f.corrupt_times != 0:
             if f.corrupt_times is not None:
                 f.corrupt_times -= 1

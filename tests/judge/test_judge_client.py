@@ -8,11 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
-from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from itertools import combinations
-from typing import Any, Iterator
 
 import pytest
 
@@ -94,36 +90,6 @@ def test_an_answer_cut_at_max_tokens_is_an_error_not_a_score(judge_server):
         judge(judge_server.url, mode="listwise", max_tokens=4)
 
 
-@contextmanager
-def broken_judge(reply: dict) -> Iterator[tuple[str, list[str]]]:
-    """A peer on 127.0.0.1 that answers every request with ``reply`` (200, JSON), yielding its URL and the paths
-    asked. Fault injection: our judge server always answers a chat completion with text, so only another server
-    behind ``judge.server_url`` (another API, or a vLLM with a reasoning parser) answers like this; the suite
-    runs no such server, and a peer that answers one fixed reply is all the test needs."""
-    body, asked = json.dumps(reply).encode(), []
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 (http.server naming)
-            self.rfile.read(int(self.headers["Content-Length"]))
-            asked.append(self.path)
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_port}", asked
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
 @pytest.mark.parametrize("reply, error", [
     ({"object": "text_completion", "choices": [{"index": 0, "text": '{"score": 7}', "finish_reason": "stop"}]},
      r"the judge's reply is not a chat completion: \{\"object\": \"text_completion\".*; judge\.server_url must be an "
@@ -135,13 +101,20 @@ def broken_judge(reply: dict) -> Iterator[tuple[str, list[str]]]:
      r"the judge's reply has no answer text \(message\.content\): .*\"content\": null.*; a reasoning or "
      r"tool-call parser on the judge server moves the answer out of it"),
 ], ids=["a-completions-reply", "an-error-object", "content-null"])
-def test_a_reply_that_is_not_a_chat_completion_is_an_error_not_retried(reply, error):
+def test_a_reply_that_is_not_a_chat_completion_is_an_error_not_retried(judge_server, reply, error):
     """The reply of a server that is no chat judge is read as nothing, never as a score; asking again would get
-    the same reply, so it is not retried."""
-    with broken_judge(reply) as (url, asked):
+    the same reply, so it is not retried. Fault injection: the real judge's answer is replaced on its way back
+    (our judge always answers a chat completion with text; another API, or a vLLM with a reasoning parser, does
+    not)."""
+    from fault_proxy import FaultProxy, Faults
+
+    proxy = FaultProxy(judge_server.url, Faults(rewrite={"/v1/chat/completions": lambda _: reply})).start()
+    try:
         with pytest.raises(JudgeAnswerError, match=error):
-            judge(url, responses=["42."], mode="pointwise", max_retries=3, backoff_base_s=0.01)
-    assert asked == ["/v1/chat/completions"]
+            judge(proxy.url, responses=["42."], mode="pointwise", max_retries=3, backoff_base_s=0.01)
+    finally:
+        proxy.stop()
+    assert [r["path"] for r in proxy.requests] == ["/v1/chat/completions"]
 
 
 def test_a_judge_slower_than_the_deadline_fails_naming_the_timeout(judge_server):

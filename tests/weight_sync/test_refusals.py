@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import re
 
 import pytest
 import requests
 import torch
-from aiohttp import web
-from fault_proxy import FaultProxy
+from fault_proxy import FaultProxy, Faults
 from sync_helpers import assert_parity, load_rm, reset_server, runtime_version, update_record
 
 from verl_vllm_rm.weight_sync import RewardModelPublisher, WeightUpdateRefused
@@ -161,21 +159,12 @@ def test_a_bucket_size_of_zero_is_refused_before_anything_moves(ws_server, tiny_
     assert update_record(ws_server.url) == before and runtime_version(ws_server.url) == version
 
 
-class NcclInventoryProxy(FaultProxy):
-    """The session server behind a proxy whose ``/weight_inventory`` answer says the server receives over NCCL:
-    this CPU machine runs no NCCL server (it needs CUDA), so the transport is the one fault injected."""
-
-    async def _handle(self, request: web.Request) -> web.StreamResponse:
-        response = await super()._handle(request)
-        if request.path != "/weight_inventory":
-            return response
-        return web.json_response({**json.loads(response.text), "transport": "nccl", "nccl_version": "2.29.7"})
-
-
 def test_a_trainer_without_cuda_is_refused_by_an_nccl_server(ws_server):
     """A server receiving over NCCL and a trainer with no CUDA: refused when the publisher is built, naming both
     ways out, before any communicator forms (only the inventory was asked for)."""
-    proxy = NcclInventoryProxy(ws_server.url).start()
+    # this CPU machine runs no NCCL server (it needs CUDA): the inventory's transport is the one fault injected
+    nccl = {"/weight_inventory": lambda inventory: {**inventory, "transport": "nccl", "nccl_version": "2.29.7"}}
+    proxy = FaultProxy(ws_server.url, Faults(rewrite=nccl)).start()
     before = update_record(ws_server.url)
     try:
         with pytest.raises(WeightUpdateRefused, match=rf"^cannot publish to {re.escape(proxy.url)}: the server "
