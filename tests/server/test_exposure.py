@@ -11,6 +11,7 @@ import os
 import signal
 import socket
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
@@ -21,6 +22,8 @@ from verl_vllm_rm.client.http import free_port
 from verl_vllm_rm.protocol.defaults import API_KEY_ENV, PARENT_PID_ENV
 from verl_vllm_rm.server import exposure
 from verl_vllm_rm.server.exposure import OPT_OUT_FLAG, ExposureRefused, check_exposure, is_loopback_bind
+
+WEIGHT_FILES_READ = "Loading safetensors checkpoint shards: 100%"  # vLLM's loader, each time it reads them
 
 # ---- the loopback decision and the policy (pure) ----
 
@@ -156,8 +159,14 @@ def test_the_opt_out_starts_on_0000_with_a_warning_and_open_weight_routes(tiny_r
         assert f"WARNING: weight updates without an API key on 0.0.0.0:{server.url.rsplit(':', 1)[1]}" in log
         assert OPT_OUT_FLAG in log
         assert listening_ip(server.process.pid, int(server.url.rsplit(":", 1)[1])) == "0.0.0.0"
-        inventory = requests.get(f"{server.url}/weight_inventory", timeout=30)
-        assert inventory.status_code == 200 and inventory.json()["params"]
+        # the weight routes are open: three trainer ranks asking a fresh server for its inventory at once get the
+        # same one, which the engine read once (vLLM's loader logs each read of the weight files)
+        loads = server.log_path.read_text(errors="replace").count(WEIGHT_FILES_READ)
+        with ThreadPoolExecutor(3) as pool:
+            answers = list(pool.map(lambda _: requests.get(f"{server.url}/weight_inventory", timeout=60), range(3)))
+        assert [a.status_code for a in answers] == [200] * 3 and answers[0].json()["params"]
+        assert answers[0].json() == answers[1].json() == answers[2].json()
+        assert server.log_path.read_text(errors="replace").count(WEIGHT_FILES_READ) == loads + 1
         assert requests.post(f"{server.url}/score", json={"input": texts[:2]}, timeout=60).status_code == 200
 
 

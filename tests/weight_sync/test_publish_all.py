@@ -35,3 +35,37 @@ def test_an_unreachable_server_fails_before_any_publish(ws_server, dead_url):
     with pytest.raises(HttpError, match=dead_url) as err:
         MultiServerPublisher([ws_server.url, dead_url], timeout_s=10)
     assert err.value.unreachable
+
+
+def test_a_managed_replica_that_cannot_be_opened_is_left_behind_and_the_others_take_the_version(
+        ws_server, tiny_rm, probe_ids, caplog):
+    """Managed replicas (``on_commit``): a replica that does not answer its inventory (a hung server: a proxy that
+    never answers) is left behind with a warning, the version goes to the one that answers and the fleet moves to
+    it; the next publish tries the hung one again."""
+    from fault_proxy import FaultProxy, Faults
+
+    version = reset_server(ws_server.url, tiny_rm)
+    hung = FaultProxy(ws_server.url, Faults(hang=True)).start()
+    committed: list[int] = []
+    model = load_rm(tiny_rm)
+    try:
+        with MultiServerPublisher([ws_server.url, hung.url], on_commit=committed.append, timeout_s=5) as fleet:
+            assert list(fleet.publishers) == [ws_server.url]
+            assert f"server {hung.url} left behind (out of routing until re-synced): could not open" in caplog.text
+            results = fleet.publish(model, version + 1, "full", probe_ids=probe_ids)
+            assert [r.version for r in results] == [version + 1] and committed == [version + 1]
+            assert runtime_version(ws_server.url) == version + 1
+            assert_parity(ws_server.url, model, probe_ids)
+            asked = sum(r["path"] == "/weight_inventory" for r in hung.requests)
+            fleet.publish(model, version + 2, "full")
+            assert sum(r["path"] == "/weight_inventory" for r in hung.requests) == asked + 1  # tried again
+    finally:
+        hung.stop()
+
+
+def test_managed_replicas_none_of_which_can_be_opened_fail_the_publish(dead_url):
+    from verl_vllm_rm.weight_sync import WeightSyncError
+
+    with pytest.raises(WeightSyncError, match=rf"^no server could take weight updates \({dead_url}: HttpError: .*\); "
+                                              r"every server serves its old version$"):
+        MultiServerPublisher([dead_url], on_commit=lambda version: None, timeout_s=5)

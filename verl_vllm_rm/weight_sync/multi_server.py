@@ -25,6 +25,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any, Callable, Sequence
 
+import torch.distributed as dist
+
 from verl_vllm_rm.parity.probe import ParityProbe, coarsest
 from verl_vllm_rm.protocol.inventory import WeightUpdateRefused
 from verl_vllm_rm.protocol.names import RewardModelTrainingMode
@@ -64,15 +66,51 @@ class MultiServerPublisher(ClosedOnExit):
 
     # -- the servers of the day ------------------------------------------------------
     def _sync_servers(self) -> None:
+        """Publishers to today's servers: new ones opened (each reads the server's inventory, in parallel), gone
+        ones discarded. With a fixed list, a server that cannot be opened fails the publish; with managed replicas
+        it is left behind (the fleet takes it out of routing at the commit) and tried again at the next publish.
+        The ranks of a sharded trainer keep the servers every rank could open: they publish together."""
         urls = list(dict.fromkeys(self._server_urls()))  # a URL listed twice is one server
         if not urls:
             raise ValueError("MultiServerPublisher needs at least one server URL, and server_urls gave none: pass "
                              "the servers' URLs (with managed replicas, none is up and in routing now)")
-        for url in set(self.publishers) - set(urls):
+        opened, failed = self._open([url for url in urls if url not in self.publishers])
+        refused = [e for e in failed.values() if isinstance(e, WeightUpdateRefused)]
+        if failed and (self.on_commit is None or refused):
+            for url, pub in opened.items():
+                close_quietly(url, pub)
+            raise (refused or list(failed.values()))[0]
+        usable = servers_on_every_rank({url for url in urls if url in self.publishers or url in opened},
+                                       self.publisher_kwargs.get("group"))
+        for url in set(self.publishers) - usable:
             self._discard(url)
-        for url in urls:
-            if url not in self.publishers:
-                self.publishers[url] = RewardModelPublisher(url, **self.publisher_kwargs)
+        for url, pub in opened.items():
+            if url in usable:
+                self.publishers[url] = pub
+            else:
+                close_quietly(url, pub)
+        for url, error in failed.items():
+            logger.warning("server %s left behind (out of routing until re-synced): could not open its weight-sync "
+                           "session: %s", url, error)
+        if not self.publishers:
+            detail = "; ".join(f"{url}: {type(e).__name__}: {e}" for url, e in failed.items())
+            raise WeightSyncError(f"no server could take weight updates ({detail or 'the trainer ranks share none'})"
+                                  "; every server serves its old version")
+
+    def _open(self, urls: list[str]) -> tuple[dict[str, RewardModelPublisher], dict[str, Exception]]:
+        """A publisher to each of ``urls`` (opened in parallel: a hung server costs its timeout once), and the
+        error of each that could not be opened."""
+        if not urls:
+            return {}, {}
+        with ThreadPoolExecutor(len(urls)) as pool:
+            futures = {url: pool.submit(RewardModelPublisher, url, **self.publisher_kwargs) for url in urls}
+        opened, failed = {}, {}
+        for url, future in futures.items():
+            if future.exception() is None:
+                opened[url] = future.result()
+            else:
+                failed[url] = future.exception()
+        return opened, failed
 
     def _discard(self, url: str) -> None:
         """Forget the server's publisher; its session is closed in the background (a dead or hung server may never
@@ -204,6 +242,16 @@ class MultiServerPublisher(ClosedOnExit):
         is over for it either way)."""
         for url, pub in self.publishers.items():
             close_quietly(url, pub)
+
+
+def servers_on_every_rank(urls: set[str], group: dist.ProcessGroup | None) -> set[str]:
+    """The servers every rank of the trainer's group has (a rank alone: ``urls``): the ranks of a sharded trainer
+    gather shards together, so they must publish to the same servers even when one rank could not reach one."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size(group) == 1:
+        return urls
+    every: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(every, sorted(urls), group=group)
+    return set.intersection(*(set(u) for u in every))
 
 
 def close_quietly(url: str, publisher: RewardModelPublisher) -> None:

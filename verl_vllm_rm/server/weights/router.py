@@ -41,11 +41,15 @@ router = APIRouter()
 
 
 async def _inventory(request: Request) -> Inventory:
+    """The inventory, read from the engine once. Every rank of a sharded trainer asks a fresh server at the same
+    moment; concurrent engine reads of it were seen to hang one of them (a publish timed out on a healthy server),
+    so the first read is the only one and the others wait for it."""
     sync: WeightSyncState = request.app.state.reward.weights
-    if sync.inventory is None:
-        results = await request.app.state.engine_client.collective_rpc("rm_weight_inventory")
-        sync.inventory = Inventory.from_json(results[0])
-        sync.nccl_version = results[0]["nccl_version"]
+    async with sync.inventory_lock:
+        if sync.inventory is None:
+            results = await request.app.state.engine_client.collective_rpc("rm_weight_inventory")
+            sync.inventory = Inventory.from_json(results[0])
+            sync.nccl_version = results[0]["nccl_version"]
     return sync.inventory
 
 

@@ -32,6 +32,7 @@ class WeightSyncState:
     max_update_bytes: int | None = None
     join_timeout_s: float = DEFAULT_JOIN_TIMEOUT_S
     inventory: Inventory | None = None
+    inventory_lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one engine read, however many ask at once
     session: str | None = None
     update_task: asyncio.Task | None = None
     control: asyncio.Lock = field(default_factory=asyncio.Lock)
