@@ -12,7 +12,8 @@
 #   TRAIN_GPUS  CUDA_VISIBLE_DEVICES of the verl run; default: the visible GPUs minus RM_GPUS, so
 #               Ray never places a policy (or RM-trainer) worker on the reward server's GPU
 #   RM_SERVER_URL  use this running reward server instead of starting one
-#   VERL_VLLM_RM_CPU_PROFILE=1  the same recipe on a machine without a GPU: tiny sizes, 2 steps, verl's
+#   VERL_VLLM_RM_CPU_PROFILE=1  the same recipe on a machine without a GPU: tiny sizes, 2 steps
+#               (VERL_VLLM_RM_CPU_STEPS=N for N), verl's
 #               main_ppo made to run on CPU by verl_vllm_rm.dev.cpu_harness (MODEL, DATA and RM_PATH
 #               must then be tiny: `make test` runs every recipe this way)
 
@@ -61,7 +62,7 @@ run_main_ppo() {
     local profile=()
     if [[ "${VERL_VLLM_RM_CPU_PROFILE:-0}" == 1 ]]; then
         export VERL_USE_EXTERNAL_MODULES=verl_vllm_rm.dev.cpu_harness.activate${VERL_USE_EXTERNAL_MODULES:+,$VERL_USE_EXTERNAL_MODULES}
-        mapfile -t profile < <(python3 -m verl_vllm_rm.dev.cpu_profile 2 "$@")
+        mapfile -t profile < <(python3 -m verl_vllm_rm.dev.cpu_profile "${VERL_VLLM_RM_CPU_STEPS:-2}" "$@")
         [[ ${#profile[@]} -gt 0 ]] || { echo "could not build the CPU profile" >&2; exit 1; }
     fi
     python3 -m verl.trainer.main_ppo "$@" "${profile[@]}"

@@ -191,9 +191,10 @@ def verl_config(tiny_rm):
     return make
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def judge_server(tmp_path_factory, server_args):
-    """A tiny random causal-LM judge served with ``--runner generate`` (per module: 1.4 GB while it lives)."""
+    """A tiny random causal-LM judge served with ``--runner generate``, shared by the session (1.4 GB while it
+    lives; three modules use it, and a start costs ~45 s)."""
     from verl_vllm_rm.dev.tiny_judge import build_tiny_judge
 
     model = build_tiny_judge(tmp_path_factory.mktemp("tiny_judge"))

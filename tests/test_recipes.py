@@ -1,6 +1,6 @@
 """Every recipe's trainer overrides compose with verl's own ``ppo_trainer`` config and resolve to our
 manager with valid options (the recipes' dry-run mode), and every recipe runs for real: the same script
-with its CPU profile (tiny models, 2 steps, verl's main_ppo on CPU through the harness)."""
+with its CPU profile (tiny models, 1 or 2 steps, verl's main_ppo on CPU through the harness)."""
 
 import json
 import os
@@ -59,11 +59,13 @@ def test_verl_never_gets_the_reward_servers_gpu(env, gpus):
 @pytest.mark.ray
 @pytest.mark.parametrize("recipe", RECIPES, ids=[p.name for p in RECIPES])
 def test_recipe_runs_on_cpu(recipe, tmp_path, tiny_rm, tiny_task, rm_server, online_rm_server):
-    """The exact script users start, with VERL_VLLM_RM_CPU_PROFILE=1: 2 GRPO steps of verl's main_ppo (the online
-    recipe's run is stopped by max_idle_steps: its RM never gets a pair here)."""
+    """The exact script users start, with VERL_VLLM_RM_CPU_PROFILE=1: one GRPO step of verl's main_ppo
+    (VERL_VLLM_RM_CPU_STEPS=1), two for the online recipe, whose run max_idle_steps stops at step 2: its RM
+    never gets a pair here."""
     online = "online" in recipe.name
     bin_dir = str(Path(sys.executable).parent)
-    env = dict(os.environ, VERL_VLLM_RM_CPU_PROFILE="1", PATH=f"{bin_dir}:{os.environ['PATH']}",
+    env = dict(os.environ, VERL_VLLM_RM_CPU_PROFILE="1", VERL_VLLM_RM_CPU_STEPS="2" if online else "1",
+               PATH=f"{bin_dir}:{os.environ['PATH']}",
                MODEL=str(tiny_task["policy"]), DATA=str(tiny_task["data"]), RM_PATH=tiny_rm,
                RM_SERVER_URL=(online_rm_server if online else rm_server).url, RM_MODE="head_only",
                VERL_FILE_LOGGER_PATH=str(tmp_path / "metrics.jsonl"), TOKENIZERS_PARALLELISM="false")
@@ -79,7 +81,7 @@ def test_recipe_runs_on_cpu(recipe, tmp_path, tiny_rm, tiny_task, rm_server, onl
     assert all(s["data"]["critic/rewards/mean"] == s["data"]["critic/rewards/mean"] for s in trained)  # not NaN
     if not online:
         assert run.returncode == 0, f"{recipe.name} failed:\n{run.stdout[-4000:]}\n{run.stderr[-4000:]}"
-        assert [s["step"] for s in trained] == [1, 2]
+        assert [s["step"] for s in trained] == [1]
         return
     assert run.returncode != 0 and [s["step"] for s in trained] == [1], output[-4000:]
     assert {k: trained[0]["data"][k] for k in ("rm/pairs", "rm/trained", "rm/idle_steps")} == {

@@ -1,7 +1,7 @@
 """README's "Quick start on GPUs" works as written, from a clone.
 
-Its install lines are the Makefile's ``DEVICE=gpu`` lines, and pip resolves each one, from this clone and the
-package index alone, to exactly the pinned set it names. Resolution is what runs here (``pip install
+Its install lines are the Makefile's ``DEVICE=gpu`` lines, and pip (the pinned resolver of ``make lock-gpu``)
+resolves each one, from this clone and the package index alone, to exactly the pinned set it names. Resolution is what runs here (``pip install
 --dry-run``): installing the CUDA builds (torch, vLLM, NCCL: about 10 GB an environment) is a GPU machine's
 job. The package itself is installed from the clone for real, not editable, into a fresh environment that
 borrows the trainer side's dependencies, and imported from there.
@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from verl_vllm_rm.dev.gpu_lock import LOCKS, NCCL, NCCL_PIN, OVERRIDES, installed_set, read_lock, resolve
+from verl_vllm_rm.dev.gpu_lock import (LOCKS, NCCL, NCCL_PIN, OVERRIDES, installed_set, read_lock, resolve,
+                                       resolver_python)
 
 ROOT = Path(__file__).resolve().parents[2]
 ENVIRONMENTS = {".venv-server": "server-gpu", ".venv": "verl-gpu"}  # README's environment -> its extra
@@ -98,12 +99,13 @@ def test_both_gpu_environments_run_one_nccl():
 
 
 @pytest.fixture(scope="module")
-def resolved() -> dict[str, dict[str, str]]:
-    """README's lines, resolved by pip from the index alone (the two environments side by side: ~2 min); an
-    environment's later ``--no-deps`` lines replace the pins they name."""
+def resolved(tmp_path_factory) -> dict[str, dict[str, str]]:
+    """README's lines, resolved by the pinned resolver pip from the index alone (the two environments side by
+    side: ~1 min); an environment's later ``--no-deps`` lines replace the pins they name."""
     lines = pip_lines(gpu_section())
+    python = resolver_python(tmp_path_factory.mktemp("resolver") / "env")
     with ThreadPoolExecutor(2) as pool:
-        futures = {ENVIRONMENTS[env]: pool.submit(resolve, installs[0]) for env, installs in lines.items()}
+        futures = {ENVIRONMENTS[env]: pool.submit(resolve, installs[0], python) for env, installs in lines.items()}
         sets = {extra: future.result() for extra, future in futures.items()}
     for env, installs in lines.items():
         for args in installs[1:]:

@@ -12,6 +12,11 @@ after its lock, without dependencies (:data:`OVERRIDES`, :func:`installed_set`).
 pip runs without any configuration file and without find-links: a machine's local wheels (this
 machine's CPU build of torch, which satisfies ``torch==2.13.0`` too) must not leak into the set a
 GPU machine installs. The set holds for the platform it is resolved on (Linux x86_64, CPython 3.11).
+
+The resolver is one pinned pip (:data:`RESOLVER_PIP`) in an environment of its own (:func:`resolver_python`):
+a lock pins every package, so any pip finds the same set, but pip 23 (Python 3.11's ``venv`` default)
+downloads whole wheels to read their metadata (two minutes of CPU per line here), where a newer pip reads the
+index's metadata files (under a minute).
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ NCCL_PIN = "requirements/nccl-gpu.txt"
 # extra -> the pins its environment installs over its lock (pip install --no-deps -r FILE)
 OVERRIDES = {"verl-gpu": NCCL_PIN}
 PROJECT = "verl-vllm-rm"
+RESOLVER_PIP = "pip==26.3"
 # settings that change which packages pip sees (certificates and time-outs stay as the machine has them)
 _WHERE_PIP_LOOKS = ("PIP_FIND_LINKS", "PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_NO_INDEX", "PIP_CONSTRAINT",
                     "PIP_REQUIREMENT")
@@ -45,12 +51,24 @@ def index_only_env() -> dict[str, str]:
     return env
 
 
-def resolve(install_args: list[str], cwd: Path = REPO_ROOT) -> dict[str, str]:
+def resolver_python(directory: Path) -> Path:
+    """The python of a new environment in ``directory`` holding :data:`RESOLVER_PIP` (from the index)."""
+    subprocess.run([sys.executable, "-m", "venv", str(directory)], check=True)
+    python = directory / "bin" / "python"
+    run = subprocess.run([str(python), "-m", "pip", "install", "--quiet", RESOLVER_PIP], env=index_only_env(),
+                         capture_output=True, text=True)
+    if run.returncode != 0:
+        raise RuntimeError(f"could not install the resolver ({RESOLVER_PIP}):\n{run.stderr[-3000:]}")
+    return python
+
+
+def resolve(install_args: list[str], python: Path, cwd: Path = REPO_ROOT) -> dict[str, str]:
     """``{name: version}`` that ``pip install INSTALL_ARGS`` would install into an empty environment
-    (``--dry-run --ignore-installed``), this project itself left out. Raises with pip's own words."""
+    (``--dry-run --ignore-installed``, with the pip of ``python``: see :func:`resolver_python`), this project
+    itself left out. Raises with pip's own words."""
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.json"
-        cmd = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
+        cmd = [str(python), "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
                "--report", str(report), *install_args]
         run = subprocess.run(cmd, cwd=cwd, env=index_only_env(), capture_output=True, text=True)
         if run.returncode != 0:
@@ -106,13 +124,18 @@ def write_lock(path: Path, extra: str, pins: dict[str, str]) -> None:
 
 
 def main() -> None:
-    for extra, lock in LOCKS.items():
-        pins = resolve(["-e", f".[{extra}]"])
-        write_lock(REPO_ROOT / lock, extra, pins)
-        print(f"{lock}: {len(pins)} packages")
-        if extra == "server-gpu":
-            write_nccl_pin(REPO_ROOT / NCCL_PIN, pins[NCCL])
-            print(f"{NCCL_PIN}: {NCCL}=={pins[NCCL]}")
+    with tempfile.TemporaryDirectory() as tmp:
+        python = resolver_python(Path(tmp) / "resolver")
+        for extra, lock in LOCKS.items():
+            write_resolved_lock(extra, lock, resolve(["-e", f".[{extra}]"], python))
+
+
+def write_resolved_lock(extra: str, lock: str, pins: dict[str, str]) -> None:
+    write_lock(REPO_ROOT / lock, extra, pins)
+    print(f"{lock}: {len(pins)} packages")
+    if extra == "server-gpu":
+        write_nccl_pin(REPO_ROOT / NCCL_PIN, pins[NCCL])
+        print(f"{NCCL_PIN}: {NCCL}=={pins[NCCL]}")
 
 
 if __name__ == "__main__":
