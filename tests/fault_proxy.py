@@ -2,7 +2,7 @@
 
 The only fake in the suite, and it fakes nothing about scoring: it forwards to
 the real vLLM server and then delays, drops, fails or corrupts what passes
-through (or rewrites its JSON answer on a path), so client error handling is
+through (or rewrites its JSON answer on a path, or each line of a streamed one), so client error handling is
 tested against real traffic.
 """
 
@@ -29,6 +29,8 @@ class Faults:
     hang: bool = False  # never answer, /health included (a stopped server: port open, nobody home) until stop()
     delay_path: str | None = None  # delay_s only for this path (None: every path)
     rewrite: dict[str, Callable[[Any], Any]] = field(default_factory=dict)  # path -> new JSON answer from the real one
+    # path -> each line of a streamed NDJSON answer (/update_param_batch), rewritten as it passes
+    rewrite_lines: dict[str, Callable[[Any], Any]] = field(default_factory=dict)
 
 
 @dataclass
@@ -88,6 +90,8 @@ class FaultProxy:
             f.fail_times -= 1
             return web.json_response({"error": {"message": "injected"}}, status=f.fail_status)
         headers = {k: v for k, v in request.headers.items() if k.lower() in ("authorization", "content-type")}
+        if request.path in f.rewrite_lines:
+            return await self._stream_lines(request, body, headers, f.rewrite_lines[request.path], record)
         async with self._session.request(request.method, self.upstream + request.path_qs, data=body,
                                          headers=headers) as up:
             status, text = up.status, await up.text()
@@ -101,6 +105,26 @@ class FaultProxy:
                 return await _truncated(request, text.encode())
             text = _corrupt(text, f.corrupt)
         return web.Response(status=status, text=text, content_type="application/json")
+
+
+    async def _stream_lines(self, request: web.Request, body: bytes, headers: dict, rewrite: Callable[[Any], Any],
+                            record: dict) -> web.StreamResponse:
+        """Pass a streamed NDJSON answer through line by line (the trainer acts on its first line before the
+        last exists), each line rewritten; what the upstream said is recorded as it was."""
+        async with self._session.request(request.method, self.upstream + request.path_qs, data=body,
+                                         headers=headers) as up:
+            if up.status != 200:
+                record["answer"] = await up.text()
+                return web.Response(status=up.status, text=record["answer"], content_type="application/json")
+            resp = web.StreamResponse(headers={"Content-Type": up.headers.get("Content-Type", "application/json")})
+            await resp.prepare(request)
+            record["answer"] = ""
+            async for line in up.content:
+                record["answer"] += line.decode()
+                if line.strip():
+                    await resp.write((json.dumps(rewrite(json.loads(line))) + "\n").encode())
+            await resp.write_eof()
+            return resp
 
 
 async def _truncated(request: web.Request, body: bytes) -> web.StreamResponse:

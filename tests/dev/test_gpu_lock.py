@@ -163,3 +163,12 @@ def test_the_package_installs_from_the_clone_not_editable(tmp_path):
     out = subprocess.run([str(env / "bin" / "python"), "-c", probe], capture_output=True, text=True, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     assert all(line.startswith(str(site)) for line in out.stdout.split()), out.stdout
+
+
+@pytest.mark.server  # the package index
+def test_a_resolver_pip_that_does_not_install_is_named_with_pips_words(tmp_path, monkeypatch):
+    import verl_vllm_rm.dev.gpu_lock as gpu_lock
+
+    monkeypatch.setattr(gpu_lock, "RESOLVER_PIP", "pip==0.0.1")  # no such release on the index
+    with pytest.raises(RuntimeError, match=r"^could not install the resolver \(pip==0\.0\.1\):\n.*pip==0\.0\.1"):
+        gpu_lock.resolver_python(tmp_path / "env")

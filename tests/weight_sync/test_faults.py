@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -173,20 +174,24 @@ def test_a_transfer_that_breaks_on_the_trainer_fails_the_publish_and_the_server_
 def test_a_server_that_could_not_apply_fails_the_publish(ws_server, tiny_rm):
     """The server's final answer reports a failed reload: the publish raises WeightSyncError with the server's
     own error and drops its communicator. No real server fails a reload on demand (it takes an engine fault), so
-    the fault is injected into the real answer: its final line is replaced by the record such a failure gives."""
+    the fault is injected into the real answer by a proxy: the update's final line (after the real server received
+    and applied it) is replaced by the record such a failure gives."""
+    from fault_proxy import FaultProxy, Faults
+
     version = reset_server(ws_server.url, tiny_rm)
     failure = {"version": version + 1, "status": "failed", "serving_version": version,
                "error": "RuntimeError: the reload ran out of memory"}
-    with RewardModelPublisher(ws_server.url, timeout_s=60) as pub:
-        announce = pub.session.announce
-
-        def failing_reload(*args, **kwargs):
-            lines = announce(*args, **kwargs)  # the real update: accepted, then received and applied
-            return (failure for _ in lines)  # ... whose final line is read, then replaced
-
-        pub.session.announce = failing_reload
-        with pytest.raises(WeightSyncError, match=rf"^the server could not apply version {version + 1}: "
-                                                  r"RuntimeError: the reload ran out of memory$"):
-            pub.publish(load_rm(tiny_rm), version + 1, "head_only")
-        assert not pub.connected and pub.version == version
+    final_fails = {"/update_param_batch": lambda line: line if line.get("status") == "accepted" else failure}
+    proxy = FaultProxy(ws_server.url, Faults(rewrite_lines=final_fails)).start()
+    try:
+        with RewardModelPublisher(proxy.url, timeout_s=60) as pub:
+            with pytest.raises(WeightSyncError, match=rf"^the server could not apply version {version + 1}: "
+                                                      r"RuntimeError: the reload ran out of memory$"):
+                pub.publish(load_rm(tiny_rm), version + 1, "head_only")
+            assert not pub.connected and pub.version == version
+    finally:
+        proxy.stop()
+    real = [json.loads(line) for r in proxy.requests if r["path"] == "/update_param_batch"
+            for line in r["answer"].splitlines()]
+    assert real[0]["status"] == "accepted" and real[-1]["status"] == "ok"  # the real server applied it
     assert reset_server(ws_server.url, tiny_rm) == version + 2  # a fresh session publishes again
