@@ -100,17 +100,10 @@ class MultiServerPublisher(ClosedOnExit):
     def _open(self, urls: list[str]) -> tuple[dict[str, RewardModelPublisher], dict[str, Exception]]:
         """A publisher to each of ``urls`` (opened in parallel: a hung server costs its timeout once), and the
         error of each that could not be opened."""
-        if not urls:
-            return {}, {}
-        with ThreadPoolExecutor(len(urls)) as pool:
-            futures = {url: pool.submit(RewardModelPublisher, url, **self.publisher_kwargs) for url in urls}
-        opened, failed = {}, {}
-        for url, future in futures.items():
-            if future.exception() is None:
-                opened[url] = future.result()
-            else:
-                failed[url] = future.exception()
-        return opened, failed
+        results = results_or_errors(lambda url: RewardModelPublisher(url, **self.publisher_kwargs),
+                                    {url: url for url in urls}, parallel=True)
+        opened = {url: r for url, r in results.items() if not isinstance(r, Exception)}
+        return opened, {url: r for url, r in results.items() if isinstance(r, Exception)}
 
     def _discard(self, url: str) -> None:
         """Forget the server's publisher; its session is closed in the background (a dead or hung server may never
@@ -130,17 +123,7 @@ class MultiServerPublisher(ClosedOnExit):
 
     def _each(self, fn: Callable[[RewardModelPublisher], Any], parallel: bool) -> dict[str, Any]:
         """``fn`` on every publisher: its result or the exception it raised, by URL."""
-        def run(pub: RewardModelPublisher) -> Any:
-            try:
-                return fn(pub)
-            except Exception as e:
-                return e
-
-        pubs = list(self.publishers.values())
-        if parallel and len(pubs) > 1:
-            with ThreadPoolExecutor(len(pubs)) as pool:
-                return dict(zip(self.publishers, pool.map(run, pubs)))
-        return {url: run(pub) for url, pub in self.publishers.items()}
+        return results_or_errors(fn, self.publishers, parallel)
 
     # -- publishing ------------------------------------------------------------------
     def publish(
@@ -242,6 +225,21 @@ class MultiServerPublisher(ClosedOnExit):
         is over for it either way)."""
         for url, pub in self.publishers.items():
             close_quietly(url, pub)
+
+
+def results_or_errors(fn: Callable[[Any], Any], args: dict[str, Any], parallel: bool) -> dict[str, Any]:
+    """``fn(arg)`` for each ``{url: arg}``: its result or the exception it raised, by URL (``parallel``: one thread
+    each)."""
+    def run(arg: Any) -> Any:
+        try:
+            return fn(arg)
+        except Exception as e:
+            return e
+
+    if parallel and len(args) > 1:
+        with ThreadPoolExecutor(len(args)) as pool:
+            return dict(zip(args, pool.map(run, args.values())))
+    return {url: run(arg) for url, arg in args.items()}
 
 
 def servers_on_every_rank(urls: set[str], group: dist.ProcessGroup | None) -> set[str]:
