@@ -75,6 +75,9 @@ if __name__ == "__main__":
         sys.exit("usage: python -m verl_vllm_rm.dev.cpu_profile [STEPS [OVERRIDE ...]]  "
                  "(the run itself: verl-vllm-rm tiny-ppo)")
     steps = int(sys.argv[1]) if len(sys.argv) > 1 else 2
+    if steps < 1:
+        sys.exit(f"STEPS must be at least 1, got {steps} (VERL_VLLM_RM_CPU_STEPS in the recipes): a run of no step "
+                 "trains nothing")
     online = "trainer.v1.trainer_mode=vllm_rm_online" in sys.argv[2:]
     modules = os.environ.get("VERL_USE_EXTERNAL_MODULES", "")
     print("\n".join(cpu_profile(steps, online=online, external_modules=modules or None)))
