@@ -108,3 +108,36 @@ def test_a_warning_line_names_metric_value_threshold_and_advice():
     (line,) = warnings({"alarm/dead_groups": 0.75, "alarm/saturation": 0.1, "reward/score/mean": 9.0}, step=12)
     assert line.startswith("vllm_rm alarm at step 12: alarm/dead_groups = 0.750 > 0.5")
     assert "rollout.n" in line
+
+
+def attribute_step(verbosity: np.ndarray, helpfulness: np.ndarray) -> StepRewards:
+    n = len(verbosity)
+    return grpo_step(RNG.normal(0, 1, n), np.full(n, 10), rm_attr_rm_verbosity=verbosity,
+                     rm_attr_rm_helpfulness=helpfulness)
+
+
+def test_an_attribute_rising_without_the_other_trips_its_alarm_and_rising_together_does_not():
+    from verl_vllm_rm.monitor.metrics import attribute_rises, step_metrics
+    from verl_vllm_rm.scoring.options import AttributeAlarmOptions
+
+    metric = "alarm/attribute_rise/rm/verbosity_over_helpfulness"
+    verbosity, helpfulness = RNG.normal(0, 1, 64), RNG.normal(0, 2, 64)
+    (rise,) = attribute_rises([AttributeAlarmOptions(watch="verbosity", against="helpfulness")])
+    first = step_metrics(attribute_step(verbosity, helpfulness), False, [rise])
+    assert first[metric] == 0.0 and first["reward/rm_attr_rm_verbosity/mean"] == pytest.approx(verbosity.mean())
+    std = (verbosity.std(), helpfulness.std())
+    hacked = step_metrics(attribute_step(verbosity + 2 * std[0], helpfulness), False, [rise])
+    assert hacked[metric] == pytest.approx(2.0)
+    (line,) = [w for w in warnings(hacked, step=7) if metric in w]
+    assert line.startswith(f"vllm_rm alarm at step 7: {metric} = 2.000 > 1.0 (how far the watched attribute's")
+    together = step_metrics(attribute_step(verbosity + 2 * std[0], helpfulness + 2 * std[1]), False, [rise])
+    assert together[metric] == pytest.approx(0.0, abs=1e-9) and not [w for w in warnings(together, 8) if metric in w]
+    few = step_metrics(attribute_step(verbosity[:4], helpfulness[:4]), False, [rise])
+    assert metric not in few  # fewer than MIN_SAMPLES: the step cannot say
+
+
+def test_the_attribute_rise_waits_for_a_first_step_with_spread():
+    rise = alarms.AttributeRise("alarm/attribute_rise/rm/a_over_b", "a", "b")
+    assert rise.value({"a": np.ones(16), "b": np.arange(16.0)}) is None and rise.baseline is None
+    assert rise.value({"b": np.arange(16.0)}) is None  # a step without the column
+    assert rise.value({"a": np.arange(16.0), "b": np.arange(16.0)}) == 0.0 and rise.baseline is not None

@@ -47,6 +47,19 @@ def test_the_png_records_what_it_plots_and_the_text_names_the_tripped_alarm(tmp_
     assert (tmp_path / "run" / "report.txt").read_text().strip() == text
 
 
+def test_a_watched_attribute_pair_is_plotted_and_named_when_it_trips(tmp_path):
+    run = write_run(tmp_path / "run")
+    metric = "alarm/attribute_rise/rm/verbosity_over_helpfulness"
+    lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    for line, value in zip(lines[1:], (0.0, 0.4, 1.5)):
+        line["data"][metric] = value
+    (run / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    png, text = write_report(run)
+    assert json.loads(Image.open(png).text[SERIES_KEY])["panels"][metric] == {metric: [0.0, 0.4, 1.5],
+                                                                              "threshold": [1.0] * 3}
+    assert f"ALARM {metric} (how far the watched attribute's step mean rose" in text and "at steps 3 (1.50)" in text
+
+
 def test_the_report_says_per_step_whether_the_online_rm_trained_and_on_how_many_pairs(tmp_path):
     run = write_run(tmp_path / "run")
     lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]

@@ -25,6 +25,8 @@ import torch
 from sync_helpers import PARITY_ATOL, max_diff, reset_server, runtime_version, server_scores
 from tq_helpers import put_trajectories
 
+from verl_vllm_rm.options import ConfigError
+
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "grpo_math_online_rm.sh"
 
 
@@ -315,3 +317,50 @@ def test_the_resumed_folder_is_the_one_verl_resumed(compose_config, tmp_path, mo
     assert resumed_folder(auto, 3) == str(tmp_path / "ckpts" / "run" / "global_step_3")
     path = compose_config(["trainer.resume_mode=resume_path", "trainer.resume_from_path=old/global_step_9"])
     assert resumed_folder(path, 9) == str(tmp_path / "old" / "global_step_9")
+
+
+SCALAR_ONLY = ("; online_rm trains a reward model with a scalar head (*ForSequenceClassification, num_labels=1). "
+               "Serve this one without online training (drop trainer.v1.trainer_mode=vllm_rm_online), or train a "
+               "scalar RM")
+
+
+@pytest.mark.parametrize("config, reason", [
+    ({"architectures": ["Qwen2ForRewardModel"]},
+     "Qwen2ForRewardModel has no transformers class (its modeling code ships with the published checkpoint), so "
+     "verl's engine cannot load it to train"),
+    ({"architectures": ["Qwen2ForProcessRewardModel"], "id2label": {"0": "negative", "1": "positive"}},
+     "Qwen2ForProcessRewardModel has no transformers class (its modeling code ships with the published checkpoint), "
+     "so verl's engine cannot load it to train"),
+    ({"architectures": ["MistralForCausalLM"]},
+     "MistralForCausalLM is not a sequence classifier (a process reward model read at step tags, or a causal LM): "
+     "preference pairs rank whole responses by one reward"),
+    ({"architectures": ["Qwen2ForSequenceClassification"], "id2label": {"0": "bad", "1": "good"}},
+     "Qwen2ForSequenceClassification has a two-class head ([bad, good]), and training it online (its margin as the "
+     "Bradley-Terry reward) is not there yet"),
+    ({"architectures": ["LlamaForSequenceClassification"], "problem_type": "regression",
+      "id2label": {str(i): name for i, name in enumerate("abcde")}},
+     "LlamaForSequenceClassification has 5 attribute outputs and preference pairs train one reward; there is no "
+     "single reward to train"),
+], ids=["qwen2-rm", "qwen2-prm", "causal-lm", "two-class", "attributes"])
+def test_online_training_refuses_a_head_it_cannot_train_at_start_up(compose_config, tmp_path, config, reason):
+    import json
+
+    from verl_vllm_rm.plugin.online_mode import online_rm_config
+
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ConfigError) as refused:
+        online_rm_config(compose_config([f"+online_rm.model_path={tmp_path}"]))
+    assert str(refused.value) == f"online_rm.model_path={tmp_path}: {reason}{SCALAR_ONLY}"
+
+
+def test_the_tiny_rm_and_the_family_builders_configs_read_as_they_are(tiny_rm, tmp_path):
+    """The refusal reads config.json as transformers writes it: the tiny RM (num_labels=1, id2label LABEL_0) trains;
+    the attribute family is refused as attributes."""
+    import json
+
+    from verl_vllm_rm.dev.tiny_rm_families import build_tiny_attribute_rm
+    from verl_vllm_rm.online.trainable import check_trainable_head, untrainable_head_reason
+
+    check_trainable_head(tiny_rm)  # no refusal
+    attributes = json.loads((build_tiny_attribute_rm(tmp_path / "attributes") / "config.json").read_text())
+    assert untrainable_head_reason(attributes).startswith("Qwen2ForSequenceClassification has 5 attribute outputs")

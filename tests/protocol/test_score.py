@@ -176,6 +176,17 @@ def test_parse_score_response_reads_what_the_server_builds():
     assert parse_score_response(shuffled, 2).version is None  # a server that does not say
 
 
+def test_heads_without_an_outcome_score_give_their_steps_or_attributes_instead():
+    """A process reward model's and an attribute head's answers have no ``score``: None there, never a number."""
+    prm = json.loads(json.dumps(score_response("prm", [None, None], 5, step_scores=[[0.5, -1.0], []])))
+    assert prm["data"][0] == {"index": 0, "step_scores": [0.5, -1.0]}
+    scores = parse_score_response(prm, 2)
+    assert scores == [None, None] and scores.steps == [[0.5, -1.0], []] and scores.attributes is None
+    attributes = json.loads(json.dumps(score_response("rm", [None, None], 5, attributes=[[1, 2], [3.5, -4]])))
+    scores = parse_score_response(attributes, 2)
+    assert scores == [None, None] and scores.attributes == [[1.0, 2.0], [3.5, -4.0]] and scores.steps is None
+
+
 @pytest.mark.parametrize("version", ["3", 1.5, True, [1]])
 def test_a_non_integer_weight_version_is_an_error(version):
     body = {"data": [{"index": 0, "score": 1.0}], "version": version}
@@ -219,10 +230,14 @@ def _answer(*items) -> dict:
          "/score returned bad step_scores [nan] for input 0"),
         (_answer({"index": 0, "score": 1.0, "step_scores": 1.0}, {"index": 1, "score": 2.0}),
          "/score returned bad step_scores 1.0 for input 0"),
+        (_answer({"index": 0, "attributes": [1.0, math.inf]}, {"index": 1, "attributes": [2.0, 3.0]}),
+         "/score returned bad attributes [1.0, inf] for input 0"),
+        (_answer({"index": 0, "step_scores": [1.0], "score": None}, {"index": 1, "score": 2.0}),
+         "/score returned a non-finite or non-numeric score None for input 0"),
     ],
     ids=["null", "array", "data not a list", "error body", "count", "non-object", "repeated index", "index too large",
          "negative index", "bool index", "string index", "missing index", "nan", "-inf", "string score", "bool score",
-         "missing score", "nan step", "steps not a list"],
+         "missing score", "nan step", "steps not a list", "inf attribute", "null score beside steps"],
 )
 def test_bad_answers_are_errors_not_numbers(body, message):
     with pytest.raises(ScoreResponseError) as err:

@@ -5,33 +5,10 @@ one vLLM import for all of them); serving a judge is tested in tests/judge/test_
 
 from __future__ import annotations
 
-import json
-import subprocess
-
 import pytest
-
-from verl_vllm_rm.replicas.launcher import find_server_python
+from start_args import before_the_engine as run_before_the_engine
 
 pytestmark = pytest.mark.server  # runs in the server's environment (.venv-server's vLLM), like every server test
-
-CHECK_ARGS = """
-import json, sys
-from verl_vllm_rm.server.entry import apply_reward_defaults, build_parser
-
-out = []
-for argv in json.loads(sys.argv[1]):
-    parser = build_parser()
-    args = parser.parse_args(["--model", "m", *argv])
-    try:
-        apply_reward_defaults(args, parser)
-    except SystemExit as e:
-        out.append(["exit", str(e)])
-        continue
-    c = args.structured_outputs_config
-    out.append([c.backend, c.disable_any_whitespace])
-print(json.dumps(out))
-"""
-
 
 JUDGE_CASES = [
     ["--runner", "generate"],  # answers without free whitespace: a small judge's JSON then always ends
@@ -39,6 +16,8 @@ JUDGE_CASES = [
     [],  # a reward model: vLLM's own default
     ["--runner", "generate", "--enable-weight-updates"],
     ["--runner", "generate", "--step-tag-id", "5"],
+    ["--runner", "generate", "--step-tokens", "+,-"],
+    ["--runner", "generate", "--reward-head", "attributes"],
 ]
 WEIGHT_UPDATE_CASES = [  # flags that would undo what --enable-weight-updates sets
     ["--enable-weight-updates", "--weight-transfer-config", '{"backend": "nccl"}'],
@@ -50,19 +29,17 @@ WEIGHT_UPDATE_CASES = [  # flags that would undo what --enable-weight-updates se
 def before_the_engine() -> tuple[list, str]:
     """What ``apply_reward_defaults`` made of each case (its exit message, or the judge's structured-output
     settings), and the interpreter's stderr."""
-    cases = JUDGE_CASES + WEIGHT_UPDATE_CASES
-    proc = subprocess.run([find_server_python(), "-c", CHECK_ARGS, json.dumps(cases)], capture_output=True,
-                          text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    got = json.loads(proc.stdout.strip().splitlines()[-1])
-    return got, proc.stderr
+    cases = [["--model", "m", *case] for case in JUDGE_CASES + WEIGHT_UPDATE_CASES]
+    return run_before_the_engine(cases, ["args.structured_outputs_config.backend",
+                                         "args.structured_outputs_config.disable_any_whitespace"])
 
 
 def test_judge_defaults_and_refusals_before_the_engine(before_the_engine):
     results, stderr = before_the_engine
     got = results[:len(JUDGE_CASES)]
     assert got[:3] == [["xgrammar", True], ["guidance", False], ["auto", False]]
-    for (kind, message), flag in zip(got[3:], ("--enable-weight-updates", "--step-tag-id")):
+    for (kind, message), flag in zip(got[3:], ("--enable-weight-updates", "--step-tag-id", "--step-tokens",
+                                                "--reward-head")):
         assert kind == "exit" and message == (
             f"verl-vllm-rm: {flag} is for a reward model (--runner pooling); a generative judge (--runner generate) "
             f"takes no {flag}: drop one of the two")

@@ -1,55 +1,35 @@
-"""The server refuses at start-up a model without a single-label classification head (README: "The model
-must support sequence classification with num_labels=1; anything else is refused at start-up").
+"""The server refuses at start-up a model it cannot serve as a reward model, saying why and what to serve
+instead, rather than serving numbers nobody can read as a reward (README, "Reward-model families").
 
-Two real starts of the server, each with a model built here from the tiny RM: a causal LM (no
-classification head: vLLM's pooling runner can only embed it) and a two-label classifier. Each must
-exit non-zero, saying why, instead of serving scores nobody can read as one reward.
+Two real starts: a causal LM without ``--step-tokens`` (refused before the engine loads: vLLM's pooling runner
+would only embed it), and a ``Qwen2ForProcessRewardModel`` without ``--step-tag-id`` (refused once the engine
+has told its tasks: the process reward model scores steps at a tag it was not given). Every other refusal of the
+head's shape is checked on :func:`~verl_vllm_rm.protocol.model_shape.model_shape` itself
+(tests/protocol/test_model_shape.py) and before the engine (tests/server/test_reward_head_args.py).
 """
 
 from __future__ import annotations
 
 import pytest
 
+from verl_vllm_rm.dev.tiny_judge import build_tiny_judge
+from verl_vllm_rm.dev.tiny_rm_families import build_tiny_qwen2_prm
+from verl_vllm_rm.protocol.model_shape import SERVABLE
 from verl_vllm_rm.replicas.launcher import ServerStartError, start_server
 
 pytestmark = pytest.mark.server  # starts its own servers (which must refuse)
 
-
-def two_label_classifier(tiny_rm: str, out) -> str:
-    import torch
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
-
-    model = AutoModelForSequenceClassification.from_pretrained(tiny_rm, num_labels=2, ignore_mismatched_sizes=True,
-                                                               dtype=torch.float32)
-    model.save_pretrained(out)
-    AutoTokenizer.from_pretrained(tiny_rm).save_pretrained(out)
-    return str(out)
-
-
-def causal_lm(tiny_rm: str, out) -> str:
-    import torch
-    from transformers import AutoConfig, AutoTokenizer, Qwen2ForCausalLM
-
-    config = AutoConfig.from_pretrained(tiny_rm)
-    config.architectures = ["Qwen2ForCausalLM"]
-    torch.manual_seed(0)
-    Qwen2ForCausalLM(config).save_pretrained(out)
-    AutoTokenizer.from_pretrained(tiny_rm).save_pretrained(out)
-    return str(out)
-
-
 @pytest.mark.parametrize("build, reason", [
-    (causal_lm, r"does not support sequence classification \(tasks: \[[^]]*\]\); serve a "  # (a set's order)
-                r"\*ForSequenceClassification reward model with --runner pooling, or a generative judge with "
-                r"--runner generate"),
-    (two_label_classifier, r"has num_labels=2; a reward model needs a scalar head \(num_labels=1\)"),
-], ids=["causal-lm", "two-labels"])
-def test_start_up_refuses_a_model_without_a_scalar_head(tmp_path, tiny_rm, server_args, build, reason):
-    import re
-
-    model = build(tiny_rm, tmp_path / "model")
+    (build_tiny_judge, "Qwen2ForCausalLM is a causal LM, without a reward head (vLLM's pooling runner would only "
+                       "embed it): " + SERVABLE),
+    (build_tiny_qwen2_prm, "Qwen2ForProcessRewardModel scores steps at a step tag: start the server with "
+                           "--step-tag-id ID (the tokenizer's id of the step separator, <extra_0> in "
+                           "Qwen2.5-Math-PRM)"),
+], ids=["causal-lm", "prm-without-step-tag"])
+def test_start_up_refuses_a_model_it_cannot_serve_as_a_reward_model(tmp_path, server_args, build, reason):
+    model = str(build(tmp_path / "model"))
     log = tmp_path / "server.log"
     with pytest.raises(ServerStartError, match="server exited with code 1"):
         start_server(model, server_args, log_path=log, startup_timeout_s=300)
-    assert re.search(rf"verl-vllm-rm: {re.escape(model)} {reason}", log.read_text(errors="replace")), \
-        log.read_text(errors="replace")[-3000:]
+    text = log.read_text(errors="replace")
+    assert f"verl-vllm-rm: {model}: {reason}" in text, text[-3000:]

@@ -48,10 +48,54 @@ ALARMS = (
 )
 
 
+#: ``alarm/attribute_rise/<rm>/<watched>_over_<other>`` (``reward_kwargs.attribute_alarms``)
+ATTRIBUTE_RISE = "alarm/attribute_rise/"
+
+
+def attribute_rise_alarm(metric: str) -> Alarm:
+    """The alarm of one watched attribute pair (its metric names the pair)."""
+    return Alarm(metric, 1.0, True, "how far the watched attribute's step mean rose since the run's first step "
+                 "beyond the other's, each in its first-step standard deviations",
+                 "the policy gains the watched attribute without the other: weight it down (or the other up) in the "
+                 "RM's attributes, and read the samples")
+
+
+def run_alarms(metric_names) -> list[Alarm]:
+    """The fixed alarms and the attribute-rise alarms among ``metric_names``."""
+    rises = sorted({name for name in metric_names if name.startswith(ATTRIBUTE_RISE)})
+    return [*ALARMS, *map(attribute_rise_alarm, rises)]
+
+
+class AttributeRise:
+    """One watched pair of an attribute head's outputs: how far the mean of ``watched`` rose since the run's first
+    step beyond the rise of ``other`` (verbosity rising while helpfulness does not), each in units of its own
+    first-step standard deviation. The first step that can say sets the baseline (a resumed run sets it again)."""
+
+    def __init__(self, metric: str, watched: str, other: str) -> None:
+        self.metric, self.watched, self.other = metric, watched, other  # the alarm, the two columns
+        self.baseline: tuple[float, float, float, float] | None = None  # means and stds of the first step
+
+    def value(self, columns: dict[str, np.ndarray]) -> float | None:
+        """The step's value from its columns; None with fewer than ``MIN_SAMPLES`` scored samples or no spread."""
+        watched, other = columns.get(self.watched), columns.get(self.other)
+        if watched is None or other is None:
+            return None
+        both = np.isfinite(watched) & np.isfinite(other)
+        if both.sum() < MIN_SAMPLES:
+            return None
+        watched, other = watched[both], other[both]
+        if self.baseline is None:
+            if watched.std() == 0 or other.std() == 0:
+                return None
+            self.baseline = (watched.mean(), other.mean(), watched.std(), other.std())
+        w0, o0, w_std, o_std = self.baseline
+        return float((watched.mean() - w0) / w_std - (other.mean() - o0) / o_std)
+
+
 def warnings(metrics: dict[str, float], step: int) -> list[str]:
     """One line per alarm whose metric is in ``metrics`` and crosses its threshold."""
     lines = []
-    for alarm in ALARMS:
+    for alarm in run_alarms(metrics):
         value = metrics.get(alarm.metric)
         if value is not None and alarm.tripped(value):
             side = ">" if alarm.above else "<"

@@ -17,6 +17,19 @@ import numpy as np
 from verl_vllm_rm.monitor import alarms
 from verl_vllm_rm.rewards.compose import component_stats
 
+def attribute_key(rm_name: str, attribute: str) -> str:
+    """``rm_attr_<rm>_<attribute>``: a weighted attribute's raw value, a ``reward_extra_info`` column (and so the
+    metrics ``reward/rm_attr_<rm>_<attribute>/{mean,std,min,max}``)."""
+    return f"rm_attr_{rm_name}_{attribute}"
+
+
+def attribute_rises(watches) -> list[alarms.AttributeRise]:
+    """One :class:`~verl_vllm_rm.monitor.alarms.AttributeRise` per ``reward_kwargs.attribute_alarms`` entry."""
+    return [alarms.AttributeRise(f"{alarms.ATTRIBUTE_RISE}{w.reward_model}/{w.watch}_over_{w.against}",
+                                 attribute_key(w.reward_model, w.watch), attribute_key(w.reward_model, w.against))
+            for w in watches]
+
+
 #: Columns about the RM request, not reward components: each has its own metric.
 BOOKKEEPING = ("rm_valid", "rm_latency_ms", "rm_tokens", "rm_weight_version", "rm_prompt_tokens_dropped",
                "rm_failovers")
@@ -62,8 +75,9 @@ def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float, np.integer, np.floating, bool, np.bool_))
 
 
-def step_metrics(step: StepRewards, normalized: bool) -> dict[str, float]:
-    """Every reward metric and alarm of one step (``normalized``: the RM returns sigmoid probabilities)."""
+def step_metrics(step: StepRewards, normalized: bool, rises: Sequence[alarms.AttributeRise] = ()) -> dict[str, float]:
+    """Every reward metric and alarm of one step (``normalized``: the RM returns sigmoid probabilities; ``rises``:
+    the run's watched attribute pairs, which keep their first step)."""
     cols, valid = step.columns, step.valid
     kept = {"rm_score": valid, "score": ~step.failed}  # a masked sample has no score to summarise
     out = component_stats({name: values[kept[name]] if name in kept else values
@@ -84,6 +98,10 @@ def step_metrics(step: StepRewards, normalized: bool) -> dict[str, float]:
         out.update({"reward/rm_weight_version/min": float(versions.min()),
                     "reward/rm_weight_version/max": float(versions.max())})
     out.update(alarm_metrics(step, normalized))
+    for rise in rises:
+        value = rise.value(cols)
+        if value is not None:
+            out[rise.metric] = value
     return out
 
 

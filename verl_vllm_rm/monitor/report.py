@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from verl_vllm_rm.monitor.alarms import ALARMS
+from verl_vllm_rm.monitor.alarms import run_alarms
 
 SERIES_KEY = "vllm_rm_series"
 LATENCY = ("reward/rm_latency_ms/p50", "reward/rm_latency_ms/p99")
@@ -54,6 +54,9 @@ class Run:
 
     def series(self, name: str) -> list[float | None]:
         return [self.metrics[s].get(name) for s in self.steps]
+
+    def metric_names(self) -> set[str]:
+        return {name for m in self.metrics.values() for name in m}
 
     def components(self) -> list[str]:
         names = {k[len("reward/"):-len("/mean")] for m in self.metrics.values() for k in m
@@ -95,7 +98,7 @@ def plotted_series(run: Run) -> dict[str, dict[str, list]]:
     panels = {"reward components (mean)": {c: run.series(f"reward/{c}/mean") for c in run.components()},
               "RM latency (ms)": {n: run.series(n) for n in LATENCY},
               "RM valid share": {"reward/rm_valid_share": run.series("reward/rm_valid_share")}}
-    for alarm in ALARMS:
+    for alarm in run_alarms(run.metric_names()):
         values = run.series(alarm.metric)
         if any(v is not None for v in values):
             panels[alarm.metric] = {alarm.metric: values, "threshold": [alarm.threshold] * len(run.steps)}
@@ -181,7 +184,7 @@ def summary_text(run: Run) -> str:
         lines.append(f"online RM drift on the probe set (mean |change| from the initial RM): {drift[0]:.4f} after "
                      f"step {first} -> {drift[-1]:.4f} after step {last}")
     tripped = False
-    for alarm in ALARMS:
+    for alarm in run_alarms(run.metric_names()):
         steps = [(s, v) for s, v in zip(run.steps, run.series(alarm.metric)) if v is not None and alarm.tripped(v)]
         if steps:
             tripped = True

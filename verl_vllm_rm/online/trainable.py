@@ -7,10 +7,13 @@ exactly what it makes trainable (:mod:`verl_vllm_rm.weight_sync.selection`).
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any, Sequence
 
 import torch
 
+from verl_vllm_rm.options import ConfigError
 from verl_vllm_rm.protocol.names import DEFAULT_HEAD_PATTERNS, RewardModelTrainingMode, is_head
 
 
@@ -58,3 +61,38 @@ def prepare_reward_model(model: torch.nn.Module, mode: RewardModelTrainingMode |
     else:
         model.requires_grad_(True)
     return model
+
+
+def untrainable_head_reason(config: dict) -> str | None:
+    """Why online training cannot train the head a ``config.json`` describes (None: a scalar classifier, it can).
+
+    Online training fits a Bradley-Terry model to preference pairs on the reward at the last token, through
+    verl's engine loading the checkpoint with transformers."""
+    architecture = (config.get("architectures") or ["an unnamed architecture"])[0]
+    outputs = len(config.get("id2label") or {}) or int(config.get("num_labels", 1))
+    if architecture in ("Qwen2ForRewardModel", "InternLM2ForRewardModel", "Qwen2ForProcessRewardModel"):
+        return (f"{architecture} has no transformers class (its modeling code ships with the published checkpoint), "
+                "so verl's engine cannot load it to train")
+    if not architecture.endswith("ForSequenceClassification"):
+        return (f"{architecture} is not a sequence classifier (a process reward model read at step tags, or a "
+                "causal LM): preference pairs rank whole responses by one reward")
+    if outputs == 2 and config.get("problem_type") != "regression":
+        return (f"{architecture} has a two-class head ([bad, good]), and training it online (its margin as the "
+                "Bradley-Terry reward) is not there yet")
+    if outputs > 1:
+        return (f"{architecture} has {outputs} attribute outputs and preference pairs train one reward; there is no "
+                "single reward to train")
+    return None
+
+
+def check_trainable_head(model_path: str) -> None:
+    """Refuse, at start-up, a reward model whose head online training cannot train, saying why. A path without a
+    ``config.json`` is left to verl's loader, which names it."""
+    config_file = Path(model_path) / "config.json"
+    if not config_file.is_file():
+        return
+    reason = untrainable_head_reason(json.loads(config_file.read_text()))
+    if reason is not None:
+        raise ConfigError(f"online_rm.model_path={model_path}: {reason}; online_rm trains a reward model with a "
+                         "scalar head (*ForSequenceClassification, num_labels=1). Serve this one without online "
+                         "training (drop trainer.v1.trainer_mode=vllm_rm_online), or train a scalar RM")

@@ -58,6 +58,7 @@ def online_rm_config(config: DictConfig) -> "OnlineRMConfig":
     """The run's ``online_rm`` section, validated; ``server_url`` defaults to the reward manager's server, or, when
     its RM runs on managed replicas, ``reward_model`` to that RM (every replica gets each publish)."""
     from verl_vllm_rm.online.config import OnlineRMConfig
+    from verl_vllm_rm.online.trainable import check_trainable_head
 
     if "online_rm" not in config:
         raise ConfigError(f"trainer mode {TRAINER_MODE!r} needs an online_rm section: add "
@@ -74,6 +75,7 @@ def online_rm_config(config: DictConfig) -> "OnlineRMConfig":
                               "set +online_rm.server_url to the server whose weights the RM trainer updates")
         options["server_url"] = urls[0]
     cfg = OnlineRMConfig.from_dict(options)
+    check_trainable_head(cfg.model_path)
     managed_rms = [o.name for o in run_reward_models(config) if o.replicas is not None]
     if cfg.reward_model is not None and cfg.reward_model not in managed_rms:
         raise ConfigError(f"online_rm.reward_model={cfg.reward_model!r} is not a reward model on managed replicas "

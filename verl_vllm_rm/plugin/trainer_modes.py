@@ -27,10 +27,10 @@ from verl.trainer.ppo.v1 import get_trainer_cls, register_trainer
 from verl.utils.debug import marked_timer
 
 from verl_vllm_rm.monitor.alarms import warnings
-from verl_vllm_rm.monitor.metrics import StepRewards, step_metrics
+from verl_vllm_rm.monitor.metrics import StepRewards, attribute_rises, step_metrics
 from verl_vllm_rm.options import ConfigError
 from verl_vllm_rm.replicas.fleet import FleetReadings
-from verl_vllm_rm.scoring.options import run_reward_models
+from verl_vllm_rm.scoring.options import run_options, run_reward_models
 from verl_vllm_rm.plugin.reward_workers import mark_validation
 from verl_vllm_rm.plugin.whitening_checkpoint import WhiteningCheckpoint, whitened_reward_models
 
@@ -126,6 +126,8 @@ class RewardMetrics:
         if self.whitening is not None and self.global_steps > 0:
             self.whitening.resume(os.path.join(resumed_folder(self.config, self.global_steps), self.state_dir))
         self.rm_normalized = bool(OmegaConf.select(self.config, "reward.reward_kwargs.normalize", default=False))
+        options = run_options(self.config)
+        self.attribute_rises = attribute_rises(options.attribute_alarms if options is not None else ())
         self.step_rewards: tuple[list[str], StepRewards] | None = None
         self.step_data: dict[str, Any] = {}  # the last step's trajectories, as read_step gave them
         self._dumping_rollouts = False
@@ -139,7 +141,8 @@ class RewardMetrics:
         with marked_timer("reward_metrics", timing_raw, color="yellow"):
             keys, self.step_data = read_step(batch, self.step_fields())
             self.step_rewards = keys, step_rewards(self.step_data)
-            self.log_reward_metrics(metrics, step_metrics(self.step_rewards[1], self.rm_normalized))
+            self.log_reward_metrics(metrics, step_metrics(self.step_rewards[1], self.rm_normalized,
+                                                          self.attribute_rises))
             metrics.update(self.fleets.step_metrics())
         return batch
 

@@ -134,14 +134,17 @@ def finite_or_raise(values: list[float], index: int) -> list[float]:
 
 
 def score_response(
-    model: str, scores: Sequence[float], prompt_tokens: int, step_scores: Sequence[list[float]] | None = None,
-    version: int | None = None,
+    model: str, scores: Sequence[float | None], prompt_tokens: int, step_scores: Sequence[list[float]] | None = None,
+    version: int | None = None, attributes: Sequence[list[float]] | None = None,
 ) -> dict[str, Any]:
-    """``{"model", "data": [{"index", "score"[, "step_scores"]}], "usage": {"prompt_tokens"}[, "version"]}``,
-    in input order; ``version``: the weight version (``/runtime_version``) that computed every score."""
-    data: list[dict[str, Any]] = [{"index": i, "score": s} for i, s in enumerate(scores)]
+    """``{"model", "data": [{"index"[, "score"][, "step_scores"][, "attributes"]}], "usage": {"prompt_tokens"}
+    [, "version"]}``, in input order; ``version``: the weight version (``/runtime_version``) that computed every
+    score. A head without one outcome score (attributes, a process reward model) leaves ``score`` out."""
+    data: list[dict[str, Any]] = [{"index": i} if s is None else {"index": i, "score": s} for i, s in enumerate(scores)]
     for item, steps in zip(data, step_scores or ()):
         item["step_scores"] = steps
+    for item, values in zip(data, attributes or ()):
+        item["attributes"] = values
     body = {"model": model, "data": data, "usage": {"prompt_tokens": prompt_tokens}}
     if version is not None:
         body["version"] = version
@@ -149,22 +152,35 @@ def score_response(
 
 
 class Scores(list):
-    """The scores of one ``/score`` answer in input order, ``version``: the weight version that computed
-    them (None when the server does not say), and ``steps``: each input's step scores (None when the server
-    is not in step mode). A client sets ``failovers``: how often the request moved to another server after a
-    failure."""
+    """The scores of one ``/score`` answer in input order (None where the head gives no outcome score: an
+    attribute head, a process reward model), ``version``: the weight version that computed them (None when the
+    server does not say), ``steps``: each input's step scores (None when the server reads no steps) and
+    ``attributes``: each input's attribute values (None unless the head has attributes). A client sets
+    ``failovers``: how often the request moved to another server after a failure."""
 
     version: int | None = None
     steps: list[list[float]] | None = None
+    attributes: list[list[float]] | None = None
     failovers: int = 0
+
+
+def _numbers(item: dict, field: str, idx: int) -> list[float] | None:
+    """``item[field]``, a list of finite numbers, or None when absent."""
+    if field not in item:
+        return None
+    values = item[field]
+    if not isinstance(values, list) or not all(_is_number(v) for v in values):
+        raise ScoreResponseError(f"/score returned bad {field} {preview(values)} for input {idx}")
+    return [float(v) for v in values]
 
 
 def parse_score_response(body: Any, n: int) -> Scores:
     """The ``n`` scores of a ``/score`` answer in input order (and its weight version), or
     :class:`ScoreResponseError`.
 
-    Checks what a client reads: one object per input, each index once, finite
-    numbers (``step_scores`` too, when present), an integer ``version`` when present.
+    Checks what a client reads: one object per input, each index once, finite numbers (``step_scores`` and
+    ``attributes`` too, when present), a score unless the item has step scores or attributes instead, an integer
+    ``version`` when present.
     """
     if not isinstance(body, dict) or not isinstance(body.get("data"), list):
         raise ScoreResponseError(f"malformed /score response (no 'data' list): {preview(body)}")
@@ -172,28 +188,31 @@ def parse_score_response(body: Any, n: int) -> Scores:
     if len(data) != n:
         raise ScoreResponseError(f"/score returned {len(data)} scores for {n} inputs")
     scores: list[float | None] = [None] * n
-    step_scores: list[list[float]] = [[] for _ in range(n)]
-    stepped = False
+    step_scores: list[list[float] | None] = [None] * n
+    attributes: list[list[float] | None] = [None] * n
+    seen: set[int] = set()
     for item in data:
         if not isinstance(item, dict):
             raise ScoreResponseError(f"/score returned a non-object item {preview(item)}")
-        idx, score = item.get("index"), item.get("score")
-        if not is_int(idx) or not 0 <= idx < n or scores[idx] is not None:
+        idx = item.get("index")
+        if not is_int(idx) or not 0 <= idx < n or idx in seen:
             raise ScoreResponseError(f"/score returned a bad or repeated index {preview(idx)}")
-        if not _is_number(score):
-            raise ScoreResponseError(
-                f"/score returned a non-finite or non-numeric score {preview(score)} for input {idx}"
-            )
-        steps = item.get("step_scores", [])
-        if not isinstance(steps, list) or not all(_is_number(v) for v in steps):
-            raise ScoreResponseError(f"/score returned bad step_scores {preview(steps)} for input {idx}")
-        scores[idx] = float(score)
-        if "step_scores" in item:
-            stepped, step_scores[idx] = True, [float(v) for v in steps]
+        seen.add(idx)
+        step_scores[idx], attributes[idx] = _numbers(item, "step_scores", idx), _numbers(item, "attributes", idx)
+        score = item.get("score")
+        if "score" in item or (step_scores[idx] is None and attributes[idx] is None):
+            if not _is_number(score):
+                raise ScoreResponseError(
+                    f"/score returned a non-finite or non-numeric score {preview(score)} for input {idx}"
+                )
+            scores[idx] = float(score)
     version = body.get("version")
     if version is not None and not is_int(version):
         raise ScoreResponseError(f"/score returned a non-integer weight version {preview(version)}")
     result = Scores(scores)
     result.version = version
-    result.steps = step_scores if stepped else None
+    if any(s is not None for s in step_scores):
+        result.steps = [s or [] for s in step_scores]
+    if any(a is not None for a in attributes):
+        result.attributes = [a or [] for a in attributes]
     return result

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, Iterable, Mapping
 
+from verl_vllm_rm.monitor.metrics import attribute_key
 from verl_vllm_rm.rewards.compose import rule_keys
 from verl_vllm_rm.judge.reward import JUDGE_KEYS
 from verl_vllm_rm.scoring.reward_model import RewardModel
@@ -19,6 +20,8 @@ def info_keys(reward_models: Mapping[str, RewardModel], per_member: bool, rule_s
     has no such value), because verl builds its columns from the first sample's keys."""
     keys = ["score", "rm_score", "rm_valid", "rm_prompt_tokens_dropped", "rm_tokens", "rm_latency_ms",
             "rm_weight_version", "rm_failovers"]
+    for name, rm in reward_models.items():
+        keys += [attribute_key(name, attribute) for attribute in rm.options.attributes or ()]
     if per_member:
         keys.append("rm_ensemble_std")
         for name, rm in reward_models.items():

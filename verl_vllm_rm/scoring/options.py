@@ -9,6 +9,7 @@ start-up instead of silently using a default.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -60,6 +61,7 @@ class RewardModelOptions(ClientOptions):
     rubric_template: str | None = None
     rubric_principles: list[str] = field(default_factory=lambda: ["helpfulness", "harmlessness", "honesty"])
     replicas: ReplicaOptions | None = None  # servers the plugin starts on verl's Ray cluster, instead of server_url
+    attributes: dict[str, float] | None = None  # an attribute head's outputs to use, by name -> weight
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -70,6 +72,7 @@ class RewardModelOptions(ClientOptions):
         if not RM_NAME.fullmatch(self.name):
             raise ValueError(f"reward model name {self.name!r} must match {RM_NAME.pattern} (it names metrics)")
         check_ranges(self, {"> 0": ("max_length",)})
+        self._check_attributes()
         if self.rubric_template is not None:
             if self.input_format == "chat_template":
                 raise ValueError("rubric_template replaces input_format=chat_template; use one of them")
@@ -87,6 +90,24 @@ class RewardModelOptions(ClientOptions):
                 "(the reward model's tokenizer, whose chat template builds the RM input)"
             )
 
+    def _check_attributes(self) -> None:
+        if self.attributes is None:
+            return
+        where = f"reward model {self.name!r}"
+        if not self.attributes:
+            raise ValueError(f"{where}: attributes is empty: name the attributes of its head to use, each with its "
+                             "weight, e.g. {helpfulness: 1.0, verbosity: -0.2}")
+        bad = {name: w for name, w in self.attributes.items() if not math.isfinite(w)}
+        if bad:
+            raise ValueError(f"{where}: attribute weights must be finite numbers, got {bad}")
+        if self.step_reward != "none":
+            raise ValueError(f"{where}: attributes are read once per response, step_reward per step: an attribute "
+                             "head has no step scores; drop step_reward or attributes")
+        if self.whiten != "none":
+            raise ValueError(f"{where}: whiten=running on attributes (each attribute on its own scale) is not there "
+                             "yet; use whiten=none with attributes")
+
+
 @dataclass(frozen=True)
 class RouteOptions:
     """Which scorers a sample gets, by its ``data_source`` (first matching route wins)."""
@@ -99,6 +120,15 @@ class RouteOptions:
 
     def __post_init__(self) -> None:
         check_ranges(self, {">= 0": ("uncertainty_penalty",)})
+
+
+@dataclass(frozen=True)
+class AttributeAlarmOptions:
+    """Watch one attribute of an attribute RM against another (``alarm/attribute_rise/<rm>/<watch>_over_<against>``)."""
+
+    watch: str  # e.g. verbosity
+    against: str  # e.g. helpfulness
+    reward_model: str = DEFAULT_RM_NAME
 
 
 @dataclass(frozen=True)
@@ -116,6 +146,7 @@ class ManagerOptions(RewardModelOptions):
     reference_source: str = "ground_truth"
     missing_reference: MissingReference = "raise"
     judge: JudgeOptions | None = None  # a generative judge: the 'judge' component of the composition
+    attribute_alarms: tuple[AttributeAlarmOptions, ...] = ()
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -149,6 +180,14 @@ class ManagerOptions(RewardModelOptions):
                                  "models' score) but scores with no reward model: list some in its reward_models "
                                  "or drop 'rubric' from its rewards")
 
+        for i, watch in enumerate(self.attribute_alarms):
+            rm = by_name.get(watch.reward_model)
+            named = sorted(rm.attributes or ()) if rm is not None else []
+            missing = [a for a in (watch.watch, watch.against) if a not in named]
+            if rm is None or missing or watch.watch == watch.against:
+                raise ValueError(f"attribute_alarms[{i}] watches {watch.watch!r} against {watch.against!r} of reward "
+                                 f"model {watch.reward_model!r}, whose weighted attributes are {named}: name two "
+                                 "different attributes of its attributes (weight 0 reports one without rewarding it)")
         if self.judge is not None and not any("judge" in (r.rewards or self.reward_config()).enabled
                                               for r in self.route_options()):
             raise ValueError("reward_kwargs.judge is set and no reward composition enables 'judge': add it to "
@@ -198,13 +237,19 @@ def reward_kwargs_of(config: Any) -> dict:
     return OmegaConf.to_container(raw, resolve=True) if isinstance(raw, DictConfig) else dict(raw or {})
 
 
-def run_reward_models(config: Any) -> tuple[RewardModelOptions, ...]:
-    """The reward models of a composed verl config (none unless its reward manager is ``vllm_rm``)."""
+def run_options(config: Any) -> ManagerOptions | None:
+    """The ``vllm_rm`` options of a composed verl config (None unless its reward manager is ``vllm_rm``)."""
     from omegaconf import OmegaConf
 
     if OmegaConf.select(config, "reward.reward_manager.name") != "vllm_rm":
-        return ()
-    return parse_options(reward_kwargs_of(config)).rm_options
+        return None
+    return parse_options(reward_kwargs_of(config))
+
+
+def run_reward_models(config: Any) -> tuple[RewardModelOptions, ...]:
+    """The reward models of a composed verl config (none unless its reward manager is ``vllm_rm``)."""
+    options = run_options(config)
+    return () if options is None else options.rm_options
 
 
 def parse_options(raw: Mapping[str, Any] | None, cls: type = ManagerOptions) -> Any:

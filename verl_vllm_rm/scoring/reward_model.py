@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from verl_vllm_rm.protocol.model_shape import STEP_KINDS, HeadKind, ModelShape
 from verl_vllm_rm.rewards.ensemble import RunningWhitening
 from verl_vllm_rm.rewards.steps import aggregate_steps, response_steps
 from verl_vllm_rm.client.batching import GroupBatcher
@@ -27,18 +28,24 @@ from verl_vllm_rm.scoring.rm_inputs import RMInput, chat_template_ids, rubric_te
 
 @dataclass(frozen=True, slots=True)
 class Scored:
-    """One RM's answer for one input: the score, the weight version that computed it, when it came, the
-    step scores (a server in step mode), and how often its request failed over to another server."""
+    """One RM's answer for one input: the score (None from a process reward model: steps only), the weight
+    version that computed it, when it came, the step scores (a server in step mode), and how often its request
+    failed over to another server."""
 
-    score: float
+    score: float | None
     version: int
     done: float
     steps: list[float] | None = None
     failovers: int = 0
+    attributes: list[float] | None = None  # an attribute head's outputs, in its label order
 
 
 class StepRewardError(ValueError):
     """A process reward that cannot be read: no step tag in the response, or a server not in step mode."""
+
+
+class ServedHeadError(ValueError):
+    """The served model's head (its ``/health`` shape) does not give what this RM's options read."""
 
 
 class RewardModel:
@@ -66,14 +73,17 @@ class RewardModel:
         self.whitening = RunningWhitening() if options.whiten == "running" else None
         self.references = ReferenceCache()
         self.failed = 0
-        self._health: asyncio.Future | None = None  # of the server's /health (max_model_len, step_tag_id)
+        self._health: asyncio.Future | None = None  # of the server's /health (max_model_len, step_tag_id, shape)
         self._max_length: int | None = options.max_length
         self.step_tag_id: int | None = None  # known once the health probe ran (step_reward needs it)
+        self.attribute_columns: dict[str, int] | None = None  # each weighted attribute's column, from the probe
 
     @property
     def ready(self) -> bool:
-        """Whether :meth:`rm_input` can run: ``max_model_len`` (and with ``step_reward`` the step tag) known."""
-        return self._max_length is not None and (self.options.step_reward == "none" or self.step_tag_id is not None)
+        """Whether :meth:`rm_input` can run: ``max_model_len`` (and with ``step_reward`` the step tag, with
+        ``attributes`` their columns) known."""
+        return self._max_length is not None and (self.options.step_reward == "none" or self.step_tag_id is not None
+                                                 ) and (self.options.attributes is None or self.attribute_columns is not None)
 
     def rm_input(self, sample: Sample) -> RMInput:
         """The sample's input to this RM (:attr:`ready`: else await :meth:`max_len` first)."""
@@ -85,7 +95,12 @@ class RewardModel:
         """This RM's raw reward for the input: the score at the last token, or (``step_reward``) the response's
         step scores aggregated (``token``: their sum, what the token-level rewards add up to)."""
         method = self.options.step_reward
+        if self.attribute_columns is not None:  # weighted attributes (the probe found each one's column)
+            return sum(w * scored.attributes[self.attribute_columns[a]] for a, w in self.options.attributes.items())
         if method == "none":
+            if scored.score is None:  # the probe refuses such a head first, unless max_length skipped it
+                raise ServedHeadError(f"reward model {self.name!r}: its server gave no outcome score (its head gives "
+                                      "step scores or attributes only: see the shape in its /health)")
             return scored.score
         steps = self.response_steps(scored, rm_input)
         if not steps:
@@ -122,7 +137,7 @@ class RewardModel:
 
     async def max_len(self) -> int:
         """The option, else the server's ``max_model_len`` (with ``step_reward``, the health probe runs either
-        way: it also gives the step tag)."""
+        way: it also gives the step tag). The probe checks the served head too (:meth:`check_head`)."""
         if not self.ready:
             await self.probe()
         return self._max_length
@@ -144,15 +159,41 @@ class RewardModel:
                                   f"server {self.client.urls} is not in step mode: start it with --step-tag-id "
                                   "<the step token's id>, or set step_reward=none")
         self.step_tag_id = health.get("step_tag_id")
+        if health.get("shape") is not None:
+            self.check_head(ModelShape.from_json(health["shape"]))
         if self._max_length is None:
             self._max_length = int(health["max_model_len"])
+
+    def check_head(self, shape: ModelShape) -> None:
+        """Refuse a served head these options cannot read, before any of its answers counts."""
+        where = f"reward model {self.name!r}: its server {self.client.urls} serves {shape.architecture}"
+        if shape.kind in STEP_KINDS and self.options.step_reward == "none":
+            raise StepRewardError(f"{where}, a process reward model ({shape.kind.value}): it scores steps only, "
+                                  "with no outcome score; set step_reward to min, last, mean, prod or token")
+        weights = self.options.attributes
+        if shape.kind is HeadKind.ATTRIBUTES and weights is None:
+            raise ServedHeadError(f"{where} with {len(shape.labels)} attributes ({', '.join(shape.labels)}) and no "
+                                  "single reward: name the ones to use, each with its weight, in attributes (e.g. "
+                                  f"{{{shape.labels[0]}: 1.0}})")
+        if weights is not None and shape.kind is not HeadKind.ATTRIBUTES:
+            raise ServedHeadError(f"{where}, a {shape.kind.value} head without attributes, and reward model "
+                                  f"{self.name!r} weights attributes {sorted(weights)}: drop attributes, or serve the "
+                                  "attribute head they name")
+        if weights is not None:
+            unknown = sorted(set(weights) - set(shape.labels))
+            if unknown:
+                raise ServedHeadError(f"{where}, whose attributes are {list(shape.labels)}; attributes names {unknown}, "
+                                      "which it does not have")
+            self.attribute_columns = {name: shape.labels.index(name) for name in weights}
 
     async def _score_chunk(self, ids: list) -> list[Scored]:
         """One /score request."""
         scores = await self.client.score_request(ids, normalize=self.options.normalize)
         version, done = -1 if scores.version is None else scores.version, time.perf_counter()
         steps = scores.steps or [None] * len(scores)
-        return [Scored(score, version, done, step, scores.failovers) for score, step in zip(scores, steps)]
+        attributes = scores.attributes or [None] * len(scores)
+        return [Scored(score, version, done, step, scores.failovers, values)
+                for score, step, values in zip(scores, steps, attributes)]
 
     def render(self, sample: Sample, response_ids: list[int] | None, response_text: str | None):
         """(prompt part, response part) ids of the RM input for a response given as ids or text."""

@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 from verl_vllm_rm.client.reward_client import RewardServerError
+from verl_vllm_rm.monitor.metrics import attribute_key
 from verl_vllm_rm.scoring.reward_model import RewardModel, Scored
 from verl_vllm_rm.rows import Sample
 from verl_vllm_rm.scoring.rm_inputs import RMInput
@@ -63,6 +64,10 @@ def rm_info(route: Route, members: list[RewardModel], rm_inputs: list[RMInput],
         std = None
         info.update(rm_score=0.0, rm_valid=0.0, rm_latency_ms=(time.perf_counter() - submitted) * 1000.0,
                     rm_weight_version=-1.0, rm_failovers=0.0)
+    for rm, answer in zip(members, answers):
+        if rm.attribute_columns is not None:
+            for attribute, column in rm.attribute_columns.items():
+                info[attribute_key(rm.name, attribute)] = None if answer is None else answer[0].attributes[column]
     if per_member:
         info["rm_ensemble_std"] = std
         for rm, answer, x in zip(members, answers, scaled):

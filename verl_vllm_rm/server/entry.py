@@ -29,6 +29,7 @@ from vllm.platforms import current_platform
 
 from verl_vllm_rm.server import auth
 from verl_vllm_rm.server.exposure import OPT_OUT_FLAG, check_exposure
+from verl_vllm_rm.server.reward_head import add_reward_head_args, configure_reward_head, served_shape
 from verl_vllm_rm.server.runtime_dir import private_tmpdir
 from verl_vllm_rm.server.score.router import install_reward_routes
 from verl_vllm_rm.server.state import RewardServerState
@@ -49,10 +50,7 @@ def build_parser():
 
     parser = make_arg_parser(FlexibleArgumentParser(description="verl-vllm-rm reward-model server"))
     group = parser.add_argument_group("verl-vllm-rm")
-    group.add_argument(
-        "--step-tag-id", type=int, default=None,
-        help="Process-reward mode: /score also returns one score per occurrence of this token id.",
-    )
+    add_reward_head_args(group)
     group.add_argument(
         "--max-score-batch", type=int, default=4096, help="Most inputs accepted in one /score request (else 413)."
     )
@@ -110,10 +108,8 @@ def apply_reward_defaults(args: argparse.Namespace, parser) -> None:
         _judge_defaults(args, parser)
     if args.enable_weight_updates:
         _enable_weight_updates(args)
-    if args.step_tag_id is not None:
-        pooler = dict(args.pooler_config or {}) if not hasattr(args.pooler_config, "__dataclass_fields__") else {}
-        pooler.update(tok_pooling_type="STEP", step_tag_id=args.step_tag_id)
-        args.pooler_config = pooler
+    if args.runner != "generate":
+        configure_reward_head(args)
 
 
 def _check_model_path(model: str) -> None:
@@ -127,7 +123,9 @@ def _check_model_path(model: str) -> None:
 def _judge_defaults(args: argparse.Namespace, parser) -> None:
     """A judge (``--runner generate``): no RM-only flag, and answers constrained without free whitespace."""
     for flag, given in (("--enable-weight-updates", args.enable_weight_updates),
-                        ("--step-tag-id", args.step_tag_id is not None)):
+                        ("--step-tag-id", args.step_tag_id is not None),
+                        ("--step-tokens", args.step_tokens is not None),
+                        ("--reward-head", args.reward_head != "auto")):
         if given:
             raise SystemExit(f"verl-vllm-rm: {flag} is for a reward model (--runner pooling); a generative judge "
                              f"(--runner generate) takes no {flag}: drop one of the two")
@@ -173,9 +171,10 @@ def _enable_weight_updates(args: argparse.Namespace) -> None:
     args.weight_transfer_config = {"backend": "gloo" if args.weight_update_backend == "gloo" else "torch_nccl"}
 
 
-def _reward_state(args: argparse.Namespace, model_config) -> RewardServerState:
+def _reward_state(args: argparse.Namespace, model_config, shape) -> RewardServerState:
     return RewardServerState(
         kind="judge" if args.runner == "generate" else "reward_model",
+        shape=shape,
         served_models=list(args.served_model_name or [args.model]),
         max_model_len=model_config.max_model_len,
         vocab_size=model_config.get_vocab_size(),
@@ -186,33 +185,22 @@ def _reward_state(args: argparse.Namespace, model_config) -> RewardServerState:
     )
 
 
-def _check_served_model(args: argparse.Namespace, supported_tasks, model_config) -> None:
-    """A reward model (a scalar classification head) or, with ``--runner generate``, a model that generates."""
-    if args.runner == "generate":
-        if "generate" not in supported_tasks:
-            raise SystemExit(f"verl-vllm-rm: {model_config.model} does not generate (tasks: {list(supported_tasks)}); "
-                             "a judge (--runner generate) needs a *ForCausalLM model")
-        return
-    if "classify" not in supported_tasks:
-        raise SystemExit(
-            f"verl-vllm-rm: {model_config.model} does not support sequence classification "
-            f"(tasks: {list(supported_tasks)}); serve a *ForSequenceClassification reward model "
-            "with --runner pooling, or a generative judge with --runner generate"
-        )
-    num_labels = getattr(model_config.hf_config, "num_labels", 1)
-    if num_labels != 1:
-        raise SystemExit(
-            f"verl-vllm-rm: {model_config.model} has num_labels={num_labels}; a reward model needs a "
-            "scalar head (num_labels=1)"
-        )
+def _check_judge_model(args: argparse.Namespace, supported_tasks, model_config) -> None:
+    """With ``--runner generate``, a model that generates."""
+    if "generate" not in supported_tasks:
+        raise SystemExit(f"verl-vllm-rm: {model_config.model} does not generate (tasks: {list(supported_tasks)}); "
+                         "a judge (--runner generate) needs a *ForCausalLM model")
 
 
 def _hooked_build_app(original):
     def build_app(args, supported_tasks=None, model_config=None):
-        _check_served_model(args, supported_tasks, model_config)
+        judge = args.runner == "generate"
+        if judge:
+            _check_judge_model(args, supported_tasks, model_config)
+        shape = None if judge else served_shape(args, supported_tasks, model_config)
         app = original(args, supported_tasks, model_config)
         install_reward_routes(app)
-        app.state.reward = _reward_state(args, model_config)
+        app.state.reward = _reward_state(args, model_config, shape)
         if args.enable_weight_updates:
             from verl_vllm_rm.server.weights.router import install_weight_routes
 

@@ -8,6 +8,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from verl_vllm_rm.protocol.errors import RequestError, error_body
+from verl_vllm_rm.protocol.model_shape import ModelShape
 from verl_vllm_rm.server.weights.state import WeightSyncState
 
 
@@ -32,6 +33,7 @@ class RewardServerState:
     """What the reward routes need besides the engine; lives in ``app.state.reward``."""
 
     kind: str  # "reward_model", or "judge" (--runner generate: no /score, vLLM's chat route answers)
+    shape: ModelShape | None  # the served reward head (None for a judge)
     served_models: list[str]
     max_model_len: int
     vocab_size: int

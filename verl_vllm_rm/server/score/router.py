@@ -31,6 +31,7 @@ async def health(request: Request) -> JSONResponse:
         "version": state.weights.version,
         "max_model_len": state.max_model_len,
         "step_tag_id": state.step_tag_id,
+        "shape": None if state.shape is None else state.shape.to_json(),
         "scoring": state.scoring.as_dict(),
     }
     if state.weights.pending_update is not None:

@@ -1,0 +1,244 @@
+"""Each published reward-model family, built tiny here with its architecture and config shape, served by the real
+engine: ``/health`` describes the head, and ``/score`` equals a torch reference of the published scoring recipe
+(fp32, within 1e-4), raw (a logit; a two-label head's margin) and normalized (its sigmoid, a probability).
+
+The references are written here from the published descriptions, not from vLLM: transformers'
+``Qwen2ForSequenceClassification`` for the sequence classifiers; for ``Qwen2ForRewardModel`` and
+``Qwen2ForProcessRewardModel`` (whose modeling code ships with the published checkpoints) a ``Qwen2Model`` with the
+score MLP ``Linear -> ReLU -> Linear`` on its hidden states; for Math-Shepherd a ``Qwen2ForCausalLM``'s logits of
+the good and bad tokens at each step tag. One server per family (~45 s each).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import pytest
+import requests
+import torch
+
+from verl_vllm_rm.dev.tiny_judge import build_tiny_judge
+from verl_vllm_rm.dev.tiny_rm import STEP
+from verl_vllm_rm.dev.tiny_rm_families import (HELPSTEER_ATTRIBUTES, build_tiny_attribute_rm, build_tiny_qwen2_prm,
+                                               build_tiny_qwen2_reward_model, build_tiny_two_class_rm)
+from verl_vllm_rm.replicas.launcher import running_server
+
+pytestmark = pytest.mark.server
+
+TOL = 1e-4
+TEXTS = [f"a b c {STEP} d e {STEP} f", "hello world, no step here", f"one {STEP} two three four {STEP} five {STEP}"]
+GOOD, BAD = "+", "-"  # Math-Shepherd's good and bad tokens
+
+
+def classifier_logits(model_dir: Path, ids: list[int]) -> torch.Tensor:
+    """transformers' sequence classifier: the head's outputs at the last token."""
+    from transformers import Qwen2ForSequenceClassification
+
+    model = Qwen2ForSequenceClassification.from_pretrained(model_dir, dtype=torch.float32).eval()
+    return model(torch.tensor([ids])).logits[0]
+
+
+def qwen2_score_mlp_rows(model_dir: Path, ids: list[int]) -> torch.Tensor:
+    """The published Qwen2 RM/PRM head: ``score = Linear(H, H) -> ReLU -> Linear(H, outputs)`` on every token's
+    hidden state of the Qwen2 decoder (``[tokens, outputs]``)."""
+    from safetensors.torch import load_file
+    from transformers import Qwen2Model
+
+    weights = load_file(str(model_dir / "model.safetensors"))
+    decoder = Qwen2Model.from_pretrained(model_dir, dtype=torch.float32).eval()
+    hidden = decoder(torch.tensor([ids])).last_hidden_state[0]
+    inner = torch.relu(hidden @ weights["score.0.weight"].T + weights["score.0.bias"])
+    return inner @ weights["score.2.weight"].T + weights["score.2.bias"]
+
+
+def shepherd_rows(model_dir: Path, ids: list[int], good: int, bad: int) -> torch.Tensor:
+    """Math-Shepherd: the causal LM's logits of the (good, bad) tokens at every position (``[tokens, 2]``)."""
+    from transformers import Qwen2ForCausalLM
+
+    model = Qwen2ForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    return model(torch.tensor([ids])).logits[0][:, [good, bad]]
+
+
+def at_steps(rows: torch.Tensor, ids: list[int], step_id: int) -> torch.Tensor:
+    return rows[[i for i, t in enumerate(ids) if t == step_id]]
+
+
+def margin(rows: torch.Tensor, good: int) -> torch.Tensor:
+    return rows[:, good] - rows[:, 1 - good]
+
+
+def shepherd_steps(model_dir: Path, ids: list[int], step: int, tokenizer) -> dict[str, torch.Tensor]:
+    good, bad = tokenizer.convert_tokens_to_ids([GOOD, BAD])
+    return {"step_scores": margin(at_steps(shepherd_rows(model_dir, ids, good, bad), ids, step), 0)}
+
+
+@dataclass(frozen=True)
+class Family:
+    """One family: how to build it, the server's extra arguments, the shape ``/health`` must report, and the
+    raw reference reading of one sequence, ``reference(model_dir, ids, step_id, tokenizer)`` ->
+    ``{"score" | "attributes" | "step_scores": values}``."""
+
+    build: Callable[[Path], Path]
+    extra: tuple[str, ...]
+    kind: str
+    architecture: str
+    labels: tuple[str, ...]
+    reference: Callable[..., dict[str, torch.Tensor]]
+    step_tokens: tuple[str, str] | None = None
+
+
+FAMILIES = {
+    "attributes": Family(build_tiny_attribute_rm, (), "attributes", "Qwen2ForSequenceClassification",
+                         HELPSTEER_ATTRIBUTES, lambda d, ids, step, tok: {"attributes": classifier_logits(d, ids)}),
+    "two_class": Family(build_tiny_two_class_rm, (), "two_class", "Qwen2ForSequenceClassification", ("bad", "good"),
+                        lambda d, ids, step, tok: {"score": margin(classifier_logits(d, ids)[None], 1)}),
+    "qwen2_rm": Family(build_tiny_qwen2_reward_model, (), "scalar", "Qwen2ForRewardModel", ("score",),
+                       lambda d, ids, step, tok: {"score": qwen2_score_mlp_rows(d, ids)[-1]}),
+    "qwen2_prm": Family(build_tiny_qwen2_prm, ("--step-tag-id", "{step}"), "step_classifier",
+                        "Qwen2ForProcessRewardModel", ("negative", "positive"),
+                        lambda d, ids, step, tok: {"step_scores": margin(at_steps(qwen2_score_mlp_rows(d, ids), ids,
+                                                                                  step), 1)}),
+    "math_shepherd": Family(build_tiny_judge, ("--step-tag-id", "{step}", "--step-tokens", f"{GOOD},{BAD}"),
+                            "step_tokens", "Qwen2ForCausalLM", ("good", "bad"), shepherd_steps, (GOOD, BAD)),
+}
+
+
+@dataclass(frozen=True)
+class Served:
+    name: str
+    family: Family
+    model_dir: Path
+    tokenizer: object
+    step: int
+    url: str
+
+
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def served(request, tmp_path_factory, server_args):
+    """Each family served in turn (tests are grouped by family: one start each)."""
+    from transformers import AutoTokenizer
+
+    family = FAMILIES[request.param]
+    model_dir = Path(family.build(tmp_path_factory.mktemp(request.param)))
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    step = tokenizer.convert_tokens_to_ids(STEP)
+    extra = [a.format(step=step) for a in family.extra]
+    with running_server(model_dir, [*server_args, "--runner", "pooling", *extra]) as server:
+        yield Served(request.param, family, model_dir, tokenizer, step, server.url)
+
+
+def test_each_family_is_served_as_published_and_described_in_health(served):
+    family, tokenizer, step = served.family, served.tokenizer, served.step
+    token_ids = [tokenizer(t).input_ids for t in TEXTS]
+    shape = requests.get(f"{served.url}/health", timeout=30).json()["shape"]
+    answers = {normalize: requests.post(f"{served.url}/score", json={"input": token_ids, "normalize": normalize},
+                                        timeout=120).json()["data"] for normalize in (False, True)}
+    reads_steps = family.kind in ("step_classifier", "step_tokens")
+    assert shape == {"kind": family.kind, "architecture": family.architecture, "labels": list(family.labels),
+                     "backbone_dtype": "float32", "head_dtype": "float32", "step_tag_id": step if reads_steps else None,
+                     "step_tokens": None if family.step_tokens is None
+                     else tokenizer.convert_tokens_to_ids(list(family.step_tokens))}
+    worst = 0.0
+    with torch.no_grad():
+        for i, ids in enumerate(token_ids):
+            (field, raw), = family.reference(served.model_dir, ids, step, tokenizer).items()
+            raw = raw.reshape(-1)
+            normalized = raw if field == "attributes" else torch.sigmoid(raw)  # attributes are never activated
+            for normalize, expected in ((False, raw), (True, normalized)):
+                item = answers[normalize][i]
+                assert set(item) == {"index", field}, item  # no outcome score from attribute and step-only heads
+                got = torch.tensor(item[field], dtype=torch.float32).reshape(-1)
+                assert got.shape == expected.shape, (served.name, i, item)
+                worst = max(worst, float((got - expected).abs().max()) if got.numel() else 0.0)
+    assert worst < TOL, (served.name, worst)
+    if reads_steps:  # the text without a step: no step score, never a number
+        assert answers[False][1]["step_scores"] == [] and answers[True][1]["step_scores"] == []
+    print(f"PARITY {served.name}: max |server - reference| = {worst:.2e} (fp32)")
+
+
+def groups(tokenizer) -> list:
+    from verl_vllm_rm.dev.grpo_batch import Group
+
+    prompt = tokenizer(f"What is 3 + 4? {STEP} show your steps").input_ids
+    responses = [tokenizer(text).input_ids for text in (f" add 3 and 4 {STEP} The answer is 7. {STEP}",
+                                                         f" 3 plus 4 {STEP} carry {STEP} The answer is 8. {STEP}")]
+    return [Group(prompt, responses, ground_truth="7", data_source="openai/gsm8k")]
+
+
+def test_vllm_rm_reads_each_family_or_refuses_its_configuration_at_the_first_batch(served, load_manager, verl_config):
+    """Through verl's loader: a two-class head's reward is its margin (``normalize``: P(good)); a process reward
+    model feeds ``step_reward`` (its prompt's own step tags left out) and without it is refused, at the health
+    probe or, when ``max_length`` skips that probe, at its first answer; an attribute head is refused."""
+    from verl_vllm_rm.dev.grpo_batch import build_batch, row_token_ids
+    from verl_vllm_rm.scoring.reward_model import ServedHeadError, StepRewardError
+
+    tokenizer, family = served.tokenizer, served.family
+    batch = groups(tokenizer)
+    rows = [row_token_ids(batch[0], r) for r in batch[0].response_ids]
+    prompt_steps = batch[0].prompt_ids.count(served.step)
+
+    def rewards(**kwargs) -> list[float]:
+        manager = load_manager(verl_config(served.url, **kwargs), tokenizer)
+        return manager(build_batch(batch, tokenizer.pad_token_id), return_dict=True)["reward_extra_info"]["rm_score"]
+
+    def reference(ids):
+        (field, values), = family.reference(served.model_dir, ids, served.step, tokenizer).items()
+        return values.reshape(-1)
+
+    urls = [served.url]
+    with torch.no_grad():
+        expected = [reference(ids) for ids in rows]
+    where = f"reward model 'rm': its server {urls} serves {family.architecture}"
+    if family.kind == "attributes":
+        with pytest.raises(ServedHeadError) as refused:
+            rewards()
+        assert str(refused.value) == (
+            f"{where} with 5 attributes ({', '.join(HELPSTEER_ATTRIBUTES)}) and no single reward: name the ones to "
+            "use, each with its weight, in attributes (e.g. {helpfulness: 1.0})")
+        with pytest.raises(ServedHeadError) as refused:
+            rewards(attributes={"helpfulness": 1.0, "length": -1.0})
+        assert str(refused.value) == (f"{where}, whose attributes are {list(HELPSTEER_ATTRIBUTES)}; attributes "
+                                      "names ['length'], which it does not have")
+        weights = {"helpfulness": 1.0, "verbosity": -0.5}
+        column = {name: HELPSTEER_ATTRIBUTES.index(name) for name in HELPSTEER_ATTRIBUTES}
+        for max_length in (None, 512):  # the probe runs either way: it finds the attributes' columns
+            manager = load_manager(verl_config(served.url, attributes=weights, max_length=max_length), tokenizer)
+            info = manager(build_batch(batch, tokenizer.pad_token_id), return_dict=True)["reward_extra_info"]
+            assert info["rm_score"] == pytest.approx(
+                [sum(w * float(e[column[a]]) for a, w in weights.items()) for e in expected], abs=TOL)
+            for attribute in weights:
+                assert info[f"rm_attr_rm_{attribute}"] == pytest.approx(
+                    [float(e[column[attribute]]) for e in expected], abs=TOL)
+        from verl_vllm_rm.monitor.metrics import StepRewards, step_metrics
+
+        rows_info = [dict(zip(info, values)) for values in zip(*info.values())]
+        metrics = step_metrics(StepRewards.from_rows(["g"] * len(rows_info), [5] * len(rows_info), rows_info), False)
+        assert metrics["reward/rm_attr_rm_verbosity/mean"] == pytest.approx(
+            sum(float(e[column["verbosity"]]) for e in expected) / len(expected), abs=TOL)
+        return
+    if family.architecture == "Qwen2ForRewardModel":  # one head without attributes stands for all
+        with pytest.raises(ServedHeadError) as refused:
+            rewards(attributes={"helpfulness": 1.0})
+        assert str(refused.value) == (f"{where}, a scalar head without attributes, and reward model 'rm' weights "
+                                      "attributes ['helpfulness']: drop attributes, or serve the attribute head they "
+                                      "name")
+    if family.kind in ("step_classifier", "step_tokens"):
+        with pytest.raises(StepRewardError) as refused:
+            rewards()
+        assert str(refused.value) == (
+            f"reward model 'rm': its server {urls} serves {family.architecture}, a process reward model "
+            f"({family.kind}): it scores steps only, with no outcome score; set step_reward to min, last, mean, "
+            "prod or token")
+        with pytest.raises(ServedHeadError, match=r"^reward model 'rm': its server gave no outcome score \(its head "
+                                                  r"gives step scores or attributes only: see the shape in its "
+                                                  r"/health\)$"):
+            rewards(max_length=512)
+        got = rewards(step_reward="min")
+        assert got == pytest.approx([float(e[prompt_steps:].min()) for e in expected], abs=TOL)
+        got = rewards(step_reward="prod")
+        assert got == pytest.approx([float(torch.sigmoid(e[prompt_steps:]).prod()) for e in expected], abs=TOL)
+        return
+    assert rewards() == pytest.approx([float(e[0]) for e in expected], abs=TOL)
+    assert rewards(normalize=True) == pytest.approx([float(torch.sigmoid(e[0])) for e in expected], abs=TOL)
