@@ -65,3 +65,14 @@ def reset_server(url: str, path: str) -> int:
         version = pub.version + 1
         pub.publish(load_rm(path), version, "full")
     return version
+
+
+def engine_rm_config(model_path: str, url: str, mode: str, ranks: int, **options):
+    """The RM trainer on verl's engine as the CPU tests run it: fp32, one pair per micro-batch, a parity probe
+    after every publish."""
+    from verl_vllm_rm.dev.cpu_profile import CPU_RM_ENGINE
+    from verl_vllm_rm.online.config import OnlineRMConfig
+
+    return OnlineRMConfig(model_path=model_path, server_url=url, training_mode=mode, lora_rank=4, lr=5e-3,
+                          timeout_s=60, parity_every=1, num_workers=ranks, micro_batch_size_per_gpu=1,
+                          **{**CPU_RM_ENGINE, **options})

@@ -10,19 +10,14 @@ runs are checkpointed, ``full`` resumed, both exported; ``head_only`` runs with 
 from __future__ import annotations
 
 import pytest
-from sync_helpers import PARITY_ATOL, max_diff, reset_server, runtime_version, server_scores
+from sync_helpers import PARITY_ATOL, engine_rm_config, max_diff, reset_server, runtime_version, server_scores
 
 BUCKET_BYTES = 1 << 16  # 64 KiB: the tiny RM (1.7 MB) takes many buckets; its embedding (512 kB) one alone
 LOSS_TOLERANCE = 1e-5  # fp32 compute; 1 and 2 ranks differ only in the order of the reductions
 
 
 def rm_config(tiny_rm: str, url: str, mode: str, ranks: int, **options):
-    from verl_vllm_rm.dev.cpu_profile import CPU_RM_ENGINE
-    from verl_vllm_rm.online.config import OnlineRMConfig
-
-    return OnlineRMConfig(model_path=tiny_rm, server_url=url, training_mode=mode, lora_rank=4, lr=5e-3,
-                          timeout_s=60, parity_every=1, num_workers=ranks, bucket_bytes=BUCKET_BYTES,
-                          micro_batch_size_per_gpu=1, **{**CPU_RM_ENGINE, **options})
+    return engine_rm_config(tiny_rm, url, mode, ranks, bucket_bytes=BUCKET_BYTES, **options)
 
 
 @pytest.fixture(scope="module")

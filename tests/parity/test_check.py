@@ -60,3 +60,16 @@ def test_embedding_health_flags_zero_and_identical_rows():
     assert check_matrix("e", w, ignore_rows=(3, 7)).ok
     w[8] = w[2] + 1e-4
     assert [2, 8] in check_matrix("e", w, identical_tol=1e-3, ignore_rows=(3, 7)).identical_row_groups
+
+
+def test_the_reference_reads_one_value_per_head_and_refuses_a_head_of_attributes():
+    """A scalar head's value, a two-class head's margin good - bad at the last token; more outputs have no single
+    reward to compare (``verl-vllm-rm check`` on an attribute RM)."""
+    from verl_vllm_rm.parity.reference import last_token_reward
+
+    assert last_token_reward(torch.tensor([[[0.5], [2.0]]])) == 2.0  # token classifier [1, tokens, 1]
+    assert last_token_reward(torch.tensor([[1.0, 3.5]])) == 2.5  # sequence classifier [1, (bad, good)]
+    with pytest.raises(ValueError) as refused:
+        last_token_reward(torch.tensor([[0.1, 0.2, 0.3]]))
+    assert str(refused.value) == ("a head of 3 outputs has no single reward to compare: parity reads a scalar or a "
+                                  "two-class ([bad, good]) head")

@@ -319,9 +319,9 @@ def test_the_resumed_folder_is_the_one_verl_resumed(compose_config, tmp_path, mo
     assert resumed_folder(path, 9) == str(tmp_path / "old" / "global_step_9")
 
 
-SCALAR_ONLY = ("; online_rm trains a reward model with a scalar head (*ForSequenceClassification, num_labels=1). "
-               "Serve this one without online training (drop trainer.v1.trainer_mode=vllm_rm_online), or train a "
-               "scalar RM")
+SCALAR_ONLY = ("; online_rm trains a reward model with a scalar or two-class head (*ForSequenceClassification, "
+               "num_labels=1 or 2). Serve this one without online training (drop "
+               "trainer.v1.trainer_mode=vllm_rm_online), or train a scalar RM")
 
 
 @pytest.mark.parametrize("config, reason", [
@@ -334,14 +334,15 @@ SCALAR_ONLY = ("; online_rm trains a reward model with a scalar head (*ForSequen
     ({"architectures": ["MistralForCausalLM"]},
      "MistralForCausalLM is not a sequence classifier (a process reward model read at step tags, or a causal LM): "
      "preference pairs rank whole responses by one reward"),
-    ({"architectures": ["Qwen2ForSequenceClassification"], "id2label": {"0": "bad", "1": "good"}},
-     "Qwen2ForSequenceClassification has a two-class head ([bad, good]), and training it online (its margin as the "
-     "Bradley-Terry reward) is not there yet"),
+    ({"architectures": ["Qwen2ForSequenceClassification"], "problem_type": "regression",
+      "id2label": {"0": "helpfulness", "1": "verbosity"}},
+     "Qwen2ForSequenceClassification has 2 attribute outputs and preference pairs train one reward; there is no "
+     "single reward to train"),
     ({"architectures": ["LlamaForSequenceClassification"], "problem_type": "regression",
       "id2label": {str(i): name for i, name in enumerate("abcde")}},
      "LlamaForSequenceClassification has 5 attribute outputs and preference pairs train one reward; there is no "
      "single reward to train"),
-], ids=["qwen2-rm", "qwen2-prm", "causal-lm", "two-class", "attributes"])
+], ids=["qwen2-rm", "qwen2-prm", "causal-lm", "two-regression-outputs", "attributes"])
 def test_online_training_refuses_a_head_it_cannot_train_at_start_up(compose_config, tmp_path, config, reason):
     import json
 
@@ -354,13 +355,14 @@ def test_online_training_refuses_a_head_it_cannot_train_at_start_up(compose_conf
 
 
 def test_the_tiny_rm_and_the_family_builders_configs_read_as_they_are(tiny_rm, tmp_path):
-    """The refusal reads config.json as transformers writes it: the tiny RM (num_labels=1, id2label LABEL_0) trains;
-    the attribute family is refused as attributes."""
+    """The refusal reads config.json as transformers writes it: the tiny RM (num_labels=1, id2label LABEL_0) and
+    the two-class family train; the attribute family is refused as attributes."""
     import json
 
-    from verl_vllm_rm.dev.tiny_rm_families import build_tiny_attribute_rm
+    from verl_vllm_rm.dev.tiny_rm_families import build_tiny_attribute_rm, build_tiny_two_class_rm
     from verl_vllm_rm.online.trainable import check_trainable_head, untrainable_head_reason
 
     check_trainable_head(tiny_rm)  # no refusal
+    check_trainable_head(str(build_tiny_two_class_rm(tmp_path / "two_class")))
     attributes = json.loads((build_tiny_attribute_rm(tmp_path / "attributes") / "config.json").read_text())
     assert untrainable_head_reason(attributes).startswith("Qwen2ForSequenceClassification has 5 attribute outputs")

@@ -12,7 +12,9 @@ express for an RM, and nothing else:
   CPU), and a head or backbone weight that did not load is an error: an RM whose head
   silently starts from random weights would train and publish noise. The token
   classifier's ``score.bias``, which an RM's sequence classifier does not have, is
-  removed, so the value at the last token is the RM's score exactly.
+  removed, so the value at the last token is the RM's score exactly. A two-class head ([bad, good]) keeps its
+  two rows and gives their margin (:class:`~verl_vllm_rm.online.trainable.MarginHead`), the reward the server
+  reads from it: Bradley-Terry trains the margin, and a publish sends the head as the server holds it.
 - **head_only.** verl has no option to train only the head: every other parameter is frozen.
 - **LoRA.** verl's adapter is a causal-LM one with the head frozen; here the head trains
   in full beside the adapters (``modules_to_save``), as the server's merged update expects.
@@ -26,7 +28,7 @@ import torch
 from verl.workers.engine.base import EngineRegistry
 from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithValueHead
 
-from verl_vllm_rm.online.trainable import freeze_all_but_head, lora_config
+from verl_vllm_rm.online.trainable import freeze_all_but_head, is_two_class_head, lora_config, read_two_class_margin
 from verl_vllm_rm.protocol.names import DEFAULT_HEAD_PATTERNS, RewardModelTrainingMode, is_head
 
 MODEL_TYPE = "reward_model"  # the TrainingWorkerConfig.model_type that selects this engine
@@ -61,7 +63,10 @@ class RewardModelEngine(FSDPEngineWithValueHead):
         from verl.utils.torch_dtypes import PrecisionType
 
         cfg, hf_config = self.model_config, self.model_config.hf_config
-        hf_config.num_labels, hf_config.classifier_dropout = 1, 0.0  # as verl's critic
+        two_class = is_two_class_head(hf_config.to_dict())
+        if not two_class:
+            hf_config.num_labels = 1  # as verl's critic
+        hf_config.classifier_dropout = 0.0
         dtype = PrecisionType.to_dtype(self.engine_config.model_dtype or "fp32")  # the master weights
         init_context = get_init_weight_context_manager(use_meta_tensor=not hf_config.tie_word_embeddings,
                                                        mesh=self.device_mesh)
@@ -82,6 +87,8 @@ class RewardModelEngine(FSDPEngineWithValueHead):
         apply_monkey_patch(model=module, use_remove_padding=self.use_remove_padding,
                            ulysses_sp_size=self.ulysses_sequence_parallel_size, use_fused_kernels=False)
         module.to(dtype)
+        if two_class:
+            read_two_class_margin(module, self.head_patterns)
         if cfg.enable_gradient_checkpointing:
             module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if self.training_mode is RewardModelTrainingMode.HEAD_ONLY:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 
@@ -63,23 +63,52 @@ def prepare_reward_model(model: torch.nn.Module, mode: RewardModelTrainingMode |
     return model
 
 
-def untrainable_head_reason(config: dict) -> str | None:
-    """Why online training cannot train the head a ``config.json`` describes (None: a scalar classifier, it can).
+def head_outputs(config: Mapping[str, Any]) -> int:
+    """How many outputs the head a ``config.json`` (or ``PretrainedConfig.to_dict()``) describes has."""
+    return len(config.get("id2label") or {}) or int(config.get("num_labels", 1))
 
-    Online training fits a Bradley-Terry model to preference pairs on the reward at the last token, through
-    verl's engine loading the checkpoint with transformers."""
+
+def is_two_class_head(config: Mapping[str, Any]) -> bool:
+    """A two-class head ([bad, good]): two outputs that are not regression attributes (as the server reads it)."""
+    return head_outputs(config) == 2 and config.get("problem_type") != "regression"
+
+
+class MarginHead(torch.nn.Linear):
+    """A two-class head [bad, good] giving one value, its margin ``good - bad``: the reward the server reads
+    from it (``sigmoid(margin)`` = P(good)). Its weights stay the two rows the server holds, so a publish and a
+    checkpoint carry the head as loaded; Bradley-Terry on the margin moves both rows."""
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = super().forward(hidden)
+        return logits[..., 1:] - logits[..., :1]
+
+
+def read_two_class_margin(model: torch.nn.Module, head_patterns: Sequence[str] = DEFAULT_HEAD_PATTERNS) -> None:
+    """Make the model's two-output head give its margin (in place; the head's parameters are untouched)."""
+    heads = [model.get_submodule(name) for name in head_module_names(model, head_patterns)]
+    linear = [h for h in heads if type(h) is torch.nn.Linear and h.out_features == 2]
+    if len(linear) != 1:
+        raise ValueError(f"a two-class RM's head is one Linear of 2 outputs; {type(model).__name__} has "
+                         f"{[type(h).__name__ for h in heads]} matching {list(head_patterns)}: train a scalar or "
+                         "two-class *ForSequenceClassification")
+    linear[0].__class__ = MarginHead  # a Linear subclass with no state of its own: same parameters, new forward
+
+
+def untrainable_head_reason(config: dict) -> str | None:
+    """Why online training cannot train the head a ``config.json`` describes (None: a scalar or two-class
+    classifier, it can).
+
+    Online training fits a Bradley-Terry model to preference pairs on the reward at the last token (a two-class
+    head's margin), through verl's engine loading the checkpoint with transformers."""
     architecture = (config.get("architectures") or ["an unnamed architecture"])[0]
-    outputs = len(config.get("id2label") or {}) or int(config.get("num_labels", 1))
+    outputs = head_outputs(config)
     if architecture in ("Qwen2ForRewardModel", "InternLM2ForRewardModel", "Qwen2ForProcessRewardModel"):
         return (f"{architecture} has no transformers class (its modeling code ships with the published checkpoint), "
                 "so verl's engine cannot load it to train")
     if not architecture.endswith("ForSequenceClassification"):
         return (f"{architecture} is not a sequence classifier (a process reward model read at step tags, or a "
                 "causal LM): preference pairs rank whole responses by one reward")
-    if outputs == 2 and config.get("problem_type") != "regression":
-        return (f"{architecture} has a two-class head ([bad, good]), and training it online (its margin as the "
-                "Bradley-Terry reward) is not there yet")
-    if outputs > 1:
+    if outputs > 1 and not is_two_class_head(config):
         return (f"{architecture} has {outputs} attribute outputs and preference pairs train one reward; there is no "
                 "single reward to train")
     return None
@@ -94,5 +123,6 @@ def check_trainable_head(model_path: str) -> None:
     reason = untrainable_head_reason(json.loads(config_file.read_text()))
     if reason is not None:
         raise ConfigError(f"online_rm.model_path={model_path}: {reason}; online_rm trains a reward model with a "
-                         "scalar head (*ForSequenceClassification, num_labels=1). Serve this one without online "
-                         "training (drop trainer.v1.trainer_mode=vllm_rm_online), or train a scalar RM")
+                         "scalar or two-class head (*ForSequenceClassification, num_labels=1 or 2). Serve this one "
+                         "without online training (drop trainer.v1.trainer_mode=vllm_rm_online), or train a scalar "
+                         "RM")

@@ -21,13 +21,26 @@ def load_reward_model(path: str):
 
 
 def sequence_scores(model, token_ids: Sequence[Sequence[int]]) -> list[float]:
-    """The scalar head at the last token of each sequence (the raw logit), on the model's own device: a
-    sequence classifier's one value, or a token classifier's (verl's value model) value at the last token."""
+    """The reward at the last token of each sequence (raw), on the model's own device: a sequence classifier's
+    one value, or a token classifier's (verl's value model) value at the last token; a two-class head's
+    ([bad, good]) margin, as the server reads it."""
     import torch
 
     device = next(model.parameters()).device
     with torch.no_grad():
-        return [float(model(torch.tensor([list(ids)], device=device)).logits.reshape(-1)[-1]) for ids in token_ids]
+        return [last_token_reward(model(torch.tensor([list(ids)], device=device)).logits) for ids in token_ids]
+
+
+def last_token_reward(logits) -> float:
+    """One value of a head's outputs at the last token: the value of a one-output head, good - bad of a two-class
+    one. A head of more outputs has no single reward (its attributes are weighted by the run)."""
+    last = logits.reshape(-1, logits.shape[-1])[-1]
+    if len(last) == 1:
+        return float(last[0])
+    if len(last) == 2:
+        return float(last[1] - last[0])
+    raise ValueError(f"a head of {len(last)} outputs has no single reward to compare: parity reads a scalar or a "
+                     "two-class ([bad, good]) head")
 
 
 def step_scores(model, token_ids: Sequence[Sequence[int]], step_tag_id: int) -> list[list[float]]:
