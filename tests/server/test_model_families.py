@@ -5,7 +5,9 @@ engine: ``/health`` describes the head, and ``/score`` equals a torch reference 
 The references are written here from the published descriptions, not from vLLM: transformers'
 ``Qwen2ForSequenceClassification`` for the sequence classifiers; for ``Qwen2ForRewardModel`` and
 ``Qwen2ForProcessRewardModel`` (whose modeling code ships with the published checkpoints) a ``Qwen2Model`` with the
-score MLP ``Linear -> ReLU -> Linear`` on its hidden states; for Math-Shepherd a ``Qwen2ForCausalLM``'s logits of
+score MLP ``Linear -> ReLU -> Linear`` on its hidden states; for ``InternLM2ForRewardModel`` (modeling and config
+code shipped too; served with ``--trust-remote-code``) a ``LlamaModel`` of the same dims loaded from InternLM2's
+unpacked ``wqkv`` and ``v_head`` on its hidden states; for Math-Shepherd a ``Qwen2ForCausalLM``'s logits of
 the good and bad tokens at each step tag. One server per family (~45 s each).
 """
 
@@ -21,7 +23,8 @@ import torch
 
 from verl_vllm_rm.dev.tiny_judge import build_tiny_judge
 from verl_vllm_rm.dev.tiny_rm import STEP
-from verl_vllm_rm.dev.tiny_rm_families import (HELPSTEER_ATTRIBUTES, build_tiny_attribute_rm, build_tiny_qwen2_prm,
+from verl_vllm_rm.dev.tiny_rm_families import (HELPSTEER_ATTRIBUTES, build_tiny_attribute_rm,
+                                               build_tiny_internlm2_reward_model, build_tiny_qwen2_prm,
                                                build_tiny_qwen2_reward_model, build_tiny_two_class_rm)
 from verl_vllm_rm.replicas.launcher import running_server
 
@@ -51,6 +54,40 @@ def qwen2_score_mlp_rows(model_dir: Path, ids: list[int]) -> torch.Tensor:
     hidden = decoder(torch.tensor([ids])).last_hidden_state[0]
     inner = torch.relu(hidden @ weights["score.0.weight"].T + weights["score.0.bias"])
     return inner @ weights["score.2.weight"].T + weights["score.2.bias"]
+
+
+def internlm2_v_head_rows(model_dir: Path, ids: list[int]) -> torch.Tensor:
+    """The published InternLM2 reward model: a Llama-like decoder (RMSNorm, SiLU-gated MLP, rotary attention) whose
+    ``wqkv`` packs, for each KV head, its query heads' rows, then its k, then its v; ``v_head = Linear(H, 1)`` (no
+    bias) on every token's hidden state (``[tokens, 1]``)."""
+    import json
+
+    from safetensors.torch import load_file
+    from transformers import LlamaConfig, LlamaModel
+
+    weights = load_file(str(model_dir / "model.safetensors"))
+    config = json.loads((model_dir / "config.json").read_text())
+    heads, kv_heads, hidden = config["num_attention_heads"], config["num_key_value_heads"], config["hidden_size"]
+    head_dim = hidden // heads
+    llama = LlamaConfig(**{k: config[k] for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                                                  "num_attention_heads", "num_key_value_heads", "hidden_act",
+                                                  "rms_norm_eps", "max_position_embeddings")},
+                        rope_parameters={"rope_type": "default", "rope_theta": config["rope_theta"]},
+                        attention_bias=False, mlp_bias=False, tie_word_embeddings=False)
+    state = {"embed_tokens.weight": weights["model.tok_embeddings.weight"], "norm.weight": weights["model.norm.weight"]}
+    for i in range(config["num_hidden_layers"]):
+        ours, theirs = f"model.layers.{i}.", f"layers.{i}."
+        packed = weights[ours + "attention.wqkv.weight"].reshape(kv_heads, heads // kv_heads + 2, head_dim, hidden)
+        state[theirs + "self_attn.q_proj.weight"] = packed[:, :-2].reshape(-1, hidden)
+        state[theirs + "self_attn.k_proj.weight"] = packed[:, -2].reshape(-1, hidden)
+        state[theirs + "self_attn.v_proj.weight"] = packed[:, -1].reshape(-1, hidden)
+        for name, published in (("self_attn.o_proj", "attention.wo"), ("mlp.gate_proj", "feed_forward.w1"),
+                                ("mlp.up_proj", "feed_forward.w3"), ("mlp.down_proj", "feed_forward.w2"),
+                                ("input_layernorm", "attention_norm"), ("post_attention_layernorm", "ffn_norm")):
+            state[f"{theirs}{name}.weight"] = weights[f"{ours}{published}.weight"]
+    decoder = LlamaModel(llama).to(torch.float32).eval()
+    decoder.load_state_dict(state, strict=True)
+    return decoder(torch.tensor([ids])).last_hidden_state[0] @ weights["v_head.weight"].T
 
 
 def shepherd_rows(model_dir: Path, ids: list[int], good: int, bad: int) -> torch.Tensor:
@@ -96,6 +133,9 @@ FAMILIES = {
                         lambda d, ids, step, tok: {"score": margin(classifier_logits(d, ids)[None], 1)}),
     "qwen2_rm": Family(build_tiny_qwen2_reward_model, (), "scalar", "Qwen2ForRewardModel", ("score",),
                        lambda d, ids, step, tok: {"score": qwen2_score_mlp_rows(d, ids)[-1]}),
+    "internlm2_rm": Family(build_tiny_internlm2_reward_model, ("--trust-remote-code",), "scalar",
+                           "InternLM2ForRewardModel", ("score",),
+                           lambda d, ids, step, tok: {"score": internlm2_v_head_rows(d, ids)[-1]}),
     "qwen2_prm": Family(build_tiny_qwen2_prm, ("--step-tag-id", "{step}"), "step_classifier",
                         "Qwen2ForProcessRewardModel", ("negative", "positive"),
                         lambda d, ids, step, tok: {"step_scores": margin(at_steps(qwen2_score_mlp_rows(d, ids), ids,

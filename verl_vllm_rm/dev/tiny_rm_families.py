@@ -9,17 +9,27 @@ Each has the published architecture name and config fields, with random weights 
   the head ``score = Linear(H, H) -> ReLU -> Linear(H, 1)`` read at the last token.
 - :func:`build_tiny_qwen2_prm`: ``Qwen2ForProcessRewardModel`` (the Qwen2.5-Math-PRM kind): the same head with
   two outputs [negative, positive], read at each step tag.
+- :func:`build_tiny_internlm2_reward_model`: ``InternLM2ForRewardModel`` (the InternLM2-Reward kind): a Llama-like
+  decoder with InternLM2's tensor names (q, k and v packed in one ``wqkv``) and ``v_head = Linear(H, 1)`` (no bias)
+  read at the last token.
 
-transformers has no class for the last two (the published ones ship their modeling code); they are written as
-a ``Qwen2Model`` plus the head's tensors under the names vLLM loads (``score.0.*``, ``score.2.*``).
+transformers has no class for the last three (the published ones ship their modeling code); the Qwen2 ones are
+written as a ``Qwen2Model`` plus the head's tensors under the names vLLM loads (``score.0.*``, ``score.2.*``), the
+InternLM2 one as a ``LlamaModel``'s tensors renamed and packed. transformers has no InternLM2 config either: its
+folder carries ``configuration_internlm2.py`` (``auto_map``), so it is served with ``--trust-remote-code``.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict
+import json
+from dataclasses import asdict, fields
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from verl_vllm_rm.dev.tiny_rm import TinyRMSpec, build_tokenizer, cached_model_dir, decoder_config
+from verl_vllm_rm.dev.tiny_rm import QwenShape, TinyRMSpec, build_tokenizer, cached_model_dir, decoder_config
+
+if TYPE_CHECKING:
+    import torch
 
 HELPSTEER_ATTRIBUTES = ("helpfulness", "correctness", "coherence", "complexity", "verbosity")
 
@@ -101,3 +111,107 @@ def build_tiny_qwen2_reward_model(out_dir: str | Path, spec: TinyRMSpec = TinyRM
 def build_tiny_qwen2_prm(out_dir: str | Path, spec: TinyRMSpec = TinyRMSpec()) -> Path:
     return _qwen2_score_head_model(out_dir, spec, "Qwen2ForProcessRewardModel", ("negative", "positive"),
                                    "tiny_qwen2_prm.json")
+
+
+INTERNLM2_CONFIG_MODULE = '''"""InternLM2's configuration (the fields and defaults of the published
+``InternLM2Config``), for ``AutoConfig.from_pretrained(..., trust_remote_code=True)``: transformers has no
+``internlm2`` model type."""
+
+from transformers import PretrainedConfig
+
+
+class InternLM2Config(PretrainedConfig):
+    model_type = "internlm2"
+    _auto_class = "AutoConfig"
+
+    def __init__(self, vocab_size=103168, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+                 num_attention_heads=32, num_key_value_heads=None, hidden_act="silu", max_position_embeddings=2048,
+                 initializer_range=0.02, rms_norm_eps=1e-6, use_cache=True, pad_token_id=0, bos_token_id=1,
+                 eos_token_id=2, pretraining_tp=1, tie_word_embeddings=False, bias=True, rope_theta=10000,
+                 rope_scaling=None, **kwargs):
+        self.vocab_size = vocab_size
+        self.hidden_size = hidden_size
+        self.intermediate_size = intermediate_size
+        self.num_hidden_layers = num_hidden_layers
+        self.num_attention_heads = num_attention_heads
+        self.num_key_value_heads = num_attention_heads if num_key_value_heads is None else num_key_value_heads
+        self.hidden_act = hidden_act
+        self.max_position_embeddings = max_position_embeddings
+        self.initializer_range = initializer_range
+        self.rms_norm_eps = rms_norm_eps
+        self.use_cache = use_cache
+        self.pretraining_tp = pretraining_tp
+        self.bias = bias
+        self.rope_theta = rope_theta
+        self.rope_scaling = rope_scaling
+        super().__init__(pad_token_id=pad_token_id, bos_token_id=bos_token_id, eos_token_id=eos_token_id,
+                         tie_word_embeddings=tie_word_embeddings, **kwargs)
+'''
+
+
+def _internlm2_wqkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_heads: int) -> torch.Tensor:
+    """q, k and v projections ([heads * D, H], [kv_heads * D, H] twice) packed as InternLM2's ``wqkv``: for each
+    KV head, the rows of its query heads, then its k, then its v."""
+    import torch
+
+    hidden = q.shape[1]
+    groups = [t.reshape(kv_heads, -1, hidden) for t in (q, k, v)]
+    return torch.cat(groups, dim=1).reshape(-1, hidden)
+
+
+class _InternLM2RewardModel:
+    """What vLLM's ``InternLM2ForRewardModel`` loads: a ``LlamaModel``'s tensors under InternLM2's names (``model.*``,
+    q/k/v packed by :func:`_internlm2_wqkv`, the gated MLP as w1/w3/w2) and ``v_head.weight`` [1, H]; no LM head."""
+
+    NAMES = {"embed_tokens": "tok_embeddings", "self_attn.o_proj": "attention.wo", "mlp.gate_proj": "feed_forward.w1",
+             "mlp.up_proj": "feed_forward.w3", "mlp.down_proj": "feed_forward.w2", "input_layernorm": "attention_norm",
+             "post_attention_layernorm": "ffn_norm"}
+
+    def __init__(self, config: dict, llama_config, head_std: float) -> None:
+        import torch
+        from transformers import LlamaModel
+
+        self.config = config
+        self.model = LlamaModel(llama_config)
+        self.v_head = torch.empty(1, llama_config.hidden_size).normal_(0.0, head_std)
+
+    def tensors(self) -> dict:
+        weights = dict(self.model.state_dict())
+        tensors = {}
+        for i in range(self.config["num_hidden_layers"]):
+            attention = f"layers.{i}.self_attn"
+            tensors[f"model.layers.{i}.attention.wqkv.weight"] = _internlm2_wqkv(
+                *(weights.pop(f"{attention}.{p}_proj.weight") for p in "qkv"), self.config["num_key_value_heads"])
+        for name, value in weights.items():
+            for llama, internlm2 in self.NAMES.items():
+                name = name.replace(llama, internlm2)
+            tensors[f"model.{name}"] = value
+        tensors["v_head.weight"] = self.v_head
+        return {k: v.contiguous() for k, v in tensors.items()}
+
+    def save_pretrained(self, out: Path, safe_serialization: bool = True) -> None:
+        from safetensors.torch import save_file
+
+        save_file(self.tensors(), str(Path(out) / "model.safetensors"), metadata={"format": "pt"})
+        (Path(out) / "config.json").write_text(json.dumps(self.config, indent=2))
+        (Path(out) / "configuration_internlm2.py").write_text(INTERNLM2_CONFIG_MODULE)
+
+
+def build_tiny_internlm2_reward_model(out_dir: str | Path, spec: TinyRMSpec = TinyRMSpec()) -> Path:
+    def build():
+        import torch
+
+        tokenizer = build_tokenizer(spec)
+        llama = decoder_config(spec, tokenizer, model_type="llama", tie_word_embeddings=False)
+        config = {"architectures": ["InternLM2ForRewardModel"], "model_type": "internlm2",
+                  "auto_map": {"AutoConfig": "configuration_internlm2.InternLM2Config"},
+                  **{f.name: getattr(spec, f.name) for f in fields(QwenShape)}, "vocab_size": len(tokenizer),
+                  "max_position_embeddings": spec.max_position_embeddings, "hidden_act": "silu",
+                  "rms_norm_eps": llama.rms_norm_eps, "rope_theta": llama.rope_parameters["rope_theta"],
+                  "rope_scaling": None, "bias": False, "tie_word_embeddings": False,
+                  "pad_token_id": tokenizer.pad_token_id, "bos_token_id": tokenizer.bos_token_id,
+                  "eos_token_id": tokenizer.eos_token_id, "torch_dtype": "float32"}
+        torch.manual_seed(spec.seed if spec.init_seed is None else spec.init_seed)
+        return _InternLM2RewardModel(config, llama, spec.head_std), tokenizer
+
+    return cached_model_dir(out_dir, "tiny_internlm2_rm.json", asdict(spec), build)
