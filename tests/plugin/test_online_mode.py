@@ -328,6 +328,10 @@ SCALAR_ONLY = ("; online_rm trains a reward model with a scalar or two-class hea
     ({"architectures": ["Qwen2ForRewardModel"]},
      "Qwen2ForRewardModel has no transformers class (its modeling code ships with the published checkpoint), so "
      "verl's engine cannot load it to train"),
+    ({"architectures": ["InternLM2ForRewardModel"], "model_type": "internlm2",
+      "auto_map": {"AutoConfig": "configuration_internlm2.InternLM2Config"}},
+     "InternLM2ForRewardModel has no transformers class (its modeling code ships with the published checkpoint), so "
+     "verl's engine cannot load it to train"),
     ({"architectures": ["Qwen2ForProcessRewardModel"], "id2label": {"0": "negative", "1": "positive"}},
      "Qwen2ForProcessRewardModel has no transformers class (its modeling code ships with the published checkpoint), "
      "so verl's engine cannot load it to train"),
@@ -342,7 +346,7 @@ SCALAR_ONLY = ("; online_rm trains a reward model with a scalar or two-class hea
       "id2label": {str(i): name for i, name in enumerate("abcde")}},
      "LlamaForSequenceClassification has 5 attribute outputs and preference pairs train one reward; there is no "
      "single reward to train"),
-], ids=["qwen2-rm", "qwen2-prm", "causal-lm", "two-regression-outputs", "attributes"])
+], ids=["qwen2-rm", "internlm2-rm", "qwen2-prm", "causal-lm", "two-regression-outputs", "attributes"])
 def test_online_training_refuses_a_head_it_cannot_train_at_start_up(compose_config, tmp_path, config, reason):
     import json
 
