@@ -211,6 +211,20 @@ def test_one_rm_down_mask_reweights_the_rest_and_counts_it(load_manager, rm_serv
     assert mgr.last_batch_stats["reward/rm_valid_safety/mean"] == 0.0
 
 
+def test_a_masked_rm_failing_on_the_reference_empties_the_win_metrics_and_keeps_the_step(
+        load_manager, rm_server, dead_url, config, tokenizer, grpo_groups, direct_scores):
+    """``pairwise``: the reference answer is scored by every member; one under ``failure_policy=mask`` failing on
+    it (here: down; in a run, a process RM on a reference without a step) leaves no reference score (the ensemble
+    without it is another reward), so the win metrics stay empty; the step goes on, the others' policy is raise."""
+    rms = [{"name": "helpful", "server_url": rm_server.url},
+           {"name": "safety", "server_url": dead_url, "failure_policy": "mask", **FAST_FAIL}]
+    mgr = load_manager(config(rm_server.url, reward_models=rms, max_length=512, pairwise="always"), tokenizer)
+    info = mgr(build_batch(grpo_groups, tokenizer.pad_token_id), return_dict=True)["reward_extra_info"]
+    n = len(info["score"])
+    assert info["rm_valid"] == [1.0] * n and np.allclose(info["rm_score"], direct_scores[0], atol=1e-5)
+    assert info["win"] == [None] * n
+
+
 def test_every_rm_down_under_mask_masks_the_sample(load_manager, dead_url, config, tokenizer, grpo_groups):
     rms = [{"name": "helpful", "server_url": dead_url, "failure_policy": "mask", **FAST_FAIL},
            {"name": "safety", "server_url": dead_url, "failure_policy": "mask", **FAST_FAIL}]

@@ -20,6 +20,7 @@ from typing import Callable
 import pytest
 import requests
 import torch
+from fault_proxy import FaultProxy
 
 from verl_vllm_rm.dev.tiny_judge import build_tiny_judge
 from verl_vllm_rm.dev.tiny_rm import STEP
@@ -242,6 +243,18 @@ def test_vllm_rm_reads_each_family_or_refuses_its_configuration_at_the_first_bat
         assert str(refused.value) == (f"{where}, whose attributes are {list(HELPSTEER_ATTRIBUTES)}; attributes "
                                       "names ['length'], which it does not have")
         weights = {"helpfulness": 1.0, "verbosity": -0.5}
+        proxy = FaultProxy(served.url).start()  # a server whose /health does not describe its head
+        proxy.faults.rewrite["/health"] = lambda health: {k: v for k, v in health.items() if k != "shape"}
+        try:
+            with pytest.raises(ServedHeadError) as refused:
+                load_manager(verl_config(proxy.url, attributes=weights), tokenizer)(
+                    build_batch(batch, tokenizer.pad_token_id), return_dict=True)
+        finally:
+            proxy.stop()
+        assert str(refused.value) == (
+            f"reward model 'rm' weights attributes ['helpfulness', 'verbosity'], and its server {[proxy.url]} does "
+            "not describe its head (its /health has no shape), so their outputs are unknown: serve the model with "
+            "verl-vllm-rm's server (python -m verl_vllm_rm.server), whose /health names them")
         column = {name: HELPSTEER_ATTRIBUTES.index(name) for name in HELPSTEER_ATTRIBUTES}
         for max_length in (None, 512):  # the probe runs either way: it finds the attributes' columns
             manager = load_manager(verl_config(served.url, attributes=weights, max_length=max_length), tokenizer)

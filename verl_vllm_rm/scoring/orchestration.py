@@ -186,12 +186,7 @@ class Orchestration:
         if s.pairwise and s.reference is None:  # no RM or no reference (skipped): same keys as the others
             info.update(NO_WIN_METRICS)
         if s.reference is not None:
-            try:
-                reference = await s.reference
-            except Exception:  # the reference's score failed like the sample's would: same policy
-                if any(rm.options.failure_policy == "raise" for rm in members):
-                    raise
-                reference = None
+            reference = await s.reference  # None: a member under failure_policy=mask failed on it
             info.update(win_metrics(info["rm_score"], reference) if valid and reference is not None
                         else NO_WIN_METRICS)
         self.examiner.maybe_print(sample, info)

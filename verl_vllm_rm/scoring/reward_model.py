@@ -161,6 +161,11 @@ class RewardModel:
         self.step_tag_id = health.get("step_tag_id")
         if health.get("shape") is not None:
             self.check_head(ModelShape.from_json(health["shape"]))
+        elif self.options.attributes is not None:
+            raise ServedHeadError(f"reward model {self.name!r} weights attributes {sorted(self.options.attributes)}, "
+                                  f"and its server {self.client.urls} does not describe its head (its /health has no "
+                                  "shape), so their outputs are unknown: serve the model with verl-vllm-rm's server "
+                                  "(python -m verl_vllm_rm.server), whose /health names them")
         if self._max_length is None:
             self._max_length = int(health["max_model_len"])
 

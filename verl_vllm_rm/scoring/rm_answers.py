@@ -79,8 +79,20 @@ def rm_info(route: Route, members: list[RewardModel], rm_inputs: list[RMInput],
 
 
 async def reference_score(sample: Sample, text: str, route: Route, members: list[RewardModel],
-                          rm_inputs: list[RMInput]) -> float:
+                          rm_inputs: list[RMInput]) -> float | None:
     """The route's ensemble score of the prompt's reference answer ``text``, each member's scored once per
-    prompt group. Whitened members use their current scale; a reference never updates it."""
-    raw = await asyncio.gather(*(rm.reference_score(sample, i, text) for rm, i in zip(members, rm_inputs)))
+    prompt group. Whitened members use their current scale; a reference never updates it. A member that fails on
+    it raises under ``failure_policy=raise``; under ``mask`` there is no reference score (None: the sample's win
+    metrics stay empty, as for a missing reference), since the ensemble without that member is another reward."""
+    raw = await asyncio.gather(*(rm.reference_score(sample, i, text) for rm, i in zip(members, rm_inputs)),
+                               return_exceptions=True)
+    failed = [(rm, x) for rm, x in zip(members, raw) if isinstance(x, BaseException)]
+    for rm, error in failed:
+        if rm.options.failure_policy == "raise":
+            raise error
+    for rm, error in failed:
+        logger.warning("vllm_rm: no reference score for sample uid=%s: reward model %r (failure_policy=mask) failed "
+                       "on the reference answer: %s", sample.group_key, rm.name, error)
+    if failed:
+        return None
     return route.combine([rm.scale(x, update=False) for rm, x in zip(members, raw)])[0]
