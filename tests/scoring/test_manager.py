@@ -271,9 +271,6 @@ def test_num_examine_prints_components(load_manager, rm_server, verl_config, tok
         ({"attributes": "{helpfulness:1.0}", "step_reward": "min"},
          "reward model 'rm': attributes are read once per response, step_reward per step: an attribute head has no "
          "step scores; drop step_reward or attributes"),
-        ({"attributes": "{helpfulness:1.0}", "whiten": "running"},
-         "reward model 'rm': whiten=running on attributes (each attribute on its own scale) is not there yet; use "
-         "whiten=none with attributes"),
         ({"attributes": "{helpfulness:1.0,verbosity:0.0}", "attribute_alarms": "[{watch:verbosity,against:coherence}]"},
          "attribute_alarms[0] watches 'verbosity' against 'coherence' of reward model 'rm', whose weighted attributes "
          "are ['helpfulness', 'verbosity']: name two different attributes of its attributes (weight 0 reports one "
@@ -283,7 +280,7 @@ def test_num_examine_prints_components(load_manager, rm_server, verl_config, tok
          "zero-batch", "rubric-and-chat-template", "token-steps-whitened", "token-steps-chat-template",
          "token-steps-rubric", "judge-component-no-section", "token-steps-in-an-ensemble", "rubric-without-an-rm",
          "judge-section-no-component", "attributes-empty", "attributes-nan", "attributes-with-steps",
-         "attributes-whitened", "attribute-alarm-unweighted"],
+         "attribute-alarm-unweighted"],
 )
 def test_bad_options_fail_at_load(load_manager, verl_config, tokenizer, kwargs, needle):
     with pytest.raises(ConfigError) as err:

@@ -23,6 +23,18 @@ def attribute_key(rm_name: str, attribute: str) -> str:
     return f"rm_attr_{rm_name}_{attribute}"
 
 
+def scaled_attribute_key(rm_name: str, attribute: str) -> str:
+    """``rm_attr_scaled_<rm>_<attribute>``: a whitened attribute's value (``whiten=running``), what its weight
+    multiplies."""
+    return f"rm_attr_scaled_{rm_name}_{attribute}"
+
+
+def ensembled_attribute_keys(attribute: str) -> tuple[str, str]:
+    """``rm_ensemble_attr_<attribute>`` and ``rm_ensemble_std_<attribute>``: a per-attribute ensemble's value of
+    the attribute and the attribute's std across the members (what ``mean_minus_std`` penalises)."""
+    return f"rm_ensemble_attr_{attribute}", f"rm_ensemble_std_{attribute}"
+
+
 def attribute_rises(watches) -> list[alarms.AttributeRise]:
     """One :class:`~verl_vllm_rm.monitor.alarms.AttributeRise` per ``reward_kwargs.attribute_alarms`` entry."""
     return [alarms.AttributeRise(f"{alarms.ATTRIBUTE_RISE}{w.reward_model}/{w.watch}_over_{w.against}",

@@ -32,7 +32,7 @@ from verl_vllm_rm.options import ConfigError
 from verl_vllm_rm.replicas.fleet import FleetReadings
 from verl_vllm_rm.scoring.options import run_options, run_reward_models
 from verl_vllm_rm.plugin.reward_workers import mark_validation
-from verl_vllm_rm.plugin.whitening_checkpoint import WhiteningCheckpoint, whitened_reward_models
+from verl_vllm_rm.plugin.whitening_checkpoint import WhiteningCheckpoint, whitening_keys
 
 logger = logging.getLogger(__name__)
 
@@ -121,7 +121,7 @@ class RewardMetrics:
         # every managed RM's replicas up before anything is scored or published (a resumed online RM publishes next)
         self.fleets = FleetReadings({o.name: (o.replicas, o.api_key) for o in run_reward_models(self.config)
                                      if o.replicas is not None})
-        whitened = whitened_reward_models(self.config)
+        whitened = whitening_keys(self.config)
         self.whitening = WhiteningCheckpoint(whitened, self.get_reward_handles()) if whitened else None
         if self.whitening is not None and self.global_steps > 0:
             self.whitening.resume(os.path.join(resumed_folder(self.config, self.global_steps), self.state_dir))

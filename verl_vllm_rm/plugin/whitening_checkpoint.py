@@ -6,7 +6,9 @@ it started, merges that with the statistics the run started from (Chan's paralle
 writes them to ``whitening.json`` in the step's folder (``online_rm/`` with online RM training,
 ``vllm_rm/`` otherwise). A resumed run reads that file and gives the merged statistics to every
 worker as its prior before the first score; what a worker adds from then on is counted once.
-Validation samples are whitened on the current statistics and never update them.
+Validation samples are whitened on the current statistics and never update them. The file has one
+entry per whitening: a whitened RM's name, or for an attribute RM (whitened per attribute) one
+``<rm>/<attribute>`` per attribute.
 """
 
 from __future__ import annotations
@@ -27,26 +29,37 @@ logger = logging.getLogger(__name__)
 WHITENING_FILE = "whitening.json"
 
 
-def whitened_reward_models(config: DictConfig) -> list[str]:
-    """The names of the run's RMs with ``whiten=running``."""
+def whitening_keys(config: DictConfig) -> list[str]:
+    """The keys of the run's running whitenings: each RM with ``whiten=running`` by name, or with ``attributes``
+    one per attribute, ``<rm>/<attribute>``."""
     from verl_vllm_rm.scoring.options import run_reward_models
 
-    return [o.name for o in run_reward_models(config) if o.whiten == "running"]
+    return [key for o in run_reward_models(config) for key in o.whitening_keys]
+
+
+def _whitenings(worker: Any) -> dict[str, Any]:
+    return {key: w for rm in manager_of(worker).reward_models.values() for key, w in rm.whitenings.items()}
 
 
 def _seen_in_worker(worker: Any) -> dict[str, dict[str, float]]:
-    return {name: rm.whitening.seen.to_dict() for name, rm in manager_of(worker).reward_models.items()
-            if rm.whitening is not None}
+    return {key: w.seen.to_dict() for key, w in _whitenings(worker).items()}
 
 
 def _start_worker_from(worker: Any, priors: dict[str, dict[str, float]]) -> None:
-    reward_models = manager_of(worker).reward_models
-    for name, prior in priors.items():
-        reward_models[name].whitening.start_from(Moments.from_dict(prior, f"whitening prior of {name!r}"))
+    whitenings = _whitenings(worker)
+    for key, prior in priors.items():
+        whitenings[key].start_from(Moments.from_dict(prior, f"whitening prior of {key!r}"))
+
+
+def _statistics_of(key: str) -> str:
+    """Whose statistics a key holds, for the warnings."""
+    rm, _, attribute = key.partition("/")
+    return f"reward model {rm!r}, attribute {attribute!r}" if attribute else f"reward model {rm!r}"
 
 
 class WhiteningCheckpoint:
-    """The whitening statistics of ``names`` across the reward-loop ``workers`` (Ray actor handles)."""
+    """The whitening statistics of ``names`` (:func:`whitening_keys`) across the reward-loop ``workers`` (Ray actor
+    handles)."""
 
     def __init__(self, names: Sequence[str], workers: Sequence[Any]) -> None:
         self.names = list(names)
@@ -76,7 +89,7 @@ class WhiteningCheckpoint:
     def resume(self, folder: str) -> dict[str, Moments]:
         """Start every worker from the statistics saved in ``folder`` (before any score of the resumed run).
 
-        An RM the file does not have (a checkpoint saved without whitening, or an RM added since) starts
+        An RM or attribute the file does not have (a checkpoint saved without whitening, or one added since) starts
         afresh, with a warning; a file that is not what :meth:`save` writes is an error naming it.
         """
         path = os.path.join(folder, WHITENING_FILE)
@@ -85,8 +98,8 @@ class WhiteningCheckpoint:
             if name in saved:
                 self.prior[name] = saved[name]
             else:
-                logger.warning("checkpoint %s has no whitening statistics of reward model %r: they start afresh",
-                               folder, name)
+                logger.warning("checkpoint %s has no whitening statistics of %s: they start afresh", folder,
+                               _statistics_of(name))
         for name in sorted(set(saved) - set(self.names)):
             logger.warning("%s has whitening statistics of %r, which this run does not whiten: ignored", path, name)
         priors = {name: self.prior[name].to_dict() for name in self.names}

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, Iterable, Mapping
 
-from verl_vllm_rm.monitor.metrics import attribute_key
+from verl_vllm_rm.monitor.metrics import attribute_key, ensembled_attribute_keys, scaled_attribute_key
 from verl_vllm_rm.rewards.compose import rule_keys
 from verl_vllm_rm.judge.reward import JUDGE_KEYS
 from verl_vllm_rm.scoring.reward_model import RewardModel
@@ -15,18 +15,23 @@ from verl_vllm_rm.scoring.rules import RuleScorer
 
 
 def info_keys(reward_models: Mapping[str, RewardModel], per_member: bool, rule_scorers: Iterable[RuleScorer],
-              judge: bool) -> tuple[str, ...]:
+              judge: bool, ensembled_attributes: Iterable[str] = ()) -> tuple[str, ...]:
     """Every ``reward_extra_info`` key a sample can get: each sample gets all of them (None where its route
-    has no such value), because verl builds its columns from the first sample's keys."""
+    has no such value), because verl builds its columns from the first sample's keys. ``ensembled_attributes``:
+    those some route ensembles per attribute."""
     keys = ["score", "rm_score", "rm_valid", "rm_prompt_tokens_dropped", "rm_tokens", "rm_latency_ms",
             "rm_weight_version", "rm_failovers"]
     for name, rm in reward_models.items():
-        keys += [attribute_key(name, attribute) for attribute in rm.options.attributes or ()]
+        for attribute in rm.attribute_names:
+            keys += [attribute_key(name, attribute)]
+            keys += [scaled_attribute_key(name, attribute)] if rm.attribute_whitenings else []
+    for attribute in ensembled_attributes:
+        keys += ensembled_attribute_keys(attribute)
     if per_member:
         keys.append("rm_ensemble_std")
         for name, rm in reward_models.items():
             keys += [f"rm_score_{name}", f"rm_valid_{name}"]
-            keys += [f"rm_scaled_{name}"] if rm.whitening is not None else []
+            keys += [f"rm_scaled_{name}"] if rm.whitenings else []
     rule_scorers = list(rule_scorers)
     for rules in rule_scorers:
         keys += [k for k in rule_keys(rules.config) if k not in keys]

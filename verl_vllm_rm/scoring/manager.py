@@ -54,7 +54,8 @@ class VLLMRewardManager(Orchestration, RewardManagerBase):
         #: per-RM keys in reward_extra_info: with several RMs, or a whitened one
         self.per_member = len(self.reward_models) > 1 or any(o.whiten != "none" for o in rm_options)
         self.info_keys = info_keys(self.reward_models, self.per_member, self.router.rule_scorers,
-                                   judge=self.judge is not None)
+                                   judge=self.judge is not None,
+                                   ensembled_attributes=self.router.ensembled_attributes)
         #: set around verl's validation by trainer mode vllm_rm (mark_validation): verl's per-trajectory reward
         #: call carries no validate flag
         self.validating = False

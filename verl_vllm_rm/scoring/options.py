@@ -41,6 +41,11 @@ RM_NAME = re.compile(r"[a-z][a-z0-9_]{0,31}")
 DEFAULT_RM_NAME = "rm"
 
 
+def attribute_whitening_key(rm_name: str, attribute: str) -> str:
+    """``<rm>/<attribute>``: the key of one attribute's running whitening (and of its checkpoint entry)."""
+    return f"{rm_name}/{attribute}"
+
+
 @dataclass(frozen=True)
 class RewardModelOptions(ClientOptions):
     """One reward model: where it is served, how its input is built, how its score is read.
@@ -103,9 +108,16 @@ class RewardModelOptions(ClientOptions):
         if self.step_reward != "none":
             raise ValueError(f"{where}: attributes are read once per response, step_reward per step: an attribute "
                              "head has no step scores; drop step_reward or attributes")
-        if self.whiten != "none":
-            raise ValueError(f"{where}: whiten=running on attributes (each attribute on its own scale) is not there "
-                             "yet; use whiten=none with attributes")
+
+    @property
+    def whitening_keys(self) -> tuple[str, ...]:
+        """The keys of this RM's running whitenings (and of their entries in the whitening checkpoint): its name,
+        or with ``attributes`` one per attribute, ``<name>/<attribute>`` (no RM name has a ``/``: no collision)."""
+        if self.whiten == "none":
+            return ()
+        if self.attributes is None:
+            return (self.name,)
+        return tuple(attribute_whitening_key(self.name, attribute) for attribute in self.attributes)
 
 
 @dataclass(frozen=True)

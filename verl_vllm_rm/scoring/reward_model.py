@@ -21,7 +21,7 @@ from verl_vllm_rm.client.batching import GroupBatcher
 from verl_vllm_rm.client.length import fit_to_length
 from verl_vllm_rm.rows import Sample, prompt_text
 from verl_vllm_rm.client.reward_client import VLLMRewardClient
-from verl_vllm_rm.scoring.options import ConfigError, RewardModelOptions
+from verl_vllm_rm.scoring.options import ConfigError, RewardModelOptions, attribute_whitening_key
 from verl_vllm_rm.scoring.pairwise import ReferenceCache
 from verl_vllm_rm.scoring.rm_inputs import RMInput, chat_template_ids, rubric_template_ids
 
@@ -70,7 +70,15 @@ class RewardModel:
             from transformers import AutoTokenizer
 
             self.rm_tokenizer = AutoTokenizer.from_pretrained(options.rm_tokenizer_path)
-        self.whitening = RunningWhitening() if options.whiten == "running" else None
+        #: the running whitenings by key (:attr:`RewardModelOptions.whitening_keys`): the checkpoint's entries
+        self.whitenings = {key: RunningWhitening() for key in options.whitening_keys}
+        self.whitening = self.whitenings.get(self.name)  # a scalar RM's (an attribute RM whitens per attribute)
+        #: the weighted attributes by name: the order of their columns, weights, whitenings and values (the same
+        #: in every RM, so an ensemble lines up its members' attributes)
+        self.attribute_names = sorted(options.attributes or ())
+        self.weights = [options.attributes[a] for a in self.attribute_names]
+        self.attribute_whitenings = [self.whitenings[attribute_whitening_key(self.name, a)]
+                                     for a in self.attribute_names if self.whitenings]
         self.references = ReferenceCache()
         self.failed = 0
         self._health: asyncio.Future | None = None  # of the server's /health (max_model_len, step_tag_id, shape)
@@ -120,20 +128,31 @@ class RewardModel:
         """The future of this input's :class:`Scored` (grouped with its prompt group's other members)."""
         return self.batcher.submit(rm_input.group_key, rm_input.token_ids)
 
-    async def reference_score(self, sample: Sample, rm_input: RMInput, text: str) -> float:
-        """The raw reward (:meth:`value`) of the prompt's reference answer ``text``, scored once per prompt group."""
+    async def reference_score(self, sample: Sample, rm_input: RMInput, text: str) -> tuple[Scored, float]:
+        """The answer and raw reward (:meth:`value`) of the prompt's reference answer ``text``, scored once per
+        prompt group."""
         prompt_ids, ref_ids = self.render(sample, None, text)
         ids, dropped = fit_to_length(prompt_ids, ref_ids, await self.max_len(), self.options.overlong_policy)
         scored = await self.references.score((rm_input.group_key, text),
                                              lambda: self.batcher.submit(rm_input.group_key, ids))
-        return self.value(scored, RMInput(ids, rm_input.group_key, dropped, len(prompt_ids) - dropped))
+        return scored, self.value(scored, RMInput(ids, rm_input.group_key, dropped, len(prompt_ids) - dropped))
 
-    def scale(self, raw: float, *, update: bool) -> float:
-        """The score the ensemble uses: whitened (``whiten=running``; with ``update``, a training sample's score
-        first joins the statistics) or the raw one."""
-        if self.whitening is None:
-            return raw
-        return self.whitening.update_and_whiten(raw) if update else self.whitening.whiten(raw)
+    def scale(self, scored: Scored, raw: float, *, update: bool) -> tuple[float, list[float] | None]:
+        """The score the ensemble uses and, for an attribute RM, the attribute values it weighs (else None).
+
+        ``whiten=running`` whitens the raw score, or each attribute with its own statistics before the weights
+        apply (attributes have scales of their own); with ``update``, a training sample's value first joins the
+        statistics. Without whitening the score is the raw one."""
+        if self.attribute_columns is None:
+            whitening = self.whitening
+            if whitening is None:
+                return raw, None
+            return (whitening.update_and_whiten(raw) if update else whitening.whiten(raw)), None
+        values = [scored.attributes[column] for column in self.attribute_columns.values()]
+        if self.attribute_whitenings:
+            values = [w.update_and_whiten(x) if update else w.whiten(x)
+                      for w, x in zip(self.attribute_whitenings, values)]
+        return sum(w * x for w, x in zip(self.weights, values)), values
 
     async def max_len(self) -> int:
         """The option, else the server's ``max_model_len`` (with ``step_reward``, the health probe runs either
@@ -189,7 +208,7 @@ class RewardModel:
             if unknown:
                 raise ServedHeadError(f"{where}, whose attributes are {list(shape.labels)}; attributes names {unknown}, "
                                       "which it does not have")
-            self.attribute_columns = {name: shape.labels.index(name) for name in weights}
+            self.attribute_columns = {name: shape.labels.index(name) for name in self.attribute_names}
 
     async def _score_chunk(self, ids: list) -> list[Scored]:
         """One /score request."""

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
 from typing import Any
 
 from verl_vllm_rm.client.reward_client import RewardServerError
-from verl_vllm_rm.monitor.metrics import attribute_key
+from verl_vllm_rm.monitor.metrics import attribute_key, ensembled_attribute_keys, scaled_attribute_key
 from verl_vllm_rm.scoring.reward_model import RewardModel, Scored
 from verl_vllm_rm.rows import Sample
 from verl_vllm_rm.scoring.rm_inputs import RMInput
@@ -43,8 +42,9 @@ def rm_info(route: Route, members: list[RewardModel], rm_inputs: list[RMInput],
             answers: list[tuple[Scored, float] | None], submitted: float, *, learn: bool,
             per_member: bool) -> dict[str, Any]:
     """The RM part of ``reward_extra_info``: the ensemble (``rm_score``), each member's raw score (``per_member``),
-    and the request's bookkeeping. A route without RMs gets None (no RM asked, nothing failed). Only training
-    samples (``learn``) update the whitening: validation is scored on the training scale without moving it."""
+    each weighted attribute (raw, whitened, ensembled) and the request's bookkeeping. A route without RMs gets None
+    (no RM asked, nothing failed). Only training samples (``learn``) update the whitening: validation is scored on
+    the training scale without moving it."""
     dropped = tokens = 0
     for rm_input in rm_inputs:  # loops, not generators: this runs once per sample
         dropped += rm_input.prompt_tokens_dropped
@@ -53,28 +53,34 @@ def rm_info(route: Route, members: list[RewardModel], rm_inputs: list[RMInput],
     if not members:
         return info
     present = [a[0] for a in answers if a is not None]
-    scaled = [math.nan if a is None else rm.scale(a[1], update=learn) for rm, a in zip(members, answers)]
-    valid = bool(present)
-    if valid:
-        value, std = route.combine(scaled)
+    scales = [None if a is None else rm.scale(*a, update=learn) for rm, a in zip(members, answers)]
+    if present:
+        value, std, by_attribute = route.combine(scales)
         info.update(rm_score=value, rm_valid=1.0, rm_latency_ms=(max([a.done for a in present]) - submitted) * 1000.0,
                     rm_weight_version=float(min([a.version for a in present])),
                     rm_failovers=float(max([a.failovers for a in present])))
     else:
-        std = None
+        std = by_attribute = None
         info.update(rm_score=0.0, rm_valid=0.0, rm_latency_ms=(time.perf_counter() - submitted) * 1000.0,
                     rm_weight_version=-1.0, rm_failovers=0.0)
-    for rm, answer in zip(members, answers):
+    for rm, answer, scale in zip(members, answers, scales):
         if rm.attribute_columns is not None:
-            for attribute, column in rm.attribute_columns.items():
+            for i, (attribute, column) in enumerate(rm.attribute_columns.items()):
                 info[attribute_key(rm.name, attribute)] = None if answer is None else answer[0].attributes[column]
+                if rm.attribute_whitenings:
+                    info[scaled_attribute_key(rm.name, attribute)] = None if scale is None else scale[1][i]
+    if route.attributes is not None:
+        for i, attribute in enumerate(route.attributes):
+            value_key, std_key = ensembled_attribute_keys(attribute)
+            info[value_key] = None if by_attribute is None else float(by_attribute[0][i])
+            info[std_key] = None if by_attribute is None else float(by_attribute[1][i])
     if per_member:
         info["rm_ensemble_std"] = std
-        for rm, answer, x in zip(members, answers, scaled):
+        for rm, answer, scale in zip(members, answers, scales):
             info[f"rm_score_{rm.name}"] = None if answer is None else answer[1]
             info[f"rm_valid_{rm.name}"] = float(answer is not None)
-            if rm.whitening is not None:
-                info[f"rm_scaled_{rm.name}"] = None if answer is None else x
+            if rm.whitenings:
+                info[f"rm_scaled_{rm.name}"] = None if scale is None else scale[0]
     return info
 
 
@@ -84,9 +90,9 @@ async def reference_score(sample: Sample, text: str, route: Route, members: list
     prompt group. Whitened members use their current scale; a reference never updates it. A member that fails on
     it raises under ``failure_policy=raise``; under ``mask`` there is no reference score (None: the sample's win
     metrics stay empty, as for a missing reference), since the ensemble without that member is another reward."""
-    raw = await asyncio.gather(*(rm.reference_score(sample, i, text) for rm, i in zip(members, rm_inputs)),
-                               return_exceptions=True)
-    failed = [(rm, x) for rm, x in zip(members, raw) if isinstance(x, BaseException)]
+    answers = await asyncio.gather(*(rm.reference_score(sample, i, text) for rm, i in zip(members, rm_inputs)),
+                                   return_exceptions=True)
+    failed = [(rm, a) for rm, a in zip(members, answers) if isinstance(a, BaseException)]
     for rm, error in failed:
         if rm.options.failure_policy == "raise":
             raise error
@@ -95,4 +101,4 @@ async def reference_score(sample: Sample, text: str, route: Route, members: list
                        "on the reference answer: %s", sample.group_key, rm.name, error)
     if failed:
         return None
-    return route.combine([rm.scale(x, update=False) for rm, x in zip(members, raw)])[0]
+    return route.combine([rm.scale(*a, update=False) for rm, a in zip(members, answers)])[0]

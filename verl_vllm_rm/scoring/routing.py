@@ -35,19 +35,46 @@ class Route:
     members: list[RewardModel]
     rules: RuleScorer
     token_level: bool = False  # its one RM gives token-level step rewards
+    #: the attributes (name -> weight) its members share when it ensembles per attribute (:func:`shared_attributes`)
+    attributes: dict[str, float] | None = None
 
     @property
     def ensemble(self) -> str:
         return self.options.ensemble
 
-    def combine(self, scaled: list[float]) -> tuple[float, float]:
-        """(ensemble value, std) of one sample's member scores (NaN: a masked member); at least one present.
-        One member present is its own ensemble (std 0) for every method: no numpy call per sample then."""
+    def combine(self, scales: list[tuple[float, list[float] | None] | None]
+                ) -> tuple[float, float, tuple[np.ndarray, np.ndarray] | None]:
+        """One sample's ensemble of its members' scales (:meth:`RewardModel.scale`; None: a masked member; at least
+        one present): (value, std of the members' scores, and for a route with :attr:`attributes` each attribute's
+        ensemble value and its std across the members)."""
+        if self.attributes is not None:
+            return self._combine_attributes([None if s is None else s[1] for s in scales])
+        scaled = [math.nan if s is None else s[0] for s in scales]
         present = [x for x in scaled if not math.isnan(x)]
-        if len(present) == 1:
-            return present[0], 0.0
+        if len(present) == 1:  # its own ensemble (std 0) for every method: no numpy call per sample then
+            return present[0], 0.0, None
         values, stds = ensemble(np.array([scaled]), self.options.ensemble, self.options.uncertainty_penalty)
-        return float(values[0]), float(stds[0])
+        return float(values[0]), float(stds[0]), None
+
+    def _combine_attributes(self, rows: list[list[float] | None]
+                            ) -> tuple[float, float, tuple[np.ndarray, np.ndarray]]:
+        """Each attribute combined across the members (``rows``: their attribute values in the order of
+        :attr:`attributes`) by the route's rule, then weighted: ``mean_minus_std`` penalises each attribute's
+        disagreement, which members' weighted sums can hide."""
+        weights = np.fromiter(self.attributes.values(), dtype=np.float64, count=len(self.attributes))
+        values = np.array([np.full(len(weights), np.nan) if row is None else row for row in rows], dtype=np.float64)
+        by_attribute, attribute_std = ensemble(values.T, self.options.ensemble, self.options.uncertainty_penalty)
+        return float(weights @ by_attribute), float(np.nanstd(values @ weights)), (by_attribute, attribute_std)
+
+
+def shared_attributes(members: list[RewardModel]) -> dict[str, float] | None:
+    """The attributes of a route that ensembles per attribute: two members or more, all attribute RMs with the same
+    ``attributes`` (names and weights). Any other route ensembles its members' rewards (an attribute RM's is its
+    weighted sum). By name, the order of each member's values (``RewardModel.attribute_names``)."""
+    first = members[0].options.attributes if len(members) > 1 else None
+    if first is None or any(rm.options.attributes != first for rm in members[1:]):
+        return None
+    return {name: first[name] for name in members[0].attribute_names}
 
 
 class Router:
@@ -69,7 +96,7 @@ class Router:
                 scorers.append(rules)
             members = [reward_models[name] for name in options.route_models(route)]
             token_level = any(rm.options.step_reward == "token" for rm in members)
-            self.routes.append(Route(route, members, rules, token_level))
+            self.routes.append(Route(route, members, rules, token_level, shared_attributes(members)))
         self._by_source: dict[str, Route] = {}
 
     def route(self, data_source: str) -> Route:
@@ -84,6 +111,11 @@ class Router:
                     f"{patterns}); add a route for it, or a last route with data_source ['*']")
             self._by_source[data_source] = found
         return found
+
+    @property
+    def ensembled_attributes(self) -> list[str]:
+        """The attributes some route ensembles per attribute, each once."""
+        return list(dict.fromkeys(a for r in self.routes for a in r.attributes or ()))
 
     @property
     def rule_scorers(self) -> list[RuleScorer]:
