@@ -211,7 +211,8 @@ def groups(tokenizer) -> list:
 def test_vllm_rm_reads_each_family_or_refuses_its_configuration_at_the_first_batch(served, load_manager, verl_config):
     """Through verl's loader: a two-class head's reward is its margin (``normalize``: P(good)); a process reward
     model feeds ``step_reward`` (its prompt's own step tags left out) and without it is refused, at the health
-    probe or, when ``max_length`` skips that probe, at its first answer; an attribute head is refused."""
+    probe or, when ``max_length`` skips that probe, at its first answer; an attribute head is refused without
+    ``attributes``, read with them (``whiten=running``: each attribute whitened on its own statistics)."""
     from verl_vllm_rm.dev.grpo_batch import build_batch, row_token_ids
     from verl_vllm_rm.scoring.reward_model import ServedHeadError, StepRewardError
 
@@ -270,6 +271,16 @@ def test_vllm_rm_reads_each_family_or_refuses_its_configuration_at_the_first_bat
         metrics = step_metrics(StepRewards.from_rows(["g"] * len(rows_info), [5] * len(rows_info), rows_info), False)
         assert metrics["reward/rm_attr_rm_verbosity/mean"] == pytest.approx(
             sum(float(e[column["verbosity"]]) for e in expected) / len(expected), abs=TOL)
+        # whiten=running: each attribute whitened on its own statistics, in scoring order, then weighted
+        manager = load_manager(verl_config(served.url, attributes=weights, whiten="running"), tokenizer)
+        info = manager(build_batch(batch, tokenizer.pad_token_id), return_dict=True)["reward_extra_info"]
+        scaled = {}
+        for attribute in weights:
+            raw = torch.tensor(info[f"rm_attr_rm_{attribute}"], dtype=torch.float64)
+            scaled[attribute] = torch.stack([(raw[i] - raw[: i + 1].mean()) / (raw[: i + 1].std(correction=0) if i
+                                             else 1.0) for i in range(len(raw))])
+            assert info[f"rm_attr_scaled_rm_{attribute}"] == pytest.approx(scaled[attribute].tolist(), abs=1e-9)
+        assert info["rm_score"] == pytest.approx(sum(w * scaled[a] for a, w in weights.items()).tolist(), abs=1e-9)
         return
     if family.architecture == "Qwen2ForRewardModel":  # one head without attributes stands for all
         with pytest.raises(ServedHeadError) as refused:
