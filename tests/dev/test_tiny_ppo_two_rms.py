@@ -1,32 +1,58 @@
-"""Two reward models in verl's real ``main_ppo`` (GRPO on CPU through the harness): ``helpful`` on the session's
-server, ``safety`` on two replicas the plugin starts and manages on verl's Ray cluster. Each dumped reward is the
-uncertainty-penalised ensemble of both RMs' scores of the exact token ids verl generated (the second RM's
-whitened), plus the rules; both replicas served, every per-replica metric is in verl's logger, the whitening
-statistics are in the run's checkpoint, and no replica process outlives the run."""
+"""Four reward models in verl's real ``main_ppo`` (GRPO on CPU through the harness): ``helpful`` on the session's
+server, ``safety`` on two replicas the plugin starts and manages on verl's Ray cluster, and two published families
+on servers of this module: ``attrs``, a multi-attribute head (HelpSteer-style) weighted by the run, and ``prm``, a
+two-class process reward model (Qwen2.5-Math-PRM kind) read with ``step_reward=min``. Each dumped reward is the
+uncertainty-penalised ensemble of the RMs' scores of the exact token ids verl generated (``safety`` whitened),
+plus the rules, each member equal to a direct score of those ids; both replicas served, every per-replica,
+per-attribute metric and the attribute alarm are in verl's logger, the whitening statistics are in the run's
+checkpoint, and no replica process outlives the run."""
 
 from __future__ import annotations
 
 import json
 import math
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 import pytest
+import requests
 from ppo_runs import expected_totals, generations, tiny_ppo
 from process_helpers import wait_for_no_orphaned_engines
 
 from verl_vllm_rm.dev.ppo_report import read_dump, read_metrics
 from verl_vllm_rm.dev.tiny_rm import TinyRMSpec, build_tiny_rm
+from verl_vllm_rm.dev.tiny_rm_families import build_tiny_attribute_rm, build_tiny_qwen2_prm
+from verl_vllm_rm.replicas.launcher import start_server
 
 pytestmark = [pytest.mark.server, pytest.mark.ray]
 PENALTY = 0.5
+ATTRIBUTES = {"helpfulness": 1.0, "verbosity": -0.5}  # helpfulness minus a share of verbosity
+MEMBERS = ("helpful", "safety", "attrs", "prm")
 
 
 @pytest.fixture(scope="module")
 def second_rm(tmp_path_factory, tiny_rm) -> Path:
     """Another RM on the session RM's tokenizer (other weights, 10x the head scale), for this module only."""
     return build_tiny_rm(tmp_path_factory.mktemp("second_rm"), TinyRMSpec(init_seed=7, head_std=1.0))
+
+
+@pytest.fixture(scope="module")
+def family_servers(tmp_path_factory, tokenizer, server_args):
+    """The attribute RM and the Qwen2 PRM, started at once. The PRM's step tag is the end-of-text token: the tiny
+    policy writes no step separator, and every finished response ends with it (one step, at its end); a response
+    cut at the length limit has no step, so its PRM score is masked (``failure_policy=mask``), never a number."""
+    attrs = build_tiny_attribute_rm(tmp_path_factory.mktemp("attrs"))
+    prm = build_tiny_qwen2_prm(tmp_path_factory.mktemp("prm"))
+    pooling = [*server_args, "--runner", "pooling"]
+    with ThreadPoolExecutor(2) as pool:
+        started = [pool.submit(start_server, attrs, pooling),
+                   pool.submit(start_server, prm, [*pooling, "--step-tag-id", str(tokenizer.eos_token_id)])]
+        servers = [future.result() for future in started]
+    yield dict(zip(("attrs", "prm"), servers))
+    for server in servers:
+        server.stop()
 
 
 def server_processes(model: Path) -> list[int]:
@@ -43,11 +69,16 @@ def server_processes(model: Path) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def two_rm_run(tmp_path_factory, tiny_rm, tiny_task, rm_server, second_rm, server_args) -> dict:
+def two_rm_run(tmp_path_factory, tiny_rm, tiny_task, rm_server, second_rm, server_args, family_servers) -> dict:
     args = ",".join(f"'{a}'" for a in server_args)
     replicas = f"{{model:'{second_rm}',num_replicas:2,server_args:[{args}]}}"
+    weights = ",".join(f"{name}:{weight}" for name, weight in ATTRIBUTES.items())
+    families = (f"{{name:attrs,server_url:'{family_servers['attrs'].url}',attributes:{{{weights}}}}},"
+                f"{{name:prm,server_url:'{family_servers['prm'].url}',step_reward:min,failure_policy:mask}}")
     overrides = [
-        f"+reward.reward_kwargs.reward_models=[{{name:helpful}},{{name:safety,whiten:running,replicas:{replicas}}}]",
+        f"+reward.reward_kwargs.reward_models=[{{name:helpful}},{{name:safety,whiten:running,replicas:{replicas}}},"
+        f"{families}]",
+        "+reward.reward_kwargs.attribute_alarms=[{watch:verbosity,against:helpfulness,reward_model:attrs}]",
         f"+reward.reward_kwargs.routes=[{{data_source:'*',ensemble:mean_minus_std,uncertainty_penalty:{PENALTY}}}]",
         # one reward-loop worker: one whitening stream, which test_whitened_scores_replay_from_the_raw_ones replays
         "reward.num_workers=1",
@@ -62,32 +93,62 @@ def two_rm_run(tmp_path_factory, tiny_rm, tiny_task, rm_server, second_rm, serve
     return run
 
 
-def test_every_reward_is_the_ensemble_of_both_servers(two_rm_run, rm_server, second_rm):
+def family_scores(url: str, sequences: list[list[int]]) -> list[dict]:
+    """Direct ``/score`` answers (raw) of a family server for these token ids."""
+    answer = requests.post(f"{url}/score", json={"input": sequences}, timeout=120)
+    answer.raise_for_status()
+    return answer.json()["data"]
+
+
+def test_every_reward_is_the_ensemble_of_the_servers_direct_scores(two_rm_run, rm_server, second_rm, family_servers,
+                                                                   tokenizer):
+    """Each member's dumped score equals a direct score of a generation with the row's text: ``attrs`` the
+    weighted sum of its two named attributes (each dumped raw), ``prm`` the minimum of the response's step scores,
+    masked (never a number) exactly where the response has no step; the reward is the ensemble of the members
+    present (``safety`` whitened), plus the rules."""
     from transformers import AutoTokenizer
 
     from verl_vllm_rm.parity.reference import load_reward_model, sequence_scores
 
     safety_model = load_reward_model(str(second_rm))
+    labels = requests.get(f"{family_servers['attrs'].url}/health", timeout=30).json()["shape"]["labels"]
+
+    def attrs(sequences):  # each candidate: (weighted sum, helpfulness, verbosity)
+        return [(sum(w * item["attributes"][labels.index(a)] for a, w in ATTRIBUTES.items()),
+                 *(item["attributes"][labels.index(a)] for a in ATTRIBUTES))
+                for item in family_scores(family_servers["attrs"].url, sequences)]
+
+    def prm(sequences):  # each candidate: the minimum step score, None without a step
+        return [min(item["step_scores"]) if item["step_scores"] else None
+                for item in family_scores(family_servers["prm"].url, sequences)]
 
     work = Path(two_rm_run["rollout_data_dir"]).parent
-    tokenizer = AutoTokenizer.from_pretrained(two_rm_run["policy"])
     gens = generations(work)
-    checked = 0
+    checked, masked = 0, 0
     for step in (1, 2):
         dump = read_dump(work, step)
         assert len(dump) == 16
-        helpful = expected_totals(dump, gens, tokenizer, rm_server.url)
-        safety = expected_totals(dump, gens, tokenizer, lambda seqs: sequence_scores(safety_model, seqs))
-        for (row, a_candidates, rules), (_, b_candidates, _) in zip(helpful, safety):
-            a, b = row["rm_score_helpful"], row["rm_score_safety"]
-            assert min(abs(a - c) for c in a_candidates) <= 1e-4 and min(abs(b - c) for c in b_candidates) <= 1e-4
-            b = row["rm_scaled_safety"]  # safety is whitened before the ensemble (the raw score is kept above)
-            ensemble = (a + b) / 2 - PENALTY * abs(a - b) / 2  # population std of two: |a - b| / 2
-            assert row["rm_score"] == pytest.approx(ensemble, abs=1e-5)
-            assert row["rm_ensemble_std"] == pytest.approx(abs(a - b) / 2, abs=1e-5)
+        direct = [expected_totals(dump, gens, tokenizer, scorer) for scorer in
+                  (rm_server.url, lambda seqs: sequence_scores(safety_model, seqs), attrs, prm)]
+        for (row, helpful, rules), (_, safety, _), (_, attributes, _), (_, steps, _) in zip(*direct):
+            assert min(abs(row["rm_score_helpful"] - c) for c in helpful) <= 1e-4
+            assert min(abs(row["rm_score_safety"] - c) for c in safety) <= 1e-4
+            dumped = (row["rm_score_attrs"], row["rm_attr_attrs_helpfulness"], row["rm_attr_attrs_verbosity"])
+            assert min(max(abs(d - c) for d, c in zip(dumped, candidate)) for candidate in attributes) <= 1e-4
+            if row["rm_valid_prm"] == 0.0:  # no step in the response: masked, never a number
+                assert row["rm_score_prm"] is None and None in steps
+                masked += 1
+            else:
+                assert min(abs(row["rm_score_prm"] - c) for c in steps if c is not None) <= 1e-4
+            present = [row["rm_score_helpful"], row["rm_scaled_safety"], row["rm_score_attrs"]]
+            present += [row["rm_score_prm"]] if row["rm_valid_prm"] == 1.0 else []
+            std = float(np.std(present))  # population std of the members present
+            assert row["rm_ensemble_std"] == pytest.approx(std, abs=1e-5)
+            assert row["rm_score"] == pytest.approx(float(np.mean(present)) - PENALTY * std, abs=1e-5)
             assert row["score"] == pytest.approx(row["rm_score"] + rules, abs=1e-4)
             checked += 1
-    assert checked == 32
+    assert checked == 32 and masked < checked  # the PRM scored most responses (most end with end-of-text)
+    print(f"PRM steps: {checked - masked} of {checked} responses scored, {masked} masked (no step)")
 
 
 def whitening_order(pairs: list[tuple[float, float]]) -> list[int] | None:
@@ -135,9 +196,27 @@ def test_per_rm_metrics_are_in_verls_logger(two_rm_run):
     metrics = dict(read_metrics(work))
     for step in (1, 2):
         dump = read_dump(work, step)
-        for name in ("rm_score_helpful", "rm_score_safety", "rm_ensemble_std"):
+        for name in ("rm_score_helpful", "rm_score_safety", "rm_ensemble_std", "rm_score_attrs",
+                     "rm_attr_attrs_helpfulness", "rm_attr_attrs_verbosity"):
             assert metrics[step][f"reward/{name}/mean"] == pytest.approx(np.mean([r[name] for r in dump]))
-        assert metrics[step]["reward/rm_valid_helpful/mean"] == 1.0 == metrics[step]["reward/rm_valid_safety/mean"]
+        for name in MEMBERS[:3]:
+            assert metrics[step][f"reward/rm_valid_{name}/mean"] == 1.0
+        assert metrics[step]["reward/rm_valid_prm/mean"] == pytest.approx(np.mean([r["rm_valid_prm"] for r in dump]))
+
+
+def test_the_attribute_alarm_is_in_verls_logger_from_the_runs_attributes(two_rm_run):
+    """``alarm/attribute_rise/attrs/verbosity_over_helpfulness`` at every step: 0 at the first (nothing has risen
+    since it), then the rise of verbosity's step mean minus helpfulness's, each in its first-step std."""
+    work = Path(two_rm_run["rollout_data_dir"]).parent
+    metrics = dict(read_metrics(work))
+    key = "alarm/attribute_rise/attrs/verbosity_over_helpfulness"
+
+    def column(step: int, attribute: str) -> np.ndarray:
+        return np.array([row[f"rm_attr_attrs_{attribute}"] for row in read_dump(work, step)])
+
+    rise = {a: (column(2, a).mean() - column(1, a).mean()) / column(1, a).std() for a in ("verbosity", "helpfulness")}
+    assert metrics[1][key] == pytest.approx(0.0, abs=1e-9)
+    assert metrics[2][key] == pytest.approx(rise["verbosity"] - rise["helpfulness"], rel=1e-4, abs=1e-6)
 
 
 def test_the_checkpoint_holds_the_whitened_rms_statistics(two_rm_run):

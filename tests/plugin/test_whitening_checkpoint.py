@@ -21,6 +21,7 @@ from verl_vllm_rm.plugin.whitening_checkpoint import (
     WhiteningCheckpoint,
     whitening_keys,
 )
+from verl_vllm_rm.scoring.options import run_reward_models
 
 SPLIT_GROUPS = np.array([0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15])  # each group on both workers
 
@@ -66,7 +67,7 @@ def assert_moments(moments, scores: np.ndarray) -> None:
 def test_saved_statistics_merge_every_worker_and_a_resumed_run_starts_from_them(
         ray_cluster, rm_server, verl_config, tokenizer, grpo_groups, tmp_path):
     cfg = verl_config(rm_server.url, "reward.num_workers=2", whiten="running")
-    names = whitening_keys(cfg)
+    names = whitening_keys(run_reward_models(cfg))
     assert names == ["rm"]
     data = build_batch(grpo_groups, tokenizer.pad_token_id)[SPLIT_GROUPS]
 
@@ -123,14 +124,14 @@ def test_a_damaged_statistics_file_is_an_error_naming_it(tmp_path, content, prob
 
 
 def test_only_vllm_rm_runs_with_whitened_rms_have_statistics(verl_config):
-    assert whitening_keys(verl_config("http://127.0.0.1:1")) == []  # whiten=none
+    assert whitening_keys(run_reward_models(verl_config("http://127.0.0.1:1"))) == []  # whiten=none
     two = verl_config("http://127.0.0.1:1", reward_models=[{"name": "a", "whiten": "running"}, {"name": "b"}])
-    assert whitening_keys(two) == ["a"]
+    assert whitening_keys(run_reward_models(two)) == ["a"]
     naive = verl_config("http://127.0.0.1:1", "reward.reward_manager.name=naive", whiten="running")
-    assert whitening_keys(naive) == []
+    assert whitening_keys(run_reward_models(naive)) == []
     attributes = verl_config("http://127.0.0.1:1", reward_models=[
         {"name": "a", "whiten": "running", "attributes": {"verbosity": -0.5, "helpfulness": 1.0}}, {"name": "b"}])
-    assert whitening_keys(attributes) == ["a/verbosity", "a/helpfulness"]  # one per attribute
+    assert whitening_keys(run_reward_models(attributes)) == ["a/verbosity", "a/helpfulness"]  # one per attribute
 
 
 ATTRIBUTES = {"helpfulness": 1.0, "verbosity": -0.5}

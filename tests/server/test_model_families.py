@@ -9,6 +9,11 @@ score MLP ``Linear -> ReLU -> Linear`` on its hidden states; for ``InternLM2ForR
 code shipped too; served with ``--trust-remote-code``) a ``LlamaModel`` of the same dims loaded from InternLM2's
 unpacked ``wqkv`` and ``v_head`` on its hidden states; for Math-Shepherd a ``Qwen2ForCausalLM``'s logits of
 the good and bad tokens at each step tag. One server per family (~45 s each).
+
+Mixed precision: one family per head mechanism is served again with an fp16 backbone (the head fp32, vLLM's
+default), against the same references with the decoder in fp16 and the head in fp32, within the derived bound of
+``parity.probe.max_abs_bound``. vLLM-CPU serves fp16 on any x86 CPU; bf16 needs AVX512-BF16, and its parity (bf16
+backbone, fp32 head) is ``tests/online/test_bf16_parity.py``'s, where the CPU has it.
 """
 
 from __future__ import annotations
@@ -36,28 +41,29 @@ TEXTS = [f"a b c {STEP} d e {STEP} f", "hello world, no step here", f"one {STEP}
 GOOD, BAD = "+", "-"  # Math-Shepherd's good and bad tokens
 
 
-def classifier_logits(model_dir: Path, ids: list[int]) -> torch.Tensor:
-    """transformers' sequence classifier: the head's outputs at the last token."""
+def classifier_logits(model_dir: Path, ids: list[int], backbone: torch.dtype = torch.float32) -> torch.Tensor:
+    """transformers' sequence classifier: the head's outputs at the last token (the decoder in ``backbone``, the
+    head in fp32 on its last hidden state, as vLLM keeps a pooling head)."""
     from transformers import Qwen2ForSequenceClassification
 
-    model = Qwen2ForSequenceClassification.from_pretrained(model_dir, dtype=torch.float32).eval()
-    return model(torch.tensor([ids])).logits[0]
+    model = Qwen2ForSequenceClassification.from_pretrained(model_dir, dtype=backbone).eval()
+    return model.model(torch.tensor([ids])).last_hidden_state[0, -1].float() @ model.score.weight.float().T
 
 
-def qwen2_score_mlp_rows(model_dir: Path, ids: list[int]) -> torch.Tensor:
+def qwen2_score_mlp_rows(model_dir: Path, ids: list[int], backbone: torch.dtype = torch.float32) -> torch.Tensor:
     """The published Qwen2 RM/PRM head: ``score = Linear(H, H) -> ReLU -> Linear(H, outputs)`` on every token's
     hidden state of the Qwen2 decoder (``[tokens, outputs]``)."""
     from safetensors.torch import load_file
     from transformers import Qwen2Model
 
     weights = load_file(str(model_dir / "model.safetensors"))
-    decoder = Qwen2Model.from_pretrained(model_dir, dtype=torch.float32).eval()
-    hidden = decoder(torch.tensor([ids])).last_hidden_state[0]
+    decoder = Qwen2Model.from_pretrained(model_dir, dtype=backbone).eval()
+    hidden = decoder(torch.tensor([ids])).last_hidden_state[0].float()
     inner = torch.relu(hidden @ weights["score.0.weight"].T + weights["score.0.bias"])
     return inner @ weights["score.2.weight"].T + weights["score.2.bias"]
 
 
-def internlm2_v_head_rows(model_dir: Path, ids: list[int]) -> torch.Tensor:
+def internlm2_v_head_rows(model_dir: Path, ids: list[int], backbone: torch.dtype = torch.float32) -> torch.Tensor:
     """The published InternLM2 reward model: a Llama-like decoder (RMSNorm, SiLU-gated MLP, rotary attention) whose
     ``wqkv`` packs, for each KV head, its query heads' rows, then its k, then its v; ``v_head = Linear(H, 1)`` (no
     bias) on every token's hidden state (``[tokens, 1]``)."""
@@ -86,17 +92,20 @@ def internlm2_v_head_rows(model_dir: Path, ids: list[int]) -> torch.Tensor:
                                 ("mlp.up_proj", "feed_forward.w3"), ("mlp.down_proj", "feed_forward.w2"),
                                 ("input_layernorm", "attention_norm"), ("post_attention_layernorm", "ffn_norm")):
             state[f"{theirs}{name}.weight"] = weights[f"{ours}{published}.weight"]
-    decoder = LlamaModel(llama).to(torch.float32).eval()
+    decoder = LlamaModel(llama).eval()
     decoder.load_state_dict(state, strict=True)
-    return decoder(torch.tensor([ids])).last_hidden_state[0] @ weights["v_head.weight"].T
+    return decoder.to(backbone)(torch.tensor([ids])).last_hidden_state[0].float() @ weights["v_head.weight"].T
 
 
-def shepherd_rows(model_dir: Path, ids: list[int], good: int, bad: int) -> torch.Tensor:
-    """Math-Shepherd: the causal LM's logits of the (good, bad) tokens at every position (``[tokens, 2]``)."""
+def shepherd_rows(model_dir: Path, ids: list[int], good: int, bad: int,
+                  backbone: torch.dtype = torch.float32) -> torch.Tensor:
+    """Math-Shepherd: the causal LM's logits of the (good, bad) tokens at every position (``[tokens, 2]``), the LM
+    head's two rows in fp32 (vLLM's classifier from tokens)."""
     from transformers import Qwen2ForCausalLM
 
-    model = Qwen2ForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    return model(torch.tensor([ids])).logits[0][:, [good, bad]]
+    model = Qwen2ForCausalLM.from_pretrained(model_dir, dtype=backbone).eval()
+    hidden = model.model(torch.tensor([ids])).last_hidden_state[0].float()
+    return hidden @ model.lm_head.weight[[good, bad]].float().T
 
 
 def at_steps(rows: torch.Tensor, ids: list[int], step_id: int) -> torch.Tensor:
@@ -107,15 +116,16 @@ def margin(rows: torch.Tensor, good: int) -> torch.Tensor:
     return rows[:, good] - rows[:, 1 - good]
 
 
-def shepherd_steps(model_dir: Path, ids: list[int], step: int, tokenizer) -> dict[str, torch.Tensor]:
+def shepherd_steps(model_dir: Path, ids: list[int], step: int, tokenizer,
+                   backbone: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
     good, bad = tokenizer.convert_tokens_to_ids([GOOD, BAD])
-    return {"step_scores": margin(at_steps(shepherd_rows(model_dir, ids, good, bad), ids, step), 0)}
+    return {"step_scores": margin(at_steps(shepherd_rows(model_dir, ids, good, bad, backbone), ids, step), 0)}
 
 
 @dataclass(frozen=True)
 class Family:
     """One family: how to build it, the server's extra arguments, the shape ``/health`` must report, and the
-    raw reference reading of one sequence, ``reference(model_dir, ids, step_id, tokenizer)`` ->
+    raw reference reading of one sequence, ``reference(model_dir, ids, step_id, tokenizer, backbone_dtype)`` ->
     ``{"score" | "attributes" | "step_scores": values}``."""
 
     build: Callable[[Path], Path]
@@ -129,18 +139,19 @@ class Family:
 
 FAMILIES = {
     "attributes": Family(build_tiny_attribute_rm, (), "attributes", "Qwen2ForSequenceClassification",
-                         HELPSTEER_ATTRIBUTES, lambda d, ids, step, tok: {"attributes": classifier_logits(d, ids)}),
+                         HELPSTEER_ATTRIBUTES,
+                         lambda d, ids, step, tok, bb: {"attributes": classifier_logits(d, ids, bb)}),
     "two_class": Family(build_tiny_two_class_rm, (), "two_class", "Qwen2ForSequenceClassification", ("bad", "good"),
-                        lambda d, ids, step, tok: {"score": margin(classifier_logits(d, ids)[None], 1)}),
+                        lambda d, ids, step, tok, bb: {"score": margin(classifier_logits(d, ids, bb)[None], 1)}),
     "qwen2_rm": Family(build_tiny_qwen2_reward_model, (), "scalar", "Qwen2ForRewardModel", ("score",),
-                       lambda d, ids, step, tok: {"score": qwen2_score_mlp_rows(d, ids)[-1]}),
+                       lambda d, ids, step, tok, bb: {"score": qwen2_score_mlp_rows(d, ids, bb)[-1]}),
     "internlm2_rm": Family(build_tiny_internlm2_reward_model, ("--trust-remote-code",), "scalar",
                            "InternLM2ForRewardModel", ("score",),
-                           lambda d, ids, step, tok: {"score": internlm2_v_head_rows(d, ids)[-1]}),
+                           lambda d, ids, step, tok, bb: {"score": internlm2_v_head_rows(d, ids, bb)[-1]}),
     "qwen2_prm": Family(build_tiny_qwen2_prm, ("--step-tag-id", "{step}"), "step_classifier",
                         "Qwen2ForProcessRewardModel", ("negative", "positive"),
-                        lambda d, ids, step, tok: {"step_scores": margin(at_steps(qwen2_score_mlp_rows(d, ids), ids,
-                                                                                  step), 1)}),
+                        lambda d, ids, step, tok, bb: {"step_scores": margin(at_steps(qwen2_score_mlp_rows(d, ids, bb),
+                                                                                      ids, step), 1)}),
     "math_shepherd": Family(build_tiny_judge, ("--step-tag-id", "{step}", "--step-tokens", f"{GOOD},{BAD}"),
                             "step_tokens", "Qwen2ForCausalLM", ("good", "bad"), shepherd_steps, (GOOD, BAD)),
 }
@@ -156,21 +167,50 @@ class Served:
     url: str
 
 
-@pytest.fixture(scope="module", params=list(FAMILIES))
-def served(request, tmp_path_factory, server_args):
-    """Each family served in turn (tests are grouped by family: one start each)."""
+def serve(name: str, tmp_path_factory, args: list[str]):
+    """``name``'s family built and served with ``args`` (a context manager yielding :class:`Served`)."""
+    from contextlib import contextmanager
+
     from transformers import AutoTokenizer
 
-    family = FAMILIES[request.param]
-    model_dir = Path(family.build(tmp_path_factory.mktemp(request.param)))
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    step = tokenizer.convert_tokens_to_ids(STEP)
-    extra = [a.format(step=step) for a in family.extra]
-    with running_server(model_dir, [*server_args, "--runner", "pooling", *extra]) as server:
-        yield Served(request.param, family, model_dir, tokenizer, step, server.url)
+    @contextmanager
+    def started():
+        family = FAMILIES[name]
+        model_dir = Path(family.build(tmp_path_factory.mktemp(name)))
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        step = tokenizer.convert_tokens_to_ids(STEP)
+        extra = [a.format(step=step) for a in family.extra]
+        with running_server(model_dir, [*args, "--runner", "pooling", *extra]) as server:
+            yield Served(name, family, model_dir, tokenizer, step, server.url)
+
+    return started()
 
 
-def test_each_family_is_served_as_published_and_described_in_health(served):
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def served(request, tmp_path_factory, server_args):
+    """Each family served in turn, fp32 (tests are grouped by family: one start each)."""
+    with serve(request.param, tmp_path_factory, server_args) as served:
+        yield served
+
+
+#: One family per head mechanism, served with an fp16 backbone (the head stays fp32: vLLM's default for a pooling
+#: model): a ``score`` Linear (the sequence classifiers: scalar, two-class, attributes), the score MLP (the Qwen2
+#: RM and PRM), ``v_head`` (InternLM2) and the LM head's two token rows (Math-Shepherd).
+MIXED_PRECISION = ("attributes", "qwen2_prm", "internlm2_rm", "math_shepherd")
+
+
+@pytest.fixture(scope="module", params=MIXED_PRECISION)
+def served_fp16(request, tmp_path_factory, server_args):
+    args = list(server_args)
+    args[args.index("--dtype") + 1] = "float16"
+    with serve(request.param, tmp_path_factory, args) as served:
+        yield served
+
+
+def parity(served: Served, backbone: torch.dtype, backbone_name: str) -> tuple[float, list[float]]:
+    """Check ``/health``'s shape and every ``/score`` item's fields for :data:`TEXTS` (raw and normalized); the
+    largest |server - reference| (the reference's decoder in ``backbone``, its head in fp32) and the reference's
+    raw values."""
     family, tokenizer, step = served.family, served.tokenizer, served.step
     token_ids = [tokenizer(t).input_ids for t in TEXTS]
     shape = requests.get(f"{served.url}/health", timeout=30).json()["shape"]
@@ -178,14 +218,16 @@ def test_each_family_is_served_as_published_and_described_in_health(served):
                                         timeout=120).json()["data"] for normalize in (False, True)}
     reads_steps = family.kind in ("step_classifier", "step_tokens")
     assert shape == {"kind": family.kind, "architecture": family.architecture, "labels": list(family.labels),
-                     "backbone_dtype": "float32", "head_dtype": "float32", "step_tag_id": step if reads_steps else None,
+                     "backbone_dtype": backbone_name, "head_dtype": "float32",
+                     "step_tag_id": step if reads_steps else None,
                      "step_tokens": None if family.step_tokens is None
                      else tokenizer.convert_tokens_to_ids(list(family.step_tokens))}
-    worst = 0.0
+    worst, references = 0.0, []
     with torch.no_grad():
         for i, ids in enumerate(token_ids):
-            (field, raw), = family.reference(served.model_dir, ids, step, tokenizer).items()
+            (field, raw), = family.reference(served.model_dir, ids, step, tokenizer, backbone).items()
             raw = raw.reshape(-1)
+            references += raw.tolist()
             normalized = raw if field == "attributes" else torch.sigmoid(raw)  # attributes are never activated
             for normalize, expected in ((False, raw), (True, normalized)):
                 item = answers[normalize][i]
@@ -193,10 +235,27 @@ def test_each_family_is_served_as_published_and_described_in_health(served):
                 got = torch.tensor(item[field], dtype=torch.float32).reshape(-1)
                 assert got.shape == expected.shape, (served.name, i, item)
                 worst = max(worst, float((got - expected).abs().max()) if got.numel() else 0.0)
-    assert worst < TOL, (served.name, worst)
     if reads_steps:  # the text without a step: no step score, never a number
         assert answers[False][1]["step_scores"] == [] and answers[True][1]["step_scores"] == []
+    return worst, references
+
+
+def test_each_family_is_served_as_published_and_described_in_health(served):
+    worst, _ = parity(served, torch.float32, "float32")
+    assert worst < TOL, (served.name, worst)
     print(f"PARITY {served.name}: max |server - reference| = {worst:.2e} (fp32)")
+
+
+def test_each_head_under_an_fp16_backbone_scores_like_the_reference_within_the_derived_bound(served_fp16):
+    """fp16 backbone, fp32 head on both sides: within ``parity.probe.max_abs_bound`` for float16 (the bound the
+    online trainer's parity probe applies to a low-precision side: 8 unit roundoffs of the largest score)."""
+    from verl_vllm_rm.parity.probe import max_abs_bound
+
+    worst, references = parity(served_fp16, torch.float16, "float16")
+    bound = max_abs_bound("float16", references)
+    assert worst <= bound, (served_fp16.name, worst, bound)
+    print(f"PARITY {served_fp16.name}: max |server - reference| = {worst:.2e} (fp16 backbone, fp32 head; bound "
+          f"{bound:.2e})")
 
 
 def groups(tokenizer) -> list:
@@ -226,7 +285,7 @@ def test_vllm_rm_reads_each_family_or_refuses_its_configuration_at_the_first_bat
         return manager(build_batch(batch, tokenizer.pad_token_id), return_dict=True)["reward_extra_info"]["rm_score"]
 
     def reference(ids):
-        (field, values), = family.reference(served.model_dir, ids, served.step, tokenizer).items()
+        (field, values), = family.reference(served.model_dir, ids, served.step, tokenizer, torch.float32).items()
         return values.reshape(-1)
 
     urls = [served.url]

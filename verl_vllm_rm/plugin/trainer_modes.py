@@ -30,7 +30,7 @@ from verl_vllm_rm.monitor.alarms import warnings
 from verl_vllm_rm.monitor.metrics import StepRewards, attribute_rises, step_metrics
 from verl_vllm_rm.options import ConfigError
 from verl_vllm_rm.replicas.fleet import FleetReadings
-from verl_vllm_rm.scoring.options import run_options, run_reward_models
+from verl_vllm_rm.scoring.options import run_options
 from verl_vllm_rm.plugin.reward_workers import mark_validation
 from verl_vllm_rm.plugin.whitening_checkpoint import WhiteningCheckpoint, whitening_keys
 
@@ -119,14 +119,14 @@ class RewardMetrics:
     def init(self):
         super().init()  # verl's setup: reward-loop workers built, a checkpoint resumed (global_steps set)
         # every managed RM's replicas up before anything is scored or published (a resumed online RM publishes next)
-        self.fleets = FleetReadings({o.name: (o.replicas, o.api_key) for o in run_reward_models(self.config)
-                                     if o.replicas is not None})
-        whitened = whitening_keys(self.config)
+        options = run_options(self.config)  # None unless the reward manager is vllm_rm
+        reward_models = options.rm_options if options is not None else ()
+        self.fleets = FleetReadings({o.name: (o.replicas, o.api_key) for o in reward_models if o.replicas is not None})
+        whitened = whitening_keys(reward_models)
         self.whitening = WhiteningCheckpoint(whitened, self.get_reward_handles()) if whitened else None
         if self.whitening is not None and self.global_steps > 0:
             self.whitening.resume(os.path.join(resumed_folder(self.config, self.global_steps), self.state_dir))
         self.rm_normalized = bool(OmegaConf.select(self.config, "reward.reward_kwargs.normalize", default=False))
-        options = run_options(self.config)
         self.attribute_rises = attribute_rises(options.attribute_alarms if options is not None else ())
         self.step_rewards: tuple[list[str], StepRewards] | None = None
         self.step_data: dict[str, Any] = {}  # the last step's trajectories, as read_step gave them

@@ -16,25 +16,22 @@ from __future__ import annotations
 import json
 import logging
 import os
-from typing import Any, Sequence
-
-from omegaconf import DictConfig
+from typing import Any, Iterable, Sequence
 
 from verl_vllm_rm.options import ConfigError
 from verl_vllm_rm.rewards.ensemble import Moments
 from verl_vllm_rm.plugin.reward_workers import manager_of, on_every_worker
+from verl_vllm_rm.scoring.options import RewardModelOptions
 
 logger = logging.getLogger(__name__)
 
 WHITENING_FILE = "whitening.json"
 
 
-def whitening_keys(config: DictConfig) -> list[str]:
-    """The keys of the run's running whitenings: each RM with ``whiten=running`` by name, or with ``attributes``
-    one per attribute, ``<rm>/<attribute>``."""
-    from verl_vllm_rm.scoring.options import run_reward_models
-
-    return [key for o in run_reward_models(config) for key in o.whitening_keys]
+def whitening_keys(reward_models: Iterable[RewardModelOptions]) -> list[str]:
+    """The keys of the run's running whitenings (``run_reward_models(config)``): each RM with ``whiten=running`` by
+    name, or with ``attributes`` one per attribute, ``<rm>/<attribute>``."""
+    return [key for o in reward_models for key in o.whitening_keys]
 
 
 def _whitenings(worker: Any) -> dict[str, Any]:
