@@ -11,8 +11,8 @@ unpacked ``wqkv`` and ``v_head`` on its hidden states; for Math-Shepherd a ``Qwe
 the good and bad tokens at each step tag. One server per family (~45 s each).
 
 Mixed precision: one family per head mechanism is served again with an fp16 backbone (the head fp32, vLLM's
-default), against the same references with the decoder in fp16 and the head in fp32, within the derived bound of
-``parity.probe.max_abs_bound``. vLLM-CPU serves fp16 on any x86 CPU; bf16 needs AVX512-BF16, and its parity (bf16
+default), and one with the head in fp16 too (``head_dtype: model``), against the same references in those dtypes,
+within the derived bound of ``parity.probe.max_abs_bound``. vLLM-CPU serves fp16 on any x86 CPU; bf16 needs AVX512-BF16, and its parity (bf16
 backbone, fp32 head) is ``tests/online/test_bf16_parity.py``'s, where the CPU has it.
 """
 
@@ -41,29 +41,45 @@ TEXTS = [f"a b c {STEP} d e {STEP} f", "hello world, no step here", f"one {STEP}
 GOOD, BAD = "+", "-"  # Math-Shepherd's good and bad tokens
 
 
-def classifier_logits(model_dir: Path, ids: list[int], backbone: torch.dtype = torch.float32) -> torch.Tensor:
-    """transformers' sequence classifier: the head's outputs at the last token (the decoder in ``backbone``, the
-    head in fp32 on its last hidden state, as vLLM keeps a pooling head)."""
+@dataclass(frozen=True)
+class Precision:
+    """The dtypes a reference computes in: the decoder's, and the head's on the decoder's hidden states (vLLM keeps
+    a pooling head in fp32 under a lower-precision backbone unless ``head_dtype`` is ``model``)."""
+
+    backbone: torch.dtype = torch.float32
+    head: torch.dtype = torch.float32
+
+    def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """``x @ weight.T (+ bias)`` in the head's dtype, returned in fp32."""
+        out = x.to(self.head) @ weight.to(self.head).T
+        return (out if bias is None else out + bias.to(self.head)).float()
+
+
+FP32 = Precision()
+
+
+def classifier_logits(model_dir: Path, ids: list[int], precision: Precision = FP32) -> torch.Tensor:
+    """transformers' sequence classifier: the head's outputs at the last token."""
     from transformers import Qwen2ForSequenceClassification
 
-    model = Qwen2ForSequenceClassification.from_pretrained(model_dir, dtype=backbone).eval()
-    return model.model(torch.tensor([ids])).last_hidden_state[0, -1].float() @ model.score.weight.float().T
+    model = Qwen2ForSequenceClassification.from_pretrained(model_dir, dtype=precision.backbone).eval()
+    return precision.linear(model.model(torch.tensor([ids])).last_hidden_state[0, -1], model.score.weight)
 
 
-def qwen2_score_mlp_rows(model_dir: Path, ids: list[int], backbone: torch.dtype = torch.float32) -> torch.Tensor:
+def qwen2_score_mlp_rows(model_dir: Path, ids: list[int], precision: Precision = FP32) -> torch.Tensor:
     """The published Qwen2 RM/PRM head: ``score = Linear(H, H) -> ReLU -> Linear(H, outputs)`` on every token's
     hidden state of the Qwen2 decoder (``[tokens, outputs]``)."""
     from safetensors.torch import load_file
     from transformers import Qwen2Model
 
     weights = load_file(str(model_dir / "model.safetensors"))
-    decoder = Qwen2Model.from_pretrained(model_dir, dtype=backbone).eval()
-    hidden = decoder(torch.tensor([ids])).last_hidden_state[0].float()
-    inner = torch.relu(hidden @ weights["score.0.weight"].T + weights["score.0.bias"])
-    return inner @ weights["score.2.weight"].T + weights["score.2.bias"]
+    decoder = Qwen2Model.from_pretrained(model_dir, dtype=precision.backbone).eval()
+    hidden = decoder(torch.tensor([ids])).last_hidden_state[0]
+    inner = torch.relu(precision.linear(hidden, weights["score.0.weight"], weights["score.0.bias"]))
+    return precision.linear(inner, weights["score.2.weight"], weights["score.2.bias"])
 
 
-def internlm2_v_head_rows(model_dir: Path, ids: list[int], backbone: torch.dtype = torch.float32) -> torch.Tensor:
+def internlm2_v_head_rows(model_dir: Path, ids: list[int], precision: Precision = FP32) -> torch.Tensor:
     """The published InternLM2 reward model: a Llama-like decoder (RMSNorm, SiLU-gated MLP, rotary attention) whose
     ``wqkv`` packs, for each KV head, its query heads' rows, then its k, then its v; ``v_head = Linear(H, 1)`` (no
     bias) on every token's hidden state (``[tokens, 1]``)."""
@@ -94,18 +110,18 @@ def internlm2_v_head_rows(model_dir: Path, ids: list[int], backbone: torch.dtype
             state[f"{theirs}{name}.weight"] = weights[f"{ours}{published}.weight"]
     decoder = LlamaModel(llama).eval()
     decoder.load_state_dict(state, strict=True)
-    return decoder.to(backbone)(torch.tensor([ids])).last_hidden_state[0].float() @ weights["v_head.weight"].T
+    hidden = decoder.to(precision.backbone)(torch.tensor([ids])).last_hidden_state[0]
+    return precision.linear(hidden, weights["v_head.weight"])
 
 
 def shepherd_rows(model_dir: Path, ids: list[int], good: int, bad: int,
-                  backbone: torch.dtype = torch.float32) -> torch.Tensor:
-    """Math-Shepherd: the causal LM's logits of the (good, bad) tokens at every position (``[tokens, 2]``), the LM
-    head's two rows in fp32 (vLLM's classifier from tokens)."""
+                  precision: Precision = FP32) -> torch.Tensor:
+    """Math-Shepherd: the causal LM's logits of the (good, bad) tokens at every position (``[tokens, 2]``): the LM
+    head's two rows as the classifier (vLLM's classifier from tokens)."""
     from transformers import Qwen2ForCausalLM
 
-    model = Qwen2ForCausalLM.from_pretrained(model_dir, dtype=backbone).eval()
-    hidden = model.model(torch.tensor([ids])).last_hidden_state[0].float()
-    return hidden @ model.lm_head.weight[[good, bad]].float().T
+    model = Qwen2ForCausalLM.from_pretrained(model_dir, dtype=precision.backbone).eval()
+    return precision.linear(model.model(torch.tensor([ids])).last_hidden_state[0], model.lm_head.weight[[good, bad]])
 
 
 def at_steps(rows: torch.Tensor, ids: list[int], step_id: int) -> torch.Tensor:
@@ -117,15 +133,15 @@ def margin(rows: torch.Tensor, good: int) -> torch.Tensor:
 
 
 def shepherd_steps(model_dir: Path, ids: list[int], step: int, tokenizer,
-                   backbone: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+                   precision: Precision = FP32) -> dict[str, torch.Tensor]:
     good, bad = tokenizer.convert_tokens_to_ids([GOOD, BAD])
-    return {"step_scores": margin(at_steps(shepherd_rows(model_dir, ids, good, bad, backbone), ids, step), 0)}
+    return {"step_scores": margin(at_steps(shepherd_rows(model_dir, ids, good, bad, precision), ids, step), 0)}
 
 
 @dataclass(frozen=True)
 class Family:
     """One family: how to build it, the server's extra arguments, the shape ``/health`` must report, and the
-    raw reference reading of one sequence, ``reference(model_dir, ids, step_id, tokenizer, backbone_dtype)`` ->
+    raw reference reading of one sequence, ``reference(model_dir, ids, step_id, tokenizer, precision)`` ->
     ``{"score" | "attributes" | "step_scores": values}``."""
 
     build: Callable[[Path], Path]
@@ -140,17 +156,17 @@ class Family:
 FAMILIES = {
     "attributes": Family(build_tiny_attribute_rm, (), "attributes", "Qwen2ForSequenceClassification",
                          HELPSTEER_ATTRIBUTES,
-                         lambda d, ids, step, tok, bb: {"attributes": classifier_logits(d, ids, bb)}),
+                         lambda d, ids, step, tok, pr: {"attributes": classifier_logits(d, ids, pr)}),
     "two_class": Family(build_tiny_two_class_rm, (), "two_class", "Qwen2ForSequenceClassification", ("bad", "good"),
-                        lambda d, ids, step, tok, bb: {"score": margin(classifier_logits(d, ids, bb)[None], 1)}),
+                        lambda d, ids, step, tok, pr: {"score": margin(classifier_logits(d, ids, pr)[None], 1)}),
     "qwen2_rm": Family(build_tiny_qwen2_reward_model, (), "scalar", "Qwen2ForRewardModel", ("score",),
-                       lambda d, ids, step, tok, bb: {"score": qwen2_score_mlp_rows(d, ids, bb)[-1]}),
+                       lambda d, ids, step, tok, pr: {"score": qwen2_score_mlp_rows(d, ids, pr)[-1]}),
     "internlm2_rm": Family(build_tiny_internlm2_reward_model, ("--trust-remote-code",), "scalar",
                            "InternLM2ForRewardModel", ("score",),
-                           lambda d, ids, step, tok, bb: {"score": internlm2_v_head_rows(d, ids, bb)[-1]}),
+                           lambda d, ids, step, tok, pr: {"score": internlm2_v_head_rows(d, ids, pr)[-1]}),
     "qwen2_prm": Family(build_tiny_qwen2_prm, ("--step-tag-id", "{step}"), "step_classifier",
                         "Qwen2ForProcessRewardModel", ("negative", "positive"),
-                        lambda d, ids, step, tok, bb: {"step_scores": margin(at_steps(qwen2_score_mlp_rows(d, ids, bb),
+                        lambda d, ids, step, tok, pr: {"step_scores": margin(at_steps(qwen2_score_mlp_rows(d, ids, pr),
                                                                                       ids, step), 1)}),
     "math_shepherd": Family(build_tiny_judge, ("--step-tag-id", "{step}", "--step-tokens", f"{GOOD},{BAD}"),
                             "step_tokens", "Qwen2ForCausalLM", ("good", "bad"), shepherd_steps, (GOOD, BAD)),
@@ -193,24 +209,29 @@ def served(request, tmp_path_factory, server_args):
         yield served
 
 
-#: One family per head mechanism, served with an fp16 backbone (the head stays fp32: vLLM's default for a pooling
-#: model): a ``score`` Linear (the sequence classifiers: scalar, two-class, attributes), the score MLP (the Qwen2
-#: RM and PRM), ``v_head`` (InternLM2) and the LM head's two token rows (Math-Shepherd).
-MIXED_PRECISION = ("attributes", "qwen2_prm", "internlm2_rm", "math_shepherd")
+#: Mixed precision, by (family, head dtype) under an fp16 backbone: one family per head mechanism with the head in
+#: fp32 (vLLM's default for a pooling model): a ``score`` Linear (the sequence classifiers), the score MLP (the Qwen2
+#: RM and PRM), ``v_head`` (InternLM2), the LM head's two token rows (Math-Shepherd); and the head in fp16 too
+#: (``--hf-overrides '{"head_dtype": "model"}'``: backbone and head dtypes chosen separately).
+MIXED_PRECISION = {"attributes": "float32", "qwen2_prm": "float32", "internlm2_rm": "float32",
+                   "math_shepherd": "float32", "two_class": "float16"}
+DTYPES = {"float32": torch.float32, "float16": torch.float16}
 
 
-@pytest.fixture(scope="module", params=MIXED_PRECISION)
+@pytest.fixture(scope="module", params=list(MIXED_PRECISION))
 def served_fp16(request, tmp_path_factory, server_args):
     args = list(server_args)
     args[args.index("--dtype") + 1] = "float16"
+    if MIXED_PRECISION[request.param] == "float16":
+        args += ["--hf-overrides", '{"head_dtype": "model"}']
     with serve(request.param, tmp_path_factory, args) as served:
         yield served
 
 
-def parity(served: Served, backbone: torch.dtype, backbone_name: str) -> tuple[float, list[float]]:
-    """Check ``/health``'s shape and every ``/score`` item's fields for :data:`TEXTS` (raw and normalized); the
-    largest |server - reference| (the reference's decoder in ``backbone``, its head in fp32) and the reference's
-    raw values."""
+def parity(served: Served, backbone: str, head: str) -> tuple[float, list[float]]:
+    """Check ``/health``'s shape (its dtypes ``backbone`` and ``head``) and every ``/score`` item's fields for
+    :data:`TEXTS` (raw and normalized); the largest |server - reference| (the reference in those dtypes) and the
+    reference's raw values."""
     family, tokenizer, step = served.family, served.tokenizer, served.step
     token_ids = [tokenizer(t).input_ids for t in TEXTS]
     shape = requests.get(f"{served.url}/health", timeout=30).json()["shape"]
@@ -218,14 +239,14 @@ def parity(served: Served, backbone: torch.dtype, backbone_name: str) -> tuple[f
                                         timeout=120).json()["data"] for normalize in (False, True)}
     reads_steps = family.kind in ("step_classifier", "step_tokens")
     assert shape == {"kind": family.kind, "architecture": family.architecture, "labels": list(family.labels),
-                     "backbone_dtype": backbone_name, "head_dtype": "float32",
-                     "step_tag_id": step if reads_steps else None,
+                     "backbone_dtype": backbone, "head_dtype": head, "step_tag_id": step if reads_steps else None,
                      "step_tokens": None if family.step_tokens is None
                      else tokenizer.convert_tokens_to_ids(list(family.step_tokens))}
+    precision = Precision(DTYPES[backbone], DTYPES[head])
     worst, references = 0.0, []
     with torch.no_grad():
         for i, ids in enumerate(token_ids):
-            (field, raw), = family.reference(served.model_dir, ids, step, tokenizer, backbone).items()
+            (field, raw), = family.reference(served.model_dir, ids, step, tokenizer, precision).items()
             raw = raw.reshape(-1)
             references += raw.tolist()
             normalized = raw if field == "attributes" else torch.sigmoid(raw)  # attributes are never activated
@@ -241,20 +262,22 @@ def parity(served: Served, backbone: torch.dtype, backbone_name: str) -> tuple[f
 
 
 def test_each_family_is_served_as_published_and_described_in_health(served):
-    worst, _ = parity(served, torch.float32, "float32")
+    worst, _ = parity(served, "float32", "float32")
     assert worst < TOL, (served.name, worst)
     print(f"PARITY {served.name}: max |server - reference| = {worst:.2e} (fp32)")
 
 
 def test_each_head_under_an_fp16_backbone_scores_like_the_reference_within_the_derived_bound(served_fp16):
-    """fp16 backbone, fp32 head on both sides: within ``parity.probe.max_abs_bound`` for float16 (the bound the
-    online trainer's parity probe applies to a low-precision side: 8 unit roundoffs of the largest score)."""
+    """fp16 backbone, the head in fp32 (or fp16) on both sides: within ``parity.probe.max_abs_bound`` for float16
+    (the bound the online trainer's parity probe applies to a low-precision side: 8 unit roundoffs of the largest
+    score)."""
     from verl_vllm_rm.parity.probe import max_abs_bound
 
-    worst, references = parity(served_fp16, torch.float16, "float16")
+    head = MIXED_PRECISION[served_fp16.name]
+    worst, references = parity(served_fp16, "float16", head)
     bound = max_abs_bound("float16", references)
     assert worst <= bound, (served_fp16.name, worst, bound)
-    print(f"PARITY {served_fp16.name}: max |server - reference| = {worst:.2e} (fp16 backbone, fp32 head; bound "
+    print(f"PARITY {served_fp16.name}: max |server - reference| = {worst:.2e} (fp16 backbone, {head} head; bound "
           f"{bound:.2e})")
 
 
@@ -285,7 +308,7 @@ def test_vllm_rm_reads_each_family_or_refuses_its_configuration_at_the_first_bat
         return manager(build_batch(batch, tokenizer.pad_token_id), return_dict=True)["reward_extra_info"]["rm_score"]
 
     def reference(ids):
-        (field, values), = family.reference(served.model_dir, ids, served.step, tokenizer, torch.float32).items()
+        (field, values), = family.reference(served.model_dir, ids, served.step, tokenizer, FP32).items()
         return values.reshape(-1)
 
     urls = [served.url]
@@ -358,10 +381,39 @@ def test_vllm_rm_reads_each_family_or_refuses_its_configuration_at_the_first_bat
                                                   r"gives step scores or attributes only: see the shape in its "
                                                   r"/health\)$"):
             rewards(max_length=512)
-        got = rewards(step_reward="min")
-        assert got == pytest.approx([float(e[prompt_steps:].min()) for e in expected], abs=TOL)
-        got = rewards(step_reward="prod")
-        assert got == pytest.approx([float(torch.sigmoid(e[prompt_steps:]).prod()) for e in expected], abs=TOL)
+        response_steps = [e[prompt_steps:] for e in expected]  # the prompt's own tags left out
+        # token (each step on its tag; needs verl's batch path) reads the same response steps:
+        # tests/scoring/test_process_rewards.py
+        for method, reduce in (("min", torch.min), ("last", lambda s: s[-1]), ("mean", torch.mean),
+                               ("prod", lambda s: torch.sigmoid(s).prod())):
+            got = rewards(step_reward=method)
+            assert got == pytest.approx([float(reduce(s)) for s in response_steps], abs=TOL), method
+        got = rewards(step_reward="prod", normalize=True)  # the published step probabilities multiplied
+        assert got == pytest.approx([float(torch.sigmoid(s).prod()) for s in response_steps], abs=TOL)
         return
     assert rewards() == pytest.approx([float(e[0]) for e in expected], abs=TOL)
     assert rewards(normalize=True) == pytest.approx([float(torch.sigmoid(e[0])) for e in expected], abs=TOL)
+
+
+def test_the_compatibility_table_has_a_row_for_every_family_and_every_row_is_tested():
+    """docs/reward_model_families.md: each family of this module has its row (kind and architecture, or the
+    ``*ForSequenceClassification`` / ``*ForCausalLM`` shape it stands for), and a row no family here stands for names
+    the test file that covers it."""
+    import re
+
+    root = Path(__file__).resolve().parents[2]
+    doc = (root / "docs" / "reward_model_families.md").read_text()
+    rows = re.findall(r"^\| `([a-z_]+)`(?: read at steps)? \| (.+)\|$", doc, re.M)
+    assert rows, "no family rows in docs/reward_model_families.md"
+
+    def stands_for(family: Family, kind: str, rest: str) -> bool:
+        published = rest.split(" | ")[0]
+        generic = "*For" + family.architecture.split("For", 1)[1]
+        return kind == family.kind and (family.architecture in published or generic in published)
+
+    for name, family in FAMILIES.items():
+        assert any(stands_for(family, kind, rest) for kind, rest in rows), f"no row for the family {name}"
+    for kind, rest in rows:
+        if not any(stands_for(family, kind, rest) for family in FAMILIES.values()):
+            named = re.findall(r"`(tests/[^`]+\.py)`", rest)
+            assert named and all((root / path).is_file() for path in named), (kind, rest)
