@@ -10,9 +10,9 @@ code shipped too; served with ``--trust-remote-code``) a ``LlamaModel`` of the s
 unpacked ``wqkv`` and ``v_head`` on its hidden states; for Math-Shepherd a ``Qwen2ForCausalLM``'s logits of
 the good and bad tokens at each step tag. One server per family (~45 s each).
 
-Mixed precision: one family per head mechanism is served again with an fp16 backbone (the head fp32, vLLM's
-default), and one with the head in fp16 too (``head_dtype: model``), against the same references in those dtypes,
-within the derived bound of ``parity.probe.max_abs_bound``. vLLM-CPU serves fp16 on any x86 CPU; bf16 needs AVX512-BF16, and its parity (bf16
+Mixed precision: a sequence classifier and the Qwen2 PRM are served again with an fp16 backbone (the head fp32,
+vLLM's default), and the two-class classifier with the head in fp16 too (``head_dtype: model``), against the same
+references in those dtypes, within the derived bound of ``parity.probe.max_abs_bound``. vLLM-CPU serves fp16 on any x86 CPU; bf16 needs AVX512-BF16, and its parity (bf16
 backbone, fp32 head) is ``tests/online/test_bf16_parity.py``'s, where the CPU has it.
 """
 
@@ -209,12 +209,11 @@ def served(request, tmp_path_factory, server_args):
         yield served
 
 
-#: Mixed precision, by (family, head dtype) under an fp16 backbone: one family per head mechanism with the head in
-#: fp32 (vLLM's default for a pooling model): a ``score`` Linear (the sequence classifiers), the score MLP (the Qwen2
-#: RM and PRM), ``v_head`` (InternLM2), the LM head's two token rows (Math-Shepherd); and the head in fp16 too
-#: (``--hf-overrides '{"head_dtype": "model"}'``: backbone and head dtypes chosen separately).
-MIXED_PRECISION = {"attributes": "float32", "qwen2_prm": "float32", "internlm2_rm": "float32",
-                   "math_shepherd": "float32", "two_class": "float16"}
+#: Mixed precision, by (family, head dtype) under an fp16 backbone: the head in fp32 (vLLM's default for a pooling
+#: model) on a ``score`` Linear read at the last token (the sequence classifiers) and on the score MLP read at step
+#: tags (the Qwen2 PRM); and the head in fp16 too (``--hf-overrides '{"head_dtype": "model"}'``: backbone and head
+#: dtypes chosen separately). Each server costs ~40 s of make test's time budget: one per mechanism, no more.
+MIXED_PRECISION = {"attributes": "float32", "qwen2_prm": "float32", "two_class": "float16"}
 DTYPES = {"float32": torch.float32, "float16": torch.float16}
 
 
@@ -363,6 +362,20 @@ def test_vllm_rm_reads_each_family_or_refuses_its_configuration_at_the_first_bat
                                              else 1.0) for i in range(len(raw))])
             assert info[f"rm_attr_scaled_rm_{attribute}"] == pytest.approx(scaled[attribute].tolist(), abs=1e-9)
         assert info["rm_score"] == pytest.approx(sum(w * scaled[a] for a, w in weights.items()).tolist(), abs=1e-9)
+        # per data_source: two weightings of the one server, each an entry of reward_models, routed
+        from dataclasses import replace
+
+        chat = {"helpfulness": 1.0}
+        url = f"'{served.url}'"
+        routed = load_manager(verl_config(
+            served.url, reward_models=[{"name": "math", "server_url": url, "attributes": weights},
+                                       {"name": "chat", "server_url": url, "attributes": chat}],
+            routes=[{"data_source": "'openai/gsm8k'", "reward_models": ["math"]},
+                    {"data_source": "'*'", "reward_models": ["chat"]}]), tokenizer)
+        mixed = [batch[0], replace(batch[0], data_source="chat/general")]
+        info = routed(build_batch(mixed, tokenizer.pad_token_id), return_dict=True)["reward_extra_info"]
+        want = [sum(w * float(e[column[a]]) for a, w in table.items()) for table in (weights, chat) for e in expected]
+        assert info["rm_score"] == pytest.approx(want, abs=TOL)
         return
     if family.architecture == "Qwen2ForRewardModel":  # one head without attributes stands for all
         with pytest.raises(ServedHeadError) as refused:
