@@ -14,6 +14,7 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from verl_vllm_rm.options import ConfigError
+from verl_vllm_rm.protocol.model_shape import HeadKind, auto_head_kind
 from verl_vllm_rm.protocol.names import DEFAULT_HEAD_PATTERNS, RewardModelTrainingMode, is_head
 
 
@@ -69,8 +70,8 @@ def head_outputs(config: Mapping[str, Any]) -> int:
 
 
 def is_two_class_head(config: Mapping[str, Any]) -> bool:
-    """A two-class head ([bad, good]): two outputs that are not regression attributes (as the server reads it)."""
-    return head_outputs(config) == 2 and config.get("problem_type") != "regression"
+    """A two-class head ([bad, good]), as the server reads the config (:func:`auto_head_kind`)."""
+    return auto_head_kind(head_outputs(config), config.get("problem_type")) is HeadKind.TWO_CLASS
 
 
 class MarginHead(torch.nn.Linear):
@@ -101,14 +102,14 @@ def untrainable_head_reason(config: dict) -> str | None:
     Online training fits a Bradley-Terry model to preference pairs on the reward at the last token (a two-class
     head's margin), through verl's engine loading the checkpoint with transformers."""
     architecture = (config.get("architectures") or ["an unnamed architecture"])[0]
-    outputs = head_outputs(config)
     if architecture in ("Qwen2ForRewardModel", "InternLM2ForRewardModel", "Qwen2ForProcessRewardModel"):
         return (f"{architecture} has no transformers class (its modeling code ships with the published checkpoint), "
                 "so verl's engine cannot load it to train")
     if not architecture.endswith("ForSequenceClassification"):
         return (f"{architecture} is not a sequence classifier (a process reward model read at step tags, or a "
                 "causal LM): preference pairs rank whole responses by one reward")
-    if outputs > 1 and not is_two_class_head(config):
+    outputs = head_outputs(config)
+    if auto_head_kind(outputs, config.get("problem_type")) is HeadKind.ATTRIBUTES:
         return (f"{architecture} has {outputs} attribute outputs and preference pairs train one reward; there is no "
                 "single reward to train")
     return None

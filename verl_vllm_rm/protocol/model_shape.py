@@ -110,6 +110,14 @@ def _labels(num_labels: int, id2label: Mapping[Any, str] | None) -> tuple[str, .
     return tuple(names.get(i, f"label_{i}") for i in range(num_labels))
 
 
+def auto_head_kind(num_labels: int, problem_type: str | None) -> HeadKind:
+    """How a classifier's outputs read without ``--reward-head``: one output is a scalar; regression outputs, or
+    more than two, are attributes; two others are a two-class head ([bad, good])."""
+    if num_labels == 1:
+        return HeadKind.SCALAR
+    return HeadKind.ATTRIBUTES if problem_type == "regression" or num_labels > 2 else HeadKind.TWO_CLASS
+
+
 def model_shape(
     architecture: str,
     tasks: Collection[str],
@@ -156,12 +164,7 @@ def model_shape(
                                + SERVABLE)
     if num_labels < 1:  # internal: transformers refuses a config without outputs before vLLM sees it
         raise UnsupportedModel(f"{architecture} has num_labels={num_labels}")
-    if num_labels == 1:
-        kind = HeadKind.SCALAR
-    elif head != "auto":
-        kind = HeadKind(head)
-    else:
-        kind = HeadKind.ATTRIBUTES if problem_type == "regression" or num_labels > 2 else HeadKind.TWO_CLASS
+    kind = HeadKind(head) if head != "auto" and num_labels != 1 else auto_head_kind(num_labels, problem_type)
     if kind is HeadKind.SCALAR and num_labels != 1:
         raise UnsupportedModel(f"--reward-head scalar needs num_labels=1, and {architecture} has {num_labels} "
                                "outputs: use --reward-head attributes (or two_class for [bad, good])")

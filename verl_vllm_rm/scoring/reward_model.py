@@ -72,7 +72,6 @@ class RewardModel:
             self.rm_tokenizer = AutoTokenizer.from_pretrained(options.rm_tokenizer_path)
         #: the running whitenings by key (:attr:`RewardModelOptions.whitening_keys`): the checkpoint's entries
         self.whitenings = {key: RunningWhitening() for key in options.whitening_keys}
-        self.whitening = self.whitenings.get(self.name)  # a scalar RM's (an attribute RM whitens per attribute)
         #: the weighted attributes by name: the order of their columns, weights, whitenings and values (the same
         #: in every RM, so an ensemble lines up its members' attributes)
         self.attribute_names = sorted(options.attributes or ())
@@ -85,6 +84,11 @@ class RewardModel:
         self._max_length: int | None = options.max_length
         self.step_tag_id: int | None = None  # known once the health probe ran (step_reward needs it)
         self.attribute_columns: dict[str, int] | None = None  # each weighted attribute's column, from the probe
+
+    @property
+    def whitening(self) -> RunningWhitening | None:
+        """A scalar RM's running whitening (``whiten=running``); an attribute RM whitens per attribute instead."""
+        return self.whitenings.get(self.name)
 
     @property
     def ready(self) -> bool:
@@ -104,7 +108,7 @@ class RewardModel:
         step scores aggregated (``token``: their sum, what the token-level rewards add up to)."""
         method = self.options.step_reward
         if self.attribute_columns is not None:  # weighted attributes (the probe found each one's column)
-            return sum(w * scored.attributes[self.attribute_columns[a]] for a, w in self.options.attributes.items())
+            return self._weighted(self._attribute_values(scored))
         if method == "none":
             if scored.score is None:  # the probe refuses such a head first, unless max_length skipped it
                 raise ServedHeadError(f"reward model {self.name!r}: its server gave no outcome score (its head gives "
@@ -148,11 +152,18 @@ class RewardModel:
             if whitening is None:
                 return raw, None
             return (whitening.update_and_whiten(raw) if update else whitening.whiten(raw)), None
-        values = [scored.attributes[column] for column in self.attribute_columns.values()]
-        if self.attribute_whitenings:
-            values = [w.update_and_whiten(x) if update else w.whiten(x)
-                      for w, x in zip(self.attribute_whitenings, values)]
-        return sum(w * x for w, x in zip(self.weights, values)), values
+        values = self._attribute_values(scored)
+        if not self.attribute_whitenings:
+            return raw, values  # raw is already their weighted sum (:meth:`value`)
+        values = [w.update_and_whiten(x) if update else w.whiten(x) for w, x in zip(self.attribute_whitenings, values)]
+        return self._weighted(values), values
+
+    def _attribute_values(self, scored: Scored) -> list[float]:
+        """The weighted attributes' values in an answer, in :attr:`attribute_names` order."""
+        return [scored.attributes[column] for column in self.attribute_columns.values()]
+
+    def _weighted(self, values: list[float]) -> float:
+        return sum(w * x for w, x in zip(self.weights, values))
 
     async def max_len(self) -> int:
         """The option, else the server's ``max_model_len`` (with ``step_reward``, the health probe runs either
