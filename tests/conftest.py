@@ -35,10 +35,21 @@ SERVER_TEST_ARGS = ["--dtype", "float32", "--max-model-len", "512", "--enforce-e
 SMALL_KV_CACHE = ["--kv-cache-memory-bytes", str(128 << 20)]
 
 
+# `make test` runs two pytest-xdist workers (``--dist loadgroup``): a group runs whole on one worker. Each module is
+# its own group, so a module-scoped server starts once; the tests marked ``main_ppo`` form one group, so no two
+# main_ppo runs share CI's two cores and 24 GB, and it is scheduled first: it is the longest (~30 of the suite's
+# ~70 serial minutes) and the other worker works through the modules meanwhile.
+MAIN_PPO_GROUP = "main_ppo"
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if HEAVY_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.server)
+        main_ppo = item.get_closest_marker("main_ppo") is not None
+        item.add_marker(pytest.mark.xdist_group(MAIN_PPO_GROUP if main_ppo else item.path.relative_to(ROOT).as_posix()))
+    items.sort(key=lambda item: item.get_closest_marker("main_ppo") is None)  # stable: the main_ppo group first
 
 
 @pytest.fixture(scope="session")
@@ -168,11 +179,14 @@ def load_manager():
 
 
 @pytest.fixture(scope="session")
-def dead_url() -> str:
-    """A loopback URL with nothing listening (connection refused)."""
-    from verl_vllm_rm.client.http import free_port
+def dead_url():
+    """A loopback URL with nothing listening (connection refused). The port stays bound, never listening, for the
+    session: no server another test (or another xdist worker) starts can take it."""
+    import socket
 
-    return f"http://127.0.0.1:{free_port()}"
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        yield f"http://127.0.0.1:{held.getsockname()[1]}"
 
 
 @pytest.fixture(scope="session")
