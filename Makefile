@@ -87,7 +87,7 @@ lock-gpu: $(VENV)/.installed-cpu
 # TEST_WORKERS pytest-xdist workers (tests/conftest.py says how tests are grouped); TEST_WORKERS=0 runs in one process.
 TEST_WORKERS ?= 2
 test: setup
-	$(VENV)/bin/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder $(PYTEST_ARGS)
 
 demo: setup
 	$(VENV)/bin/verl-vllm-rm demo

@@ -18,6 +18,7 @@ from verl_vllm_rm.replicas.launcher import running_server
 from verl_vllm_rm.dev.tiny_rm import STEP, build_tiny_rm, synthetic_corpus
 from verl_vllm_rm.dev.offline_bt import collate_pairs
 from verl_vllm_rm.dev.loader import compose_verl_config, vllm_rm_config
+from xdist_scheduling import ModuleScheduling, main_ppo_first
 
 # open_sessions_check: the run fails if an aiohttp session is left open; orphan_engines_check: if a server's
 # engine process outlives it; tq_helpers: the `queue` fixture
@@ -35,21 +36,18 @@ SERVER_TEST_ARGS = ["--dtype", "float32", "--max-model-len", "512", "--enforce-e
 SMALL_KV_CACHE = ["--kv-cache-memory-bytes", str(128 << 20)]
 
 
-# `make test` runs two pytest-xdist workers (``--dist loadgroup``): a group runs whole on one worker. Each module is
-# its own group, so a module-scoped server starts once; the tests marked ``main_ppo`` form one group, so no two
-# main_ppo runs share CI's two cores and 24 GB, and it is scheduled first: it is the longest (~30 of the suite's
-# ~70 serial minutes) and the other worker works through the modules meanwhile.
-MAIN_PPO_GROUP = "main_ppo"
-
-
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+@pytest.hookimpl(wrapper=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]):
     for item in items:
         if HEAVY_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.server)
-        main_ppo = item.get_closest_marker("main_ppo") is not None
-        item.add_marker(pytest.mark.xdist_group(MAIN_PPO_GROUP if main_ppo else item.path.relative_to(ROOT).as_posix()))
-    items.sort(key=lambda item: item.get_closest_marker("main_ppo") is None)  # stable: the main_ppo group first
+    main_ppo_first(items)  # how make test's two xdist workers share the tests: tests/xdist_scheduling.py
+    return (yield)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if config.pluginmanager.hasplugin("xdist"):
+        config.pluginmanager.register(ModuleScheduling(), "module_scheduling")
 
 
 @pytest.fixture(scope="session")

@@ -57,7 +57,6 @@ def test_verl_never_gets_the_reward_servers_gpu(env, gpus):
 
 @pytest.mark.server
 @pytest.mark.ray
-@pytest.mark.main_ppo
 @pytest.mark.parametrize("recipe", RECIPES, ids=[p.name for p in RECIPES])
 def test_recipe_runs_on_cpu(recipe, tmp_path, tiny_rm, tiny_task, rm_server, online_rm_server):
     """The exact script users start, with VERL_VLLM_RM_CPU_PROFILE=1: one GRPO step of verl's main_ppo

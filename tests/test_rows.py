@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from verl_vllm_rm.dev.grpo_batch import Group, build_batch
-from verl_vllm_rm.rows import Sample, samples_of, samples_of_rows, unpadded
+from verl_vllm_rm.rows import VALIDATION_FIELD, Sample, samples_of, samples_of_rows, unpadded
 
 PAD = 0
 
@@ -55,6 +55,15 @@ def test_one_row_slices_read_together_exactly_like_their_batch_rows():
     assert _plain(samples_of(rows)) == _plain(samples_of_rows(rows)) == _plain(batch)
     assert _plain([samples_of([row])[0] for row in rows]) == _plain(batch)
     assert all(s.validate for s in batch)
+
+
+def test_a_row_tagged_for_validation_validates_alone():
+    """The trainer modes tag each validation prompt (verl's per-trajectory reward call has no validate flag): a
+    tagged row validates, its untagged neighbours (a training rollout in flight beside it) do not."""
+    data = build_batch(_groups(), PAD)
+    data.non_tensor_batch[VALIDATION_FIELD] = np.array([False, False, True, False, True], dtype=object)
+    rows = [data[i : i + 1] for i in range(len(data))]
+    assert [s.validate for s in samples_of_rows(rows)] == [False, False, True, False, True]
 
 
 def test_a_prompt_mask_with_holes_keeps_exactly_its_valid_ids():

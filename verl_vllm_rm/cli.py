@@ -8,6 +8,7 @@ import os
 import sys
 import tempfile
 
+from verl_vllm_rm.dev.cpu_profile import BASE_MODES
 from verl_vllm_rm.dev.tiny_ppo import PAIR_SOURCES
 from verl_vllm_rm.protocol.defaults import API_KEY_ENV, DEFAULT_SERVER_URL
 
@@ -62,7 +63,7 @@ def _tiny_ppo(args: argparse.Namespace, rest: list[str]) -> int:
     extra = rest[1:] if rest[:1] == ["--"] else rest
     try:
         cfg = TinyPPOConfig(work_dir, steps=args.steps, rm=args.rm, online=args.online, extra_overrides=extra,
-                            server_url=args.server_url, replicas=args.replicas, seed=args.seed)
+                            server_url=args.server_url, replicas=args.replicas, seed=args.seed, mode=args.mode)
         print_summary(run_tiny_ppo(cfg))
     except (TinyPPOError, ValueError) as e:
         print(f"tiny-ppo: {e}", file=sys.stderr)
@@ -170,6 +171,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="serve the RM on N replicas the plugin starts on verl's Ray cluster (reward_kwargs.replicas)")
     ppo.add_argument("--seed", type=int, default=0,
                      help="seed of the tiny models, the data and the run (default: %(default)s)")
+    ppo.add_argument("--mode", default="sync", choices=list(BASE_MODES),
+                     help="verl's trainer mode: sync, or an asynchronous one (generation runs ahead of training; "
+                     "separate_async on a rollout replica of its own, synced over the CPU harness's cpu_gloo "
+                     "checkpoint engine) (default: %(default)s)")
     ppo.set_defaults(func=_tiny_ppo, passthrough=True)
     tiny = sub.add_parser("tiny-rm", help="build the offline tiny reward model used by tests and the demo")
     tiny.add_argument("out", help="output directory")

@@ -59,9 +59,16 @@ def unpadded(prompts: Any, responses: Any, attention_mask: Any = None) -> tuple[
     return prompt_rows, [responses[i, :length] for i, length in enumerate(response_lens)]
 
 
-def samples_of(datas: Sequence[Any], validate: bool = False) -> list[Sample]:
+#: A validation row: verl 0.9.1's agent loop drops its ``validate`` flag before the reward call, so the trainer
+#: modes tag each validation prompt with this non-tensor field (:class:`verl_vllm_rm.plugin.trainer_modes.
+#: ValidationTagging`), which travels with the prompt's fields to the reward manager in every trainer mode.
+VALIDATION_FIELD = "vllm_rm_validate"
+
+
+def samples_of(datas: Sequence[Any]) -> list[Sample]:
     """Every row of verl ``DataProto``s, in order: one batch (the batch ``__call__``) or the one-row slices verl's
-    reward loop hands ``run_single``, read together. ``validate``: validation rows whatever ``meta_info`` says.
+    reward loop hands ``run_single``, read together. A row validates when its batch's ``meta_info`` says so (the
+    batch API) or its :data:`VALIDATION_FIELD` does (the per-trajectory reward loop).
 
     The rows' tensors are joined once and read by :func:`unpadded`; each sample's ids are views of the joined
     arrays. Rows of different widths cannot be joined (a ValueError: read them apart)."""
@@ -73,22 +80,24 @@ def samples_of(datas: Sequence[Any], validate: bool = False) -> list[Sample]:
     validates: list[bool] = []
     for data in datas:
         columns, size = list(data.non_tensor_batch.items()), len(data)
-        fields.extend({k: v[i] for k, v in columns} for i in range(size))
-        validates.extend([validate or bool(data.meta_info.get("validate", False))] * size)
+        rows = [{k: v[i] for k, v in columns} for i in range(size)]
+        fields.extend(rows)
+        batch_validates = bool(data.meta_info.get("validate", False))
+        validates.extend(batch_validates or bool(row.get(VALIDATION_FIELD, False)) for row in rows)
     prompt_rows, response_rows = unpadded(prompts, responses, mask)
     return [Sample(*row) for row in zip(prompt_rows, response_rows, fields, validates)]
 
 
-def samples_of_rows(rows: Sequence[Any], validate: bool = False) -> list[Sample | Exception]:
+def samples_of_rows(rows: Sequence[Any]) -> list[Sample | Exception]:
     """One-row ``DataProto``s (``run_single``'s), read together; should that fail (rows of different widths, a
     malformed one), each row read alone: its sample or its own error."""
     try:
-        return samples_of(rows, validate)
+        return samples_of(rows)
     except Exception:
         read: list[Sample | Exception] = []
         for row in rows:
             try:
-                read.extend(samples_of([row], validate))
+                read.extend(samples_of([row]))
             except Exception as e:
                 read.append(e)
         return read

@@ -10,7 +10,7 @@ import pytest
 from verl_vllm_rm.dev.demo import RM_RANKS
 from verl_vllm_rm.dev.ppo_report import read_metrics
 
-pytestmark = [pytest.mark.server, pytest.mark.ray, pytest.mark.main_ppo]
+pytestmark = [pytest.mark.server, pytest.mark.ray]
 
 
 def test_demo_runs_the_whole_loop(tmp_path):

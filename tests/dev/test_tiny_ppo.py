@@ -88,7 +88,6 @@ def reset_first_connection(port: int, timeout_s: float = 600.0) -> str:
 
 @pytest.mark.server
 @pytest.mark.ray
-@pytest.mark.main_ppo
 def test_main_ppo_runs_the_steps_and_writes_the_summary(plain_run):
     steps = plain_run["steps"]
     assert [s["step"] for s in steps] == [1, 2]
@@ -103,7 +102,6 @@ def test_main_ppo_runs_the_steps_and_writes_the_summary(plain_run):
 
 @pytest.mark.server
 @pytest.mark.ray
-@pytest.mark.main_ppo
 def test_rewards_verl_trained_on_equal_direct_scores(plain_run):
     """Every dumped reward = direct /score of the same token ids + gsm8k correctness + FORM_WEIGHT * form +
     JUDGE_WEIGHT * the judge's score, before the server was killed and after its restart (every score valid: the
@@ -130,7 +128,6 @@ def test_rewards_verl_trained_on_equal_direct_scores(plain_run):
 
 @pytest.mark.server
 @pytest.mark.ray
-@pytest.mark.main_ppo
 def test_validation_reports_pairwise_win_rates(plain_run):
     validation = plain_run["validation"]
     assert set(validation) == {0, 2}
@@ -143,7 +140,6 @@ def test_validation_reports_pairwise_win_rates(plain_run):
 
 @pytest.mark.server
 @pytest.mark.ray
-@pytest.mark.main_ppo
 def test_every_training_reward_holds_the_groups_one_listwise_judgement(plain_run):
     """(Its share of the reward: test_rewards_verl_trained_on_equal_direct_scores.)"""
     work = Path(plain_run["rollout_data_dir"]).parent
@@ -165,7 +161,6 @@ def test_every_training_reward_holds_the_groups_one_listwise_judgement(plain_run
 
 @pytest.mark.server
 @pytest.mark.ray
-@pytest.mark.main_ppo
 def test_validation_groups_of_val_kwargs_n_are_judged(plain_run):
     for figures in plain_run["validation"].values():
         valid = [v for k, v in figures.items() if k.endswith("/judge_valid/mean@2")]
@@ -203,7 +198,6 @@ def recomputed(dump: list[dict]) -> dict[str, float]:
 
 @pytest.mark.server
 @pytest.mark.ray
-@pytest.mark.main_ppo
 def test_reward_metrics_are_in_verls_logger_every_step_and_match_the_dump(plain_run):
     """Trainer mode vllm_rm: reward/* and alarm/* in verl's metrics file at every step, equal to what the rollout
     dump (one row per trajectory, with its reward components) gives; a warning line exactly for tripped alarms."""
@@ -227,7 +221,6 @@ def test_reward_metrics_are_in_verls_logger_every_step_and_match_the_dump(plain_
 
 @pytest.mark.server
 @pytest.mark.ray
-@pytest.mark.main_ppo
 def test_report_of_the_run(plain_run, tmp_path):
     """``verl-vllm-rm report`` on the run's work dir: a PNG whose series are the run's metrics, step by step."""
     from PIL import Image
@@ -260,12 +253,24 @@ def test_report_of_the_run(plain_run, tmp_path):
     ({"steps": 0}, "--steps must be >= 1"),
     ({"replicas": -1}, "--replicas must be >= 0"),
     ({"replicas": 2, "server_url": "http://127.0.0.1:8001"}, "cannot go with --server-url"),
+    ({"mode": "fully_async"}, "--mode must be one of"),
+    ({"mode": "colocate_async", "online": "lora"},
+     r"--online lora trains the RM in verl's sync trainer only \(trainer mode vllm_rm_online\); run --mode "
+     "colocate_async with --online off, or --mode sync"),
 ])
 def test_bad_options_are_refused(tmp_path, kwargs, message):
     from verl_vllm_rm.dev.tiny_ppo import TinyPPOConfig
 
     with pytest.raises(ValueError, match=message):
         TinyPPOConfig(tmp_path, **kwargs)
+
+
+def test_the_cpu_profile_of_an_unknown_trainer_mode_is_refused():
+    from verl_vllm_rm.dev.cpu_profile import cpu_profile
+
+    with pytest.raises(ValueError, match=r"the trainer mode must be one of \('sync', 'colocate_async', "
+                                         r"'separate_async'\), got 'fully_async'"):
+        cpu_profile(1, mode="fully_async")
 
 
 def test_an_rm_dir_without_a_model_is_refused_before_anything_starts(tmp_path):

@@ -12,7 +12,7 @@ from verl_vllm_rm.dev.ppo_report import read_metrics
 from verl_vllm_rm.dev.tiny_llama_rm import build_tiny_llama_rm
 from verl_vllm_rm.dev.tiny_ppo import PAIR_SOURCES, TinyPPOConfig, run_tiny_ppo
 
-pytestmark = [pytest.mark.server, pytest.mark.ray, pytest.mark.main_ppo]
+pytestmark = [pytest.mark.server, pytest.mark.ray]
 
 
 def test_an_rm_on_its_own_tokenizer_trains_and_publishes_every_step(tmp_path):

@@ -20,7 +20,7 @@ from ppo_runs import expected_totals, generations, tiny_ppo
 from verl_vllm_rm.dev.ppo_report import read_dump, read_metrics
 from verl_vllm_rm.dev.tiny_ppo import TinyPPOConfig, TinyPPOError, run_tiny_ppo
 
-pytestmark = [pytest.mark.server, pytest.mark.ray, pytest.mark.main_ppo]
+pytestmark = [pytest.mark.server, pytest.mark.ray]
 
 RM_RANKS = 2  # the RM trains sharded over two ranks of verl's engine (FSDP2)
 FIRST_STEPS = 4  # one replica is frozen after step 1 and thawed after step 2

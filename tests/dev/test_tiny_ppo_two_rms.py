@@ -26,7 +26,7 @@ from verl_vllm_rm.dev.tiny_rm import TinyRMSpec, build_tiny_rm
 from verl_vllm_rm.dev.tiny_rm_families import build_tiny_attribute_rm, build_tiny_qwen2_prm
 from verl_vllm_rm.replicas.launcher import start_server
 
-pytestmark = [pytest.mark.server, pytest.mark.ray, pytest.mark.main_ppo]
+pytestmark = [pytest.mark.server, pytest.mark.ray]
 PENALTY = 0.5
 ATTRIBUTES = {"helpfulness": 1.0, "verbosity": -0.5}  # helpfulness minus a share of verbosity
 MEMBERS = ("helpful", "safety", "attrs", "prm")

@@ -1,4 +1,4 @@
-"""Reaching into verl's reward-loop workers (mark_validation through real Ray workers: test_manager_judge.py)."""
+"""Reaching into verl's reward-loop workers (the whitening checkpoint through real Ray workers: test_tiny_ppo_online.py)."""
 
 import types
 

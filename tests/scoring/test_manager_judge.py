@@ -94,7 +94,7 @@ def test_two_ray_workers_and_shuffled_rows_judge_each_group_once(ray_two_workers
     from verl.experimental.reward_loop.reward_loop import RewardLoopManager
 
     from verl_vllm_rm.judge.rendezvous import RENDEZVOUS_ACTOR
-    from verl_vllm_rm.plugin.reward_workers import mark_validation
+    from verl_vllm_rm.rows import VALIDATION_FIELD
 
     kwargs = judge_kwargs(judge_server.url)
     del kwargs["judge"]["group_size"]
@@ -111,15 +111,13 @@ def test_two_ray_workers_and_shuffled_rows_judge_each_group_once(ray_two_workers
     assert sorted(stats["judged_sizes"]) == sorted(set(data.non_tensor_batch["uid"].tolist()))
     assert set(stats["judged_sizes"].values()) == {N}
 
-    # validation: verl's per-row calls do not say so; trainer mode vllm_rm marks every worker around it, and
-    # groups then hold val_kwargs.n members (2 here: the first two responses of each prompt)
+    # validation: verl's per-row calls drop its validate flag; our trainer modes tag each validation prompt
+    # (VALIDATION_FIELD, carried with the prompt's fields), and groups then hold val_kwargs.n members (2 here: the
+    # first two responses of each prompt)
     val = build_batch([dataclasses.replace(g, response_ids=g.response_ids[:2]) for g in grpo_groups],
                       tokenizer.pad_token_id)
-    mark_validation(manager.reward_loop_workers, True)
-    try:
-        out = manager.compute_rm_score(val[np.array([0, 2, 4, 6, 1, 3, 5, 7])])
-    finally:
-        mark_validation(manager.reward_loop_workers, False)
+    val.non_tensor_batch[VALIDATION_FIELD] = np.array([True] * len(val), dtype=object)
+    out = manager.compute_rm_score(val[np.array([0, 2, 4, 6, 1, 3, 5, 7])])
     assert out.non_tensor_batch["judge_valid"].tolist() == [1.0] * len(val)
     assert sorted(out.non_tensor_batch["judge_rank"].tolist()) == [0.0] * 4 + [1.0] * 4
     stats = ray.get(ray.get_actor(RENDEZVOUS_ACTOR).stats_dict.remote())

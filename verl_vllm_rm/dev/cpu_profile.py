@@ -19,8 +19,6 @@ CPU_OVERRIDES = [
     "trainer.device=cpu",
     "trainer.n_gpus_per_node=1",
     "trainer.nnodes=1",
-    # verl's pools reserve one accelerator per worker: one logical Ray GPU is the worker slot.
-    "+ray_kwargs.ray_init.num_gpus=1",
     # With num_cpus=2 the run hung (verl's actors reserve CPUs); logical CPUs, not cores.
     "ray_kwargs.ray_init.num_cpus=16",
     "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
@@ -34,21 +32,42 @@ CPU_OVERRIDES = [
     "data.dataloader_num_workers=0",
 ]
 
+#: verl's v1 trainer modes (``trainer.v1.trainer_mode`` is ours: ``vllm_rm`` + ``_<mode>`` but for sync)
+BASE_MODES = ("sync", "colocate_async", "separate_async")
+
+#: separate_async on CPU: one standalone rollout replica of its own (hybrid replicas off), synced every mini-batch
+#: (train_batch_size = parameter_sync_step * ppo_mini_batch_size, which verl asserts) over the harness's
+#: ``cpu_gloo`` checkpoint engine (verl refuses ``naive`` there and its other engines need a GPU library).
+SEPARATE_ASYNC_OVERRIDES = [
+    "trainer.v1.separate_async.parameter_sync_step=1",
+    "actor_rollout_ref.hybrid_engine=False",
+    "actor_rollout_ref.rollout.nnodes=1",
+    "actor_rollout_ref.rollout.n_gpus_per_node=1",
+    "actor_rollout_ref.rollout.checkpoint_engine.backend=cpu_gloo",
+]
+
 #: The online RM trainer's engine on CPU: no accelerator slot, no flash attention (sdpa, padded batches), and
 #: fp32 compute, as the CPU test servers serve fp32 (a bf16 server is tested on its own).
 CPU_RM_ENGINE = {"use_gpu": False, "use_remove_padding": False, "attn_implementation": "sdpa", "param_dtype": "fp32"}
 
 
 def cpu_profile(steps: int, batch_prompts: int = 4, group_size: int = 4, online: bool = False,
-                external_modules: str | None = None) -> list[str]:
+                external_modules: str | None = None, mode: str = "sync") -> list[str]:
     """Overrides that turn any GRPO run into a tiny one verl runs on CPU (appended last, they win).
 
     ``make test`` runs every script in ``recipes/`` with these (``VERL_VLLM_RM_CPU_PROFILE=1``).
     ``external_modules`` (the harness first) also goes into Ray's runtime env, for recipes that set it
-    there for workers on other nodes.
+    there for workers on other nodes. ``mode``: verl's trainer mode the run uses (one of :data:`BASE_MODES`).
     """
+    if mode not in BASE_MODES:
+        raise ValueError(f"the trainer mode must be one of {BASE_MODES}, got {mode!r}")
+    separate = mode == "separate_async"
     profile = [
         *CPU_OVERRIDES,
+        # verl's pools reserve one accelerator per worker: one logical Ray GPU is a worker slot (separate_async's
+        # standalone rollout replica takes a second one).
+        f"+ray_kwargs.ray_init.num_gpus={2 if separate else 1}",
+        *(SEPARATE_ASYNC_OVERRIDES if separate else []),
         f"data.train_batch_size={batch_prompts}",
         "data.max_prompt_length=48",
         "data.max_response_length=32",

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Callable
 
 from verl_vllm_rm.dev.cpu_names import GENERATION_LOG_ENV, HARNESS_MODULE
-from verl_vllm_rm.dev.cpu_profile import cpu_profile
+from verl_vllm_rm.dev.cpu_profile import BASE_MODES, cpu_profile
 from verl_vllm_rm.dev.ppo_report import print_step, read_metrics, summarize
 from verl_vllm_rm.monitor.report import write_report
 
@@ -64,11 +64,17 @@ class TinyPPOConfig:
     batch_prompts: int = 4
     group_size: int = 4
     validate: bool = True
+    mode: str = "sync"  # verl's trainer mode: sync, colocate_async, separate_async
 
     def __post_init__(self) -> None:
         self.work_dir = Path(self.work_dir).resolve()
         if self.online not in ONLINE_MODES:
             raise ValueError(f"--online must be one of {ONLINE_MODES}, got {self.online!r}")
+        if self.mode not in BASE_MODES:
+            raise ValueError(f"--mode must be one of {BASE_MODES}, got {self.mode!r}")
+        if self.mode != "sync" and self.online != "off":
+            raise ValueError(f"--online {self.online} trains the RM in verl's sync trainer only (trainer mode "
+                             f"vllm_rm_online); run --mode {self.mode} with --online off, or --mode sync")
         if self.steps < 1:
             raise ValueError(f"--steps must be >= 1, got {self.steps}")
         if self.replicas < 0 or (self.replicas and self.server_url is not None):
@@ -122,6 +128,14 @@ def reward_model_overrides(cfg: TinyPPOConfig, inputs: Inputs, server_url: str |
     return [f"+reward.reward_kwargs.server_url={server_url}", *online]
 
 
+def trainer_mode(cfg: TinyPPOConfig) -> str:
+    """Our trainer mode over verl's ``cfg.mode``: ``vllm_rm``, ``vllm_rm_colocate_async``, ``vllm_rm_separate_async``,
+    or ``vllm_rm_online`` (sync)."""
+    if cfg.online != "off":
+        return "vllm_rm_online"
+    return "vllm_rm" if cfg.mode == "sync" else f"vllm_rm_{cfg.mode}"
+
+
 def main_ppo_overrides(cfg: TinyPPOConfig, inputs: Inputs, server_url: str | None) -> list[str]:
     """Every Hydra override of the run: the task, vllm_rm, the CPU profile, online RM, then the user's."""
     work = cfg.work_dir
@@ -136,7 +150,7 @@ def main_ppo_overrides(cfg: TinyPPOConfig, inputs: Inputs, server_url: str | Non
         "actor_rollout_ref.rollout.calculate_log_probs=True",
         "reward.reward_manager.name=vllm_rm",
         # reward/* metrics, alarms and a rollout dump with every reward component (vllm_rm_online has them too)
-        f"trainer.v1.trainer_mode={'vllm_rm' if cfg.online == 'off' else 'vllm_rm_online'}",
+        f"trainer.v1.trainer_mode={trainer_mode(cfg)}",
         *reward_model_overrides(cfg, inputs, server_url),
         f"+reward.reward_kwargs.rewards={REWARDS}",
         # "always": win metrics in training too (one reference score per prompt group and step); "auto" would
@@ -144,7 +158,7 @@ def main_ppo_overrides(cfg: TinyPPOConfig, inputs: Inputs, server_url: str | Non
         "+reward.reward_kwargs.pairwise=always",
         "+reward.reward_kwargs.reference_source=extra_info:reference",
         "+reward.reward_kwargs.num_examine=0",
-        *cpu_profile(cfg.steps, cfg.batch_prompts, cfg.group_size, online=cfg.online != "off"),
+        *cpu_profile(cfg.steps, cfg.batch_prompts, cfg.group_size, online=cfg.online != "off", mode=cfg.mode),
         "trainer.save_freq=-1",
         f"trainer.test_freq={cfg.steps if cfg.validate else -1}",
         f"trainer.val_before_train={cfg.validate}",

@@ -26,15 +26,3 @@ def on_every_worker(workers: Sequence[Any], fn: Any, *args: Any) -> list:
     import ray
 
     return ray.get([w.__ray_call__.remote(fn, *args) for w in workers])
-
-
-def _set_validating(worker: Any, validating: bool) -> None:
-    manager_of(worker).validating = validating
-
-
-def mark_validation(workers: Sequence[Any], validating: bool) -> None:
-    """Tell every worker's manager that verl's validation starts (or ended): verl 0.9.1's agent loop calls
-    reward managers once per trajectory without its ``validate`` flag, so only the trainer knows. Its samples
-    then use ``val_kwargs.n`` groups, compare with the reference under ``pairwise=auto`` and leave the
-    whitening statistics alone."""
-    on_every_worker(workers, _set_validating, validating)

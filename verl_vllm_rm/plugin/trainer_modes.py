@@ -24,14 +24,15 @@ import transfer_queue as tq
 from omegaconf import DictConfig, OmegaConf
 from transfer_queue import KVBatchMeta
 from verl.trainer.ppo.v1 import get_trainer_cls, register_trainer
+from verl.utils import tensordict_utils as tu
 from verl.utils.debug import marked_timer
 
 from verl_vllm_rm.monitor.alarms import warnings
 from verl_vllm_rm.monitor.metrics import StepRewards, attribute_rises, step_metrics
 from verl_vllm_rm.options import ConfigError
 from verl_vllm_rm.replicas.fleet import FleetReadings
+from verl_vllm_rm.rows import VALIDATION_FIELD
 from verl_vllm_rm.scoring.options import run_options
-from verl_vllm_rm.plugin.reward_workers import mark_validation
 from verl_vllm_rm.plugin.whitening_checkpoint import WhiteningCheckpoint, whitening_keys
 
 logger = logging.getLogger(__name__)
@@ -99,6 +100,27 @@ def dump_columns(dump_keys: list[str], keys: list[str], rewards: StepRewards) ->
     return out
 
 
+class ValidationTagging:
+    """verl's agent-loop manager, tagging each validation prompt with :data:`~verl_vllm_rm.rows.VALIDATION_FIELD`.
+
+    verl 0.9.1 calls reward managers once per trajectory and its agent loop drops the batch's ``validate`` flag on
+    the way (``AgentLoopWorkerTQ.generate_sequences``); the prompt's own fields reach the reward manager. A tag per
+    prompt holds in every mode, also where the async modes roll out training batches during validation. Tagged,
+    the samples use ``val_kwargs.n`` groups, compare with the reference under ``pairwise=auto`` and leave the
+    whitening statistics alone."""
+
+    def __init__(self, manager: Any) -> None:
+        self._manager = manager
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._manager, name)
+
+    def generate_sequences(self, batch: Any) -> Any:
+        if "validate" in batch and batch["validate"]:
+            tu.assign_non_tensor_data(batch, VALIDATION_FIELD, True)
+        return self._manager.generate_sequences(batch)
+
+
 class RewardMetrics:
     """The reward metrics and alarms, on top of one of verl's v1 trainers (``base_mode``)."""
 
@@ -146,18 +168,8 @@ class RewardMetrics:
             metrics.update(self.fleets.step_metrics())
         return batch
 
-    # verl 0.9.1 calls reward managers once per trajectory without telling them validation from training: the
-    # sync trainer validates with nothing else in flight, so it tells every worker (the async modes roll out
-    # training batches during validation, so their samples are not told apart)
-    def on_validate_begin(self):
-        super().on_validate_begin()
-        if self.base_mode == "sync":
-            mark_validation(self.get_reward_handles(), True)
-
-    def on_validate_end(self):
-        if self.base_mode == "sync":
-            mark_validation(self.get_reward_handles(), False)
-        super().on_validate_end()
+    def fit(self, agent_loop_manager):
+        return super().fit(ValidationTagging(agent_loop_manager))
 
     def _save_checkpoint(self):
         if self.whitening is not None:

@@ -56,9 +56,6 @@ class VLLMRewardManager(Orchestration, RewardManagerBase):
         self.info_keys = info_keys(self.reward_models, self.per_member, self.router.rule_scorers,
                                    judge=self.judge is not None,
                                    ensembled_attributes=self.router.ensembled_attributes)
-        #: set around verl's validation by trainer mode vllm_rm (mark_validation): verl's per-trajectory reward
-        #: call carries no validate flag
-        self.validating = False
         self.last_batch_stats: dict[str, float] = {}
         self._row_queue = RowQueue(self._score_rows)
         self.examiner = Examiner(tokenizer, self.options.num_examine)
@@ -71,14 +68,14 @@ class VLLMRewardManager(Orchestration, RewardManagerBase):
         return await self._row_queue.put(data)
 
     async def _score_rows(self, rows: list[Row]) -> None:
-        samples = samples_of_rows([data for data, _ in rows], validate=self.validating)
+        samples = samples_of_rows([data for data, _ in rows])
         await self.score_samples(samples, [future for _, future in rows], complete=False)
 
     def __call__(self, data: DataProto, return_dict: bool = False):
         """Legacy batch API: a reward tensor shaped like ``responses`` (score at the last valid token).
         Every sample is queued before the first is awaited; the first sample's error stops the batch."""
         async def score_all() -> list[dict]:
-            samples = samples_of([data], validate=self.validating)
+            samples = samples_of([data])
             futures = [self.loop.create_future() for _ in samples]
             scoring = asyncio.ensure_future(self.score_samples(samples, futures, complete=True))
             try:

@@ -144,6 +144,26 @@ def _unpin_needed() -> bool:
     return "CPUOffloadPolicy(pin_memory=True)" in inspect.getsource(transformer_impl.FSDPEngine._build_fsdp_module)
 
 
+def _register_checkpoint_engine() -> None:
+    from verl.checkpoint_engine.base import CheckpointEngineRegistry
+
+    from verl_vllm_rm.dev.cpu_harness.checkpoint_engine import BACKEND, CPUGlooCheckpointEngine
+
+    CheckpointEngineRegistry.register(BACKEND)(CPUGlooCheckpointEngine)
+
+
+def _checkpoint_engine_needed() -> bool:
+    import verl.checkpoint_engine  # noqa: F401  (registers every engine whose transport imports)
+    from verl.checkpoint_engine.base import CheckpointEngineRegistry
+    from verl.trainer.ppo.v1 import trainer_separate_async
+
+    from verl_vllm_rm.dev.cpu_harness.checkpoint_engine import BACKEND
+
+    # separate_async still refuses the naive engine, and nothing but naive (and ours) registers without a GPU library
+    refuses_naive = 'checkpoint_engine.backend != "naive"' in inspect.getsource(trainer_separate_async)
+    return refuses_naive and set(CheckpointEngineRegistry._registry) - {BACKEND} == {"naive"}
+
+
 PATCHES: tuple[Patch, ...] = (
     Patch(
         name="cpu-platform",
@@ -186,6 +206,17 @@ PATCHES: tuple[Patch, ...] = (
             "device when none is available'; the policy is made without pinning",
         needed=_unpin_needed,
         apply=_unpin_ref_offload,
+    ),
+    Patch(
+        name="cpu-gloo-checkpoint-engine",
+        verl_code="verl/trainer/ppo/v1/trainer_separate_async.py: __init__ refuses checkpoint_engine.backend "
+                  "'naive'; verl/checkpoint_engine/__init__.py: nccl, nixl, delta_sharded need cupy, hccl vllm, "
+                  "kimi and mooncake their own libraries",
+        why="separate_async syncs its standalone rollout replicas through a checkpoint engine other than naive, "
+            "and none of verl's runs without a GPU library; 'cpu_gloo' (checkpoint_engine.py: verl's NCCL engine's "
+            "bucketed broadcast over a gloo group) is registered",
+        needed=_checkpoint_engine_needed,
+        apply=_register_checkpoint_engine,
     ),
 )
 

@@ -31,6 +31,7 @@ import ray
 import torch
 from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, TokenOutput
+from verl.workers.rollout.utils import ensure_async_iterator
 
 from verl_vllm_rm.dev.cpu_names import BACKEND_NAME, GENERATION_LOG_ENV
 
@@ -174,7 +175,8 @@ class CPUServerAdapter(BaseRollout):
 
     def __init__(self, config, model_config, device_mesh=None, *args, **kwargs) -> None:
         super().__init__(config, model_config, device_mesh)
-        self.replica_rank = int(os.environ.get("RANK", 0))  # one rollout process per replica
+        # verl passes a standalone replica's rank (separate_async); a hybrid replica's is the worker's RANK
+        self.replica_rank = int(kwargs.get("replica_rank", os.environ.get("RANK", 0)))
         self.is_leader_rank = True
         self.sleep_level = 0
 
@@ -185,7 +187,8 @@ class CPUServerAdapter(BaseRollout):
                              "keep actor_rollout_ref.rollout.checkpoint_engine.backend at its default")
         if kwargs.get("peft_config") is not None:
             raise ValueError(f"rollout {BACKEND_NAME!r} takes merged weights: set actor_rollout_ref.model.lora.merge=True")
-        state = {name: tensor.detach().to("cpu", copy=True) for name, tensor in weights}
+        # a checkpoint engine's receive_weights is an async generator; the naive engine's, a plain one
+        state = {name: tensor.detach().to("cpu", copy=True) async for name, tensor in ensure_async_iterator(weights)}
         server = ray.get_actor(server_name(self.replica_rank))
         await server.load_weights.remote(state, kwargs.get("global_steps"))
 
