@@ -1,13 +1,15 @@
-"""``vllm_rm`` inside verl's real ``main_ppo`` (GRPO on CPU through the harness, the real vLLM server):
-the rewards verl trained on are the server's scores of the exact token ids it generated, also across the
-server's SIGKILL and restart in the middle of the run (a request meets the dead server and is retried), composed with the
-rules and a generative judge (each member ranked as the judge's own answer ranks its response).
+"""``vllm_rm`` inside verl's real ``main_ppo`` in its ``separate_async`` mode (GRPO on CPU through the harness,
+trainer mode ``vllm_rm_separate_async``: generation runs ahead of training on a standalone rollout replica, synced
+after every step over the harness's ``cpu_gloo`` checkpoint engine; the real vLLM server): the rewards verl trained
+on are the server's scores of the exact token ids it generated, also across the server's SIGKILL and restart in the
+middle of the run (a request meets the dead server and is retried), composed with the rules and a generative judge
+(each member ranked as the judge's own answer ranks its response).
 
 The judge (one run for both, as a run costs minutes): every reward holds half the listwise judge's score of
 the response within its group, judged once per group across verl's two reward-loop workers; validation groups
-hold ``val_kwargs.n`` = 2 responses, which only works because trainer mode ``vllm_rm`` tells the workers when
-verl validates (verl's per-trajectory reward calls do not say; a validation group would otherwise wait for 4
-members until ``group_timeout_s`` and fail the run)."""
+hold ``val_kwargs.n`` = 2 responses, which only works because our trainer modes tag each validation prompt (verl's
+per-trajectory reward calls do not say, and here training rollouts run beside validation; a validation group would
+otherwise wait for 4 members until ``group_timeout_s`` and fail the run)."""
 
 from __future__ import annotations
 
@@ -53,7 +55,7 @@ def plain_run(tmp_path_factory, tiny_rm, tiny_task, server_args, judge_server) -
 
     try:
         run = tiny_ppo(tmp_path_factory.mktemp("ppo_plain"), tiny_rm, tiny_task["policy"], servers[0].url, steps=2,
-                       on_step=kill_and_restart, extra_overrides=[
+                       on_step=kill_and_restart, mode="separate_async", extra_overrides=[
                            "+reward.reward_kwargs.max_retries=100", "+reward.reward_kwargs.backoff_max_s=2",
                            "++reward.reward_kwargs.rewards.components=[rubric,verifiable,format,judge]",
                            f"++reward.reward_kwargs.rewards.weights.judge={JUDGE_WEIGHT}",
@@ -69,6 +71,18 @@ def plain_run(tmp_path_factory, tiny_rm, tiny_task, server_args, judge_server) -
         judge.stop()
         for server in servers:
             server.stop()
+
+
+@pytest.mark.server
+@pytest.mark.ray
+def test_separate_async_generates_ahead_on_its_own_replica_synced_every_step(plain_run):
+    """The run is verl's separate_async: its standalone rollout replica generated with the policy of step 0, then
+    with each step's weights (versions 1 and 2), which reached it through the cpu_gloo checkpoint engine."""
+    work = Path(plain_run["rollout_data_dir"]).parent
+    command = (work / "main_ppo.cmd").read_text()
+    assert "trainer.v1.trainer_mode=vllm_rm_separate_async" in command
+    assert "actor_rollout_ref.rollout.checkpoint_engine.backend=cpu_gloo" in command
+    assert {g["version"] for g in generations(work)} >= {0, 1}
 
 
 def reset_first_connection(port: int, timeout_s: float = 600.0) -> str:

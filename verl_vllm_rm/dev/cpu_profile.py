@@ -35,12 +35,12 @@ CPU_OVERRIDES = [
 #: verl's v1 trainer modes (``trainer.v1.trainer_mode`` is ours: ``vllm_rm`` + ``_<mode>`` but for sync)
 BASE_MODES = ("sync", "colocate_async", "separate_async")
 
-#: separate_async on CPU: one standalone rollout replica of its own (hybrid replicas off), synced every mini-batch
-#: (train_batch_size = parameter_sync_step * ppo_mini_batch_size, which verl asserts) over the harness's
-#: ``cpu_gloo`` checkpoint engine (verl refuses ``naive`` there and its other engines need a GPU library).
+#: separate_async on CPU: one standalone rollout replica beside the trainer's hybrid one (verl's default; verl
+#: 0.9.1's ``hybrid_engine=False`` path raises in ``_setup``: it passes ``flush=True`` to ``logger.info``), synced
+#: every mini-batch (train_batch_size = parameter_sync_step * ppo_mini_batch_size, which verl asserts) over the
+#: harness's ``cpu_gloo`` checkpoint engine (verl refuses ``naive`` there and its other engines need a GPU library).
 SEPARATE_ASYNC_OVERRIDES = [
     "trainer.v1.separate_async.parameter_sync_step=1",
-    "actor_rollout_ref.hybrid_engine=False",
     "actor_rollout_ref.rollout.nnodes=1",
     "actor_rollout_ref.rollout.n_gpus_per_node=1",
     "actor_rollout_ref.rollout.checkpoint_engine.backend=cpu_gloo",
