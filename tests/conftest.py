@@ -82,9 +82,11 @@ def hf_model(tiny_rm):
 
 
 @pytest.fixture(scope="session")
-def rm_server(tiny_rm, server_args_default_kv):
-    """The main reward server (no API key, no step pooling; the server's default KV cache)."""
-    with running_server(tiny_rm, server_args_default_kv) as server:
+def rm_server(tiny_rm, server_args):
+    """The main reward server (no API key, no step pooling; the small KV cache: each xdist worker holds one for the
+    session, beside a main_ppo run on the other; the 2 GiB default is checked on a server of its own in
+    tests/server/test_server_lifecycle.py)."""
+    with running_server(tiny_rm, server_args) as server:
         yield server
 
 

@@ -23,7 +23,7 @@ import psutil
 import pytest
 import requests
 
-from verl_vllm_rm.replicas.launcher import SERVER_PYTHON_ENV, find_server_python, start_server
+from verl_vllm_rm.replicas.launcher import SERVER_PYTHON_ENV, find_server_python, running_server, start_server
 
 pytestmark = pytest.mark.server  # starts and kills its own server
 
@@ -62,8 +62,9 @@ def test_server_python_env_names_the_interpreter(own_server, tiny_rm):
     assert requests.get(f"{server.url}/health", timeout=10).json()["status"] == "ok"
 
 
-def test_cpu_kv_cache_default_is_2_gib(rm_server):
-    config = cache_config(rm_server.url)
+def test_cpu_kv_cache_default_is_2_gib(tiny_rm, server_args_default_kv):
+    with running_server(tiny_rm, server_args_default_kv) as server:
+        config = cache_config(server.url)
     assert config["kv_cache_memory_bytes"] == str(DEFAULT_KV_BYTES)
     assert int(config["kv_cache_size_tokens"]) == DEFAULT_KV_BYTES // KV_BYTES_PER_TOKEN
 
