@@ -84,7 +84,7 @@ lock-gpu: $(VENV)/.installed-cpu
 	$(VENV)/bin/python -m verl_vllm_rm.dev.gpu_lock
 
 # pytest exits 5 when it collects no test: make treats that as a failure too.
-# TEST_WORKERS pytest-xdist workers (tests/conftest.py says how tests are grouped); TEST_WORKERS=0 runs in one process.
+# TEST_WORKERS pytest-xdist workers (tests/xdist_scheduling.py says how tests are shared); TEST_WORKERS=0 runs in one process.
 TEST_WORKERS ?= 2
 test: setup
 	$(VENV)/bin/python -m pytest -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder $(PYTEST_ARGS)

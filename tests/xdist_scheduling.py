@@ -28,9 +28,13 @@ MAIN_PPO_MODULES = (
 )
 
 
+def module_of(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
+
+
 def unit_of(nodeid: str) -> str:
     """The unit of work a test belongs to: its module, or the main_ppo group."""
-    module = nodeid.split("::", 1)[0]
+    module = module_of(nodeid)
     return MAIN_PPO_GROUP if module in MAIN_PPO_MODULES else module
 
 
@@ -38,7 +42,7 @@ def main_ppo_first(items: list[pytest.Item]) -> None:
     """Put the main_ppo modules' tests first, in :data:`MAIN_PPO_MODULES`' order (stable: the rest keep theirs).
     Runs in every worker alike, so their collections still agree."""
     rank = {module: i for i, module in enumerate(MAIN_PPO_MODULES)}
-    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
+    items.sort(key=lambda item: rank.get(module_of(item.nodeid), len(rank)))
 
 
 class ModuleScheduling:

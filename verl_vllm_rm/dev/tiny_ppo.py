@@ -154,7 +154,7 @@ def main_ppo_overrides(cfg: TinyPPOConfig, inputs: Inputs, server_url: str | Non
         *reward_model_overrides(cfg, inputs, server_url),
         f"+reward.reward_kwargs.rewards={REWARDS}",
         # "always": win metrics in training too (one reference score per prompt group and step); "auto" would
-        # give them in validation only (trainer mode vllm_rm tells the reward-loop workers when it validates)
+        # give them in validation only (our trainer modes tag each validation prompt)
         "+reward.reward_kwargs.pairwise=always",
         "+reward.reward_kwargs.reference_source=extra_info:reference",
         "+reward.reward_kwargs.num_examine=0",
