@@ -295,12 +295,13 @@ def ray_cluster():
     """
     import ray
 
+    from ray_helpers import start_local_ray
+
     from verl_vllm_rm.dev.cpu_names import HARNESS_MODULE
 
     started = not ray.is_initialized()
     if started:
-        ray.init(num_cpus=16, include_dashboard=False, log_to_driver=False,
-                 runtime_env={"env_vars": {"VERL_USE_EXTERNAL_MODULES": HARNESS_MODULE}})
+        start_local_ray(num_cpus=16, runtime_env={"env_vars": {"VERL_USE_EXTERNAL_MODULES": HARNESS_MODULE}})
     yield
     if started:
         ray.shutdown()

@@ -13,6 +13,7 @@ import time
 
 import numpy as np
 import pytest
+from ray_helpers import start_local_ray
 
 from verl_vllm_rm.dev.grpo_batch import build_batch
 from verl_vllm_rm.options import ConfigError
@@ -30,7 +31,7 @@ SPLIT_GROUPS = np.array([0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15]) 
 def ray_cluster():
     import ray
 
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+    start_local_ray(num_cpus=4, ignore_reinit_error=True)
     yield
     ray.shutdown()
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import signal
 import subprocess
 import sys
@@ -21,10 +22,12 @@ def test_killing_the_driver_leaves_no_server_and_no_actor(tiny_rm, server_args, 
     sees its replica actor gone and exits with its engine."""
     script = tmp_path / "driver.py"
     script.write_text(textwrap.dedent(f"""
-        import json, os, time, ray
+        import json, os, sys, time, ray
+        sys.path.insert(0, {str(pathlib.Path(__file__).parents[1])!r})
+        from ray_helpers import start_local_ray
         from verl_vllm_rm.replicas.fleet import fleet_for
         from verl_vllm_rm.replicas.options import ReplicaOptions
-        ray.init(num_cpus=2, include_dashboard=False)
+        start_local_ray(num_cpus=2, log_to_driver=True)
         fleet = fleet_for("rm", ReplicaOptions(model={tiny_rm!r}, num_replicas=1, server_args={tuple(server_args)!r}))
         ray.get(fleet.urls.remote())
         actors = ray.get(fleet.__ray_call__.remote(

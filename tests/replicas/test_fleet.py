@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 from process_helpers import pid_alive, wait_for_no_orphaned_engines, wait_until
+from ray_helpers import start_local_ray
 
 from verl_vllm_rm.dev.grpo_batch import build_batch, last_token_rewards, row_token_ids
 from verl_vllm_rm.parity.reference import sequence_scores
@@ -53,7 +54,7 @@ def fleet_ray():
     """This module's Ray cluster (6 CPUs): every fleet of its tests, the ones that cannot start too, lives there."""
     import ray
 
-    ray.init(num_cpus=6, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+    start_local_ray(num_cpus=6, ignore_reinit_error=True)
     yield
     ray.shutdown()
 

@@ -11,6 +11,7 @@ import re
 
 import numpy as np
 import pytest
+from ray_helpers import start_local_ray
 
 from verl_vllm_rm.dev.grpo_batch import build_batch
 from verl_vllm_rm.dev.loader import load_manager, vllm_rm_config
@@ -80,7 +81,7 @@ def test_batch_call_judges_each_group_once_with_all_members(rm_server, judge_ser
 def ray_two_workers():
     import ray
 
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+    start_local_ray(num_cpus=4, ignore_reinit_error=True)
     yield
     ray.shutdown()
 

@@ -8,6 +8,7 @@ across both workers; the scores must still equal transformers'.
 import numpy as np
 import pytest
 import torch
+from ray_helpers import start_local_ray
 
 from verl_vllm_rm.dev.grpo_batch import build_batch, last_token_rewards, row_token_ids
 from verl_vllm_rm.parity.reference import sequence_scores
@@ -17,7 +18,7 @@ from verl_vllm_rm.parity.reference import sequence_scores
 def ray_cluster():
     import ray
 
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+    start_local_ray(num_cpus=4, ignore_reinit_error=True)
     yield
     ray.shutdown()
 
