@@ -173,16 +173,13 @@ def test_a_reference_answer_is_ensembled_per_attribute_on_the_current_scale(load
     route = mgr.router.routes[0]
     reference = heads(2, seed=10)
 
-    def answer_with(row):
-        async def score(sample, rm_input, text):
-            scored = Scored(None, 0, 0.0, attributes=[float(x) for x in row])
-            return scored, float(row[COLUMNS] @ W)
-        return score
-
-    for rm, row in zip(route.members, reference):
-        rm.reference_score = answer_with(row)
+    references = [(Scored(None, 0, 0.0, attributes=[float(x) for x in row]), float(row[COLUMNS] @ W))
+                  for row in reference]
+    answers = [(Scored(None, 0, 0.0, attributes=[0.0] * 5), 0.0)] * 2  # the sample's, on the references' version
     counts = [w.count for rm in route.members for w in rm.attribute_whitenings]
-    got = asyncio.run(reference_score(None, "the reference", route, route.members, [None, None]))
+    kept, got = asyncio.run(reference_score(None, "the reference", route, route.members, [None, None], answers,
+                                            references))
+    assert kept == answers
     scaled = [[w.whiten(x) for w, x in zip(rm.attribute_whitenings, row[COLUMNS])]
               for rm, row in zip(route.members, reference)]
     assert got == pytest.approx(float(np.min(scaled, axis=0) @ W))

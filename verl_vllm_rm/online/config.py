@@ -63,6 +63,10 @@ class OnlineRMConfig:
     # PPO steps in a row without an RM step (no preference pairs) before the run fails (0: never): a run that asked
     # for online RM training never silently trains none
     max_idle_steps: int = 10
+    # verl's asynchronous trainers only: the RM versions one PPO batch may have been scored by. Finished prompt
+    # groups scored below (newest published version - max_staleness + 1) are evicted and replaced, as verl evicts
+    # groups past trainer.v1.sampler.max_off_policy_threshold (None: no bound)
+    max_staleness: int | None = None
 
     def __post_init__(self) -> None:
         if (self.server_url is None) == (self.reward_model is None):
@@ -72,7 +76,7 @@ class OnlineRMConfig:
         RewardModelTrainingMode.parse(self.training_mode)
         check_ranges(self, {"> 0": ("lr", "clip_grad", "timeout_s", "placement_timeout_s"),
                             ">= 1": ("publish_every", "lora_rank", "lora_alpha", "micro_batch_size_per_gpu",
-                                     "max_token_len_per_gpu", "num_workers", "bucket_bytes"),
+                                     "max_token_len_per_gpu", "num_workers", "bucket_bytes", "max_staleness"),
                             ">= 0": ("parity_every", "max_idle_steps", "min_reward_gap", "weight_decay")})
         if self.fsdp_size != -1 and self.fsdp_size < 1:
             raise ValueError(f"fsdp_size must be -1 (all RM ranks) or >= 1, got {self.fsdp_size}")

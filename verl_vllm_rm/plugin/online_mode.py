@@ -1,4 +1,4 @@
-"""Online RM training inside a verl PPO/GRPO run (opt-in): trainer mode ``vllm_rm_online``.
+"""Online RM training inside a verl PPO/GRPO run (opt-in): trainer modes ``vllm_rm_online[_<async mode>]``.
 
 After each PPO step this trainer reads the step's rollouts (``uid``, prompt and
 response ids, reward) from verl's TransferQueue, in the same read as the reward
@@ -11,6 +11,13 @@ Enable it with one override (see ``recipes/grpo_math_online_rm.sh``)::
 
     python -m verl.trainer.main_ppo trainer.v1.trainer_mode=vllm_rm_online \\
         +online_rm.model_path=... [+online_rm.training_mode=lora ...]  (server_url: the reward manager's)
+
+``vllm_rm_online`` is verl's ``sync`` trainer: the RM step runs inside the PPO step, while
+nothing is generated. ``vllm_rm_online_colocate_async`` and ``vllm_rm_online_separate_async``
+are verl's asynchronous trainers, where generation goes on between steps: the RM step runs
+after verl's ``on_step_end`` (the policy's weights synced, generation resumed), and
+``+online_rm.max_staleness=K`` bounds the RM versions one batch was scored by
+(:mod:`~verl_vllm_rm.plugin.rm_staleness`).
 
 The package's ``verl.plugins`` entry point registers it in every process (no
 environment variable). Needs verl's v1 trainer dependencies (``transfer_queue``,
@@ -26,22 +33,25 @@ from typing import TYPE_CHECKING, Any, Hashable
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 from transfer_queue import KVBatchMeta
-from verl.trainer.ppo.v1 import register_trainer
+from verl.trainer.ppo.v1 import get_trainer_cls, register_trainer
 from verl.utils.debug import marked_timer
 
 from verl_vllm_rm.options import ConfigError
 from verl_vllm_rm.protocol.defaults import DEFAULT_SERVER_URL
-from verl_vllm_rm.plugin.trainer_modes import RewardMetricsTrainer, resumed_folder, reward_extra_info, step_folder
+from verl_vllm_rm.plugin.trainer_modes import TRAINER_MODES, resumed_folder, reward_extra_info, step_folder
 from verl_vllm_rm.rows import unpadded
 from verl_vllm_rm.scoring.options import DEFAULT_RM_NAME, run_reward_models
 
 # ``verl_vllm_rm.online.driver`` is imported where it is used: it starts Ray worker groups, which the many
-# processes that register this trainer mode (every process that imports verl's trainer) never need.
+# processes that register this trainer mode (every process that imports verl's trainer) never need. So is
+# ``plugin.rm_staleness``: it imports verl's trainer package, whose import registers this module (a cycle when
+# it is imported first).
 
 if TYPE_CHECKING:
     from verl_vllm_rm.online.config import OnlineRMConfig
     from verl_vllm_rm.online.drift import DriftProbe
     from verl_vllm_rm.online.driver import OnlineRewardModel
+    from verl_vllm_rm.plugin.rm_staleness import RMStalenessBuffer
 
 logger = logging.getLogger(__name__)
 
@@ -54,14 +64,15 @@ TOKEN_REWARD_FIELD = "rm_scores"
 Rollout = tuple[list[Hashable], list[list[int]], list[list[float]]]
 
 
-def online_rm_config(config: DictConfig) -> "OnlineRMConfig":
-    """The run's ``online_rm`` section, validated; ``server_url`` defaults to the reward manager's server, or, when
-    its RM runs on managed replicas, ``reward_model`` to that RM (every replica gets each publish)."""
+def online_rm_options(config: DictConfig) -> "OnlineRMConfig":
+    """The run's ``online_rm`` section, validated (nothing read from disk); ``server_url`` defaults to the reward
+    manager's server, or, when its RM runs on managed replicas, ``reward_model`` to that RM (every replica gets
+    each publish)."""
     from verl_vllm_rm.online.config import OnlineRMConfig
-    from verl_vllm_rm.online.trainable import check_trainable_head
 
     if "online_rm" not in config:
-        raise ConfigError(f"trainer mode {TRAINER_MODE!r} needs an online_rm section: add "
+        mode = OmegaConf.select(config, "trainer.v1.trainer_mode", default=TRAINER_MODE)
+        raise ConfigError(f"trainer mode {mode!r} needs an online_rm section: add "
                           "+online_rm.model_path=... (see recipes/grpo_math_online_rm.sh)")
     options = OmegaConf.to_container(config.online_rm, resolve=True)
     managed = OmegaConf.select(config, "reward.reward_kwargs.replicas", default=None) is not None
@@ -74,7 +85,15 @@ def online_rm_config(config: DictConfig) -> "OnlineRMConfig":
             raise ConfigError(f"online_rm.server_url is unset and reward.reward_kwargs.server_url lists {urls}: "
                               "set +online_rm.server_url to the server whose weights the RM trainer updates")
         options["server_url"] = urls[0]
-    cfg = OnlineRMConfig.from_dict(options)
+    return OnlineRMConfig.from_dict(options)
+
+
+def online_rm_config(config: DictConfig) -> "OnlineRMConfig":
+    """:func:`online_rm_options`, and the RM they name checked: a head the RM trainer can train, on managed
+    replicas of this run when ``reward_model`` names it."""
+    from verl_vllm_rm.online.trainable import check_trainable_head
+
+    cfg = online_rm_options(config)
     check_trainable_head(cfg.model_path)
     managed_rms = [o.name for o in run_reward_models(config) if o.replicas is not None]
     if cfg.reward_model is not None and cfg.reward_model not in managed_rms:
@@ -141,18 +160,23 @@ def rollout_of(data: dict[str, Any], reward_keys: list[str]) -> Rollout:
     return list(data["uid"]), sequences, rewards
 
 
-@register_trainer(TRAINER_MODE)
-class OnlineRewardModelTrainer(RewardMetricsTrainer):
-    """Trainer mode ``vllm_rm`` (verl's sync trainer with reward metrics) plus one RM step (and publish) per
-    PPO step, and the RM's drift on a fixed probe set. The whitening statistics are saved with the RM's state."""
+class OnlineRewardModelTraining:
+    """Online RM training on top of trainer mode ``vllm_rm[_<mode>]`` (one of verl's v1 trainers with the reward
+    metrics): the RM's worker group, checkpoint and resume, what an RM step reads and the step itself; when it
+    runs is :class:`RMStepInStep`'s or :class:`RMStepAfterStepEnd`'s. The whitening statistics are saved with
+    the RM's state."""
 
     state_dir = RM_CHECKPOINT_DIR
 
     def init(self):
+        from verl_vllm_rm.plugin.rm_staleness import RMStalenessBuffer
+
         super().init()  # verl's setup, which resumes from a checkpoint (and sets global_steps) when configured
         self.online_rm = build_online_rm(self.config, actor_resource_pool(self))
         if self.global_steps > 0:
-            resume_reward_model(self.online_rm, resumed_folder(self.config, self.global_steps))
+            if isinstance(self.replay_buffer, RMStalenessBuffer):
+                self.replay_buffer.retire_finished_groups()
+            self.note_publish(resume_reward_model(self.online_rm, resumed_folder(self.config, self.global_steps)))
         self.drift_probe: "DriftProbe | None" = None
 
     def _save_checkpoint(self):
@@ -165,19 +189,133 @@ class OnlineRewardModelTrainer(RewardMetricsTrainer):
     def step_fields(self) -> list[str]:
         return list(dict.fromkeys([*super().step_fields(), *rollout_fields(self.online_rm.config.reward_key)]))
 
-    def step(self, metrics: dict, timing_raw: dict) -> KVBatchMeta:
-        batch = super().step(metrics, timing_raw)  # reads the step's trajectories (step_fields) into step_data
-        with marked_timer("online_rm", timing_raw, color="purple"):
-            self.log_reward_metrics(metrics, self.train_reward_model(self.step_data))
-        return batch
-
     def train_reward_model(self, data: dict[str, Any]) -> dict[str, float]:
         """One RM step on this PPO step's rollouts (publishing per ``online_rm.publish_every``), then the RM's
         drift on the probe set (the first call's sequences, scored before its RM step)."""
         rollout = rollout_of(data, self.online_rm.config.reward_key)
         if self.drift_probe is None:
             self.drift_probe = make_drift_probe(self.online_rm.config, rollout[1])
-        return {**self.online_rm.train_on_rollout(*rollout, step=self.global_steps), **self.drift_probe.measure()}
+        metrics = {**self.online_rm.train_on_rollout(*rollout, step=self.global_steps), **self.drift_probe.measure()}
+        self.note_publish(metrics)
+        return metrics
+
+    def note_publish(self, metrics: dict[str, float]) -> None:
+        """After a publish (``rm/published_version`` in its metrics), raise the RM staleness floor of an
+        :class:`~verl_vllm_rm.plugin.rm_staleness.RMStalenessBuffer` (``online_rm.max_staleness``), reported as
+        ``rm/staleness_floor``."""
+        from verl_vllm_rm.plugin.rm_staleness import RMStalenessBuffer
+
+        if isinstance(self.replay_buffer, RMStalenessBuffer) and "rm/published_version" in metrics:
+            self.replay_buffer.published(int(metrics["rm/published_version"]))
+            metrics["rm/staleness_floor"] = float(self.replay_buffer.floor)
+
+
+class RMStepInStep:
+    """verl's sync trainer: the RM step right after verl's step (nothing is generated until the next one)."""
+
+    def _build_replay_buffer(self):
+        if OmegaConf.select(self.config, "online_rm.max_staleness", default=None) is not None:
+            raise ConfigError(
+                f"online_rm.max_staleness bounds the RM versions a batch of verl's asynchronous trainers was scored "
+                f"by; trainer mode {TRAINER_MODE!r} (verl's sync trainer) publishes between steps, so each batch is "
+                f"scored by one version already: drop +online_rm.max_staleness, or train in "
+                f"{TRAINER_MODE}_colocate_async or {TRAINER_MODE}_separate_async")
+        return super()._build_replay_buffer()
+
+    def step(self, metrics: dict, timing_raw: dict) -> KVBatchMeta:
+        batch = super().step(metrics, timing_raw)  # reads the step's trajectories (step_fields) into step_data
+        with marked_timer("online_rm", timing_raw, color="purple"):
+            self.log_reward_metrics(metrics, self.train_reward_model(self.step_data))
+        return batch
+
+
+class RMStepAfterStepEnd:
+    """verl's asynchronous trainers: the RM step after verl's ``on_step_end``, or before the checkpoint on a save
+    step.
+
+    colocate_async pauses generation from ``on_sample_end`` to the end of ``on_step_end`` (the policy's weights
+    synced, generation resumed); separate_async generates all along but syncs the policy in ``on_step_end``. An RM
+    step inside ``step()`` would hold generation (or the policy's sync) for the RM step and its publish; after
+    ``on_step_end`` only the server's reload pauses scoring. verl saves the checkpoint before ``on_step_end``: on
+    those steps the RM step runs first (generation is paused there in colocate_async anyway), so the checkpoint
+    holds the RM after this step. Its metrics reach the step's through ``_pending_sync_metrics``, which verl
+    merges after ``on_step_end`` (separate_async assigns it there: added after).
+    """
+
+    def init(self):
+        super().init()
+        self._rm_step_due = False
+        self._rm_metrics: dict[str, float] = {}
+
+    def _build_replay_buffer(self):
+        from verl_vllm_rm.plugin.rm_staleness import trained_rm_version_keys
+
+        online = online_rm_options(self.config)
+        if online.max_staleness is None:
+            return super()._build_replay_buffer()
+        return staleness_buffer(self, online.max_staleness, trained_rm_version_keys(run_reward_models(self.config),
+                                                                                    online))
+
+    def step(self, metrics: dict, timing_raw: dict) -> KVBatchMeta:
+        batch = super().step(metrics, timing_raw)  # reads the step's trajectories (step_fields) into step_data
+        self._rm_step_due = True
+        return batch
+
+    def _save_checkpoint(self):
+        self._run_rm_step()
+        super()._save_checkpoint()
+
+    def on_step_end(self):
+        super().on_step_end()
+        self._run_rm_step()
+        self._pending_sync_metrics = dict(getattr(self, "_pending_sync_metrics", None) or {})
+        self.log_reward_metrics(self._pending_sync_metrics, self._rm_metrics)
+        self._rm_metrics = {}
+
+    def _run_rm_step(self) -> None:
+        """The step's RM step, once."""
+        if self._rm_step_due:
+            self._rm_step_due = False
+            with marked_timer("online_rm", self.timing_raw, color="purple"):
+                self._rm_metrics = self.train_reward_model(self.step_data)
+
+
+def staleness_buffer(trainer: Any, max_staleness: int, version_keys: tuple[str, ...]) -> "RMStalenessBuffer":
+    """The replay buffer verl builds for its asynchronous trainers (``PPOTrainer._build_replay_buffer``, DAPO's
+    group filter included), as an :class:`~verl_vllm_rm.plugin.rm_staleness.RMStalenessBuffer`."""
+    from verl_vllm_rm.plugin.rm_staleness import RMStalenessBuffer
+
+    sampler = trainer.config.trainer.v1.sampler
+    custom = sampler.get("custom_sampler", None)
+    if custom is not None and custom.get("path") and custom.get("name"):
+        raise ConfigError(f"online_rm.max_staleness evicts stale groups in a replay buffer of its own (verl's "
+                          f"asynchronous one), and trainer.v1.sampler.custom_sampler names another "
+                          f"({custom.get('name')}): drop one of them")
+    return RMStalenessBuffer(
+        trainer_mode=trainer.trainer_mode, trainer_config=trainer.config.trainer.v1.get(trainer.trainer_mode, {}),
+        max_off_policy_threshold=sampler.max_off_policy_threshold,
+        max_off_policy_strategy=sampler.max_off_policy_strategy, sampler_kwargs=sampler.sampler_kwargs,
+        refill_fn=trainer._add_prompts_to_generate, filter_groups_metric=trainer._resolve_filter_groups_metric(),
+        sync_refill_failed_groups=bool(sampler.get("sync_refill_failed_groups", False)),
+        max_staleness=max_staleness, version_keys=version_keys)
+
+
+def with_online_rm(base_mode: str) -> type:
+    """Trainer mode ``vllm_rm[_<base_mode>]`` with online RM training (the class registered as
+    ``vllm_rm_online[_<base_mode>]``)."""
+    metrics_cls = next(get_trainer_cls(name) for name, base in TRAINER_MODES.items() if base == base_mode)
+    timing = RMStepInStep if base_mode == "sync" else RMStepAfterStepEnd
+    name = "OnlineRewardModelTrainer" + ("" if base_mode == "sync" else base_mode.title().replace("_", ""))
+    doc = f"verl's {base_mode} v1 trainer with the reward metrics and one RM step (and publish) per PPO step."
+    return type(name, (timing, OnlineRewardModelTraining, metrics_cls), {"__doc__": doc})
+
+
+#: ``trainer.v1.trainer_mode`` -> verl's mode it adds online RM training to.
+ONLINE_MODES = {TRAINER_MODE: "sync", f"{TRAINER_MODE}_colocate_async": "colocate_async",
+                f"{TRAINER_MODE}_separate_async": "separate_async"}
+for _name, _base in ONLINE_MODES.items():
+    register_trainer(_name)(with_online_rm(_base))
+OnlineRewardModelTrainer = get_trainer_cls(TRAINER_MODE)  # the sync one
 
 
 def make_drift_probe(config: "OnlineRMConfig", sequences: list[list[int]]) -> "DriftProbe":

@@ -1,7 +1,7 @@
 """Entry point of group ``verl.plugins`` (loaded by ``import verl`` in every process,
 Ray reward-loop workers included): registers the ``vllm_rm`` reward manager and every
 trainer mode of the package: ``vllm_rm`` and its async twins (reward metrics and alarms
-in verl's logger) and ``vllm_rm_online`` (the RM trained during the run). This is the
+in verl's logger) and ``vllm_rm_online`` and its async twins (the RM trained during the run). This is the
 only way they are registered: no ``VERL_USE_EXTERNAL_MODULES`` is needed.
 
 The trainer modes are registered when verl's trainer registry (``verl.trainer.ppo.v1``)
@@ -28,7 +28,8 @@ TRAINER_REGISTRY_MODULE = "verl.trainer.ppo.v1"
 #: each registers its trainer modes when imported
 TRAINER_MODE_MODULES = {
     "verl_vllm_rm.plugin.trainer_modes": "'vllm_rm' trainer modes (trainer.v1.trainer_mode=vllm_rm[_<async mode>])",
-    "verl_vllm_rm.plugin.online_mode": "'vllm_rm_online' trainer mode (trainer.v1.trainer_mode=vllm_rm_online)",
+    "verl_vllm_rm.plugin.online_mode":
+        "'vllm_rm_online' trainer modes (trainer.v1.trainer_mode=vllm_rm_online[_<async mode>])",
 }
 
 

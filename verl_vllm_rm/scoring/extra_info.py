@@ -4,14 +4,26 @@
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 from verl_vllm_rm.monitor.metrics import attribute_key, ensembled_attribute_keys, scaled_attribute_key
 from verl_vllm_rm.rewards.compose import rule_keys
 from verl_vllm_rm.judge.reward import JUDGE_KEYS
 from verl_vllm_rm.scoring.reward_model import RewardModel
 from verl_vllm_rm.rows import Sample
+from verl_vllm_rm.scoring.options import RewardModelOptions
 from verl_vllm_rm.scoring.rules import RuleScorer
+
+
+def per_member_keys(rm_options: Sequence[RewardModelOptions]) -> bool:
+    """Whether ``reward_extra_info`` has keys per RM (``rm_score_<name>``, ...): with several RMs, or a whitened one."""
+    return len(rm_options) > 1 or any(o.whiten != "none" for o in rm_options)
+
+
+def weight_version_key(rm_options: Sequence[RewardModelOptions], name: str) -> str:
+    """The ``reward_extra_info`` key holding the weight version of RM ``name`` that scored each sample: its own
+    (``rm_weight_version`` is the oldest over an ensemble's members, which mixes in the frozen ones)."""
+    return f"rm_weight_version_{name}" if per_member_keys(rm_options) else "rm_weight_version"
 
 
 def info_keys(reward_models: Mapping[str, RewardModel], per_member: bool, rule_scorers: Iterable[RuleScorer],
@@ -30,7 +42,7 @@ def info_keys(reward_models: Mapping[str, RewardModel], per_member: bool, rule_s
     if per_member:
         keys.append("rm_ensemble_std")
         for name, rm in reward_models.items():
-            keys += [f"rm_score_{name}", f"rm_valid_{name}"]
+            keys += [f"rm_score_{name}", f"rm_valid_{name}", f"rm_weight_version_{name}"]
             keys += [f"rm_scaled_{name}"] if rm.whitenings else []
     rule_scorers = list(rule_scorers)
     for rules in rule_scorers:

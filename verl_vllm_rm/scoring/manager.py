@@ -20,7 +20,7 @@ from verl.experimental.reward_loop.reward_manager.base import RewardManagerBase
 from verl.utils.reward_score import default_compute_score
 from verl_vllm_rm.judge.reward import SampleJudge
 from verl_vllm_rm.rows import samples_of, samples_of_rows
-from verl_vllm_rm.scoring.extra_info import Examiner, info_keys
+from verl_vllm_rm.scoring.extra_info import Examiner, info_keys, per_member_keys
 from verl_vllm_rm.scoring.legacy import warn_misrouted_config
 from verl_vllm_rm.scoring.options import ConfigError, ManagerOptions, parse_options, reward_kwargs_of
 from verl_vllm_rm.scoring.orchestration import Orchestration
@@ -51,8 +51,8 @@ class VLLMRewardManager(Orchestration, RewardManagerBase):
                 reference_source=self.options.reference_source)
         except ValueError as e:
             raise ConfigError(str(e)) from e
-        #: per-RM keys in reward_extra_info: with several RMs, or a whitened one
-        self.per_member = len(self.reward_models) > 1 or any(o.whiten != "none" for o in rm_options)
+        #: per-RM keys in reward_extra_info (per_member_keys)
+        self.per_member = per_member_keys(rm_options)
         self.info_keys = info_keys(self.reward_models, self.per_member, self.router.rule_scorers,
                                    judge=self.judge is not None,
                                    ensembled_attributes=self.router.ensembled_attributes)

@@ -48,7 +48,8 @@ class _Started:
     answers: list[asyncio.Future]
     submitted: float
     pairwise: bool
-    reference: asyncio.Future | None
+    reference_text: str | None
+    reference: asyncio.Future | None  # of each member's reference answer (or its error), asked beside the sample
     judge: asyncio.Future | None
     components: asyncio.Future | None  # of the rule components
     verifiable: asyncio.Future | None
@@ -131,14 +132,17 @@ class Orchestration:
         members = route.members
         rm_inputs = [rm.rm_input(sample) for rm in members]  # these two raise before anything is queued
         pairwise = self.options.pairwise == "always" or (self.options.pairwise == "auto" and sample.validate)
-        reference = self._reference(sample, route, rm_inputs) if pairwise and members else None
+        ref_text = self._reference_text(sample, rm_inputs) if pairwise and members else None
         submitted = time.perf_counter()
         answers = [rm.submit(rm_input) for rm, rm_input in zip(members, rm_inputs)]
+        # asked beside the sample's requests (most often in the same request, so on its version); paired in _finish
+        reference = None if ref_text is None else asyncio.ensure_future(asyncio.gather(
+            *(rm.reference_score(sample, i, ref_text) for rm, i in zip(members, rm_inputs)), return_exceptions=True))
         rules = route.rules
         needs_text = rules.needs_verifiable or rules.has_rules or rules.needs_judge
         text = self.tokenizer.decode(sample.response_ids, skip_special_tokens=True) if needs_text else ""
         return _Started(
-            sample, route, rm_inputs, answers, submitted, pairwise, reference,
+            sample, route, rm_inputs, answers, submitted, pairwise, ref_text, reference,
             judge=asyncio.ensure_future(self.judge.score(sample, text)) if rules.needs_judge else None,
             components=rules.start(self.loop, self.tokenizer, sample, text, self.options.reference_source)
             if rules.has_rules else None,
@@ -161,6 +165,10 @@ class Orchestration:
             answers = [member_answer(rm, outcome, rm_input, ensemble=ensemble)
                        for rm, outcome, rm_input in zip(s.route.members, outcomes, s.rm_inputs)]
             judged, judge_info = await s.judge if s.judge is not None else (None, {})
+            reference = None  # the reference's score; also None when a member under failure_policy=mask failed on it
+            if s.reference is not None:  # each member's answer for the sample paired with its reference's
+                answers, reference = await reference_score(s.sample, s.reference_text, s.route, s.route.members,
+                                                           s.rm_inputs, answers, await s.reference)
         except BaseException:
             for task in (s.reference, s.judge):
                 if task is not None:
@@ -186,17 +194,16 @@ class Orchestration:
         if s.pairwise and s.reference is None:  # no RM or no reference (skipped): same keys as the others
             info.update(NO_WIN_METRICS)
         if s.reference is not None:
-            reference = await s.reference  # None: a member under failure_policy=mask failed on it
             info.update(win_metrics(info["rm_score"], reference) if valid and reference is not None
                         else NO_WIN_METRICS)
         self.examiner.maybe_print(sample, info)
         return {"reward_score": reward_score, "reward_extra_info": info}
 
-    def _reference(self, sample: Sample, route: Route, rm_inputs: list[RMInput]) -> asyncio.Future | None:
-        """The future of the route's score of the prompt's reference answer (None: none, missing_reference=skip)."""
+    def _reference_text(self, sample: Sample, rm_inputs: list[RMInput]) -> str | None:
+        """The prompt's reference answer (None: none, missing_reference=skip)."""
         text = reference_text(sample.fields, self.options.reference_source)
         if text is not None:
-            return asyncio.ensure_future(reference_score(sample, text, route, route.members, rm_inputs))
+            return text
         if self.options.missing_reference == "skip":
             self.references_missing += 1
             return None

@@ -1,14 +1,18 @@
 """Pairwise comparison with the prompt's reference answer (validation win rates).
 
-The reference answer of each prompt is scored once with the same reward model and
-the same input format as the responses, cached by prompt, and never counted as a
-sample. Each response then gets ``win`` (score > reference), ``win_and``
-(score >= reference) and ``ref_margin`` (score - reference).
+The reference answer of each prompt is scored once per weight version with the same
+reward model and the same input format as the responses, cached by prompt and version,
+and never counted as a sample. Each response is compared with the reference scored on
+its own version (an RM trained during the run publishes new versions while samples are
+scored) and gets ``win`` (score > reference), ``win_and`` (score >= reference) and
+``ref_margin`` (score - reference).
 """
 
 from __future__ import annotations
 
-from typing import Any, Hashable
+import asyncio
+from functools import partial
+from typing import Awaitable, Callable, Hashable, Protocol
 
 
 class MissingReferenceError(KeyError):
@@ -23,24 +27,44 @@ def win_metrics(score: float, reference: float) -> dict[str, float]:
 NO_WIN_METRICS: dict[str, None] = {"win": None, "win_and": None, "ref_margin": None}  # verl's val metrics skip None
 
 
+class Versioned(Protocol):
+    version: int  # the weight version that computed it
+
+
 class ReferenceCache:
-    """One reference score per (prompt group, reference text), shared by concurrent callers."""
+    """The reference answer of each (prompt group, reference text), once per weight version that scored it.
+
+    The server answers each request on the version it serves when the request arrives, so a caller asks for the
+    version its sample was scored on and may get a later one (a publish landed in between): that answer is kept
+    under its own version. Concurrent callers share one request in flight per key.
+    """
 
     def __init__(self, max_entries: int = 8192) -> None:
-        self._scores: dict[Hashable, Any] = {}
+        self._answers: dict[tuple[Hashable, int], Versioned] = {}
+        self._pending: dict[Hashable, asyncio.Future] = {}
         self.max_entries = max_entries
         self.scored = 0
 
-    async def score(self, key: Hashable, make_future) -> float:
-        import asyncio
-
-        if key not in self._scores:
-            while len(self._scores) >= self.max_entries:  # oldest first (insertion order)
-                self._scores.pop(next(iter(self._scores)))
-            self._scores[key] = asyncio.ensure_future(make_future())
+    async def score(self, key: Hashable, make_future: Callable[[], Awaitable[Versioned]],
+                    version: int | None = None) -> Versioned:
+        """``key``'s answer on ``version`` if one is kept, else the answer of the request in flight for ``key``,
+        else of a new one (``make_future``); ``version`` None: whichever version comes."""
+        if version is not None and (key, version) in self._answers:
+            return self._answers[(key, version)]
+        future = self._pending.get(key)
+        if future is None:
+            future = self._pending[key] = asyncio.ensure_future(make_future())
+            future.add_done_callback(partial(self._settled, key))
             self.scored += 1
-        try:
-            return await asyncio.shield(self._scores[key])
-        except Exception:
-            self._scores.pop(key, None)  # let a later call retry a failed reference
-            raise
+        return await asyncio.shield(future)
+
+    def _settled(self, key: Hashable, future: asyncio.Future) -> None:
+        """Keep a request's answer under its version; a failed one is not kept (a later call asks again)."""
+        if self._pending.get(key) is future:
+            del self._pending[key]
+        if future.cancelled() or future.exception() is not None:
+            return
+        answer = future.result()
+        while len(self._answers) >= self.max_entries:  # oldest first (insertion order)
+            self._answers.pop(next(iter(self._answers)))
+        self._answers[(key, answer.version)] = answer

@@ -132,13 +132,15 @@ class RewardModel:
         """The future of this input's :class:`Scored` (grouped with its prompt group's other members)."""
         return self.batcher.submit(rm_input.group_key, rm_input.token_ids)
 
-    async def reference_score(self, sample: Sample, rm_input: RMInput, text: str) -> tuple[Scored, float]:
+    async def reference_score(self, sample: Sample, rm_input: RMInput, text: str,
+                              version: int | None = None) -> tuple[Scored, float]:
         """The answer and raw reward (:meth:`value`) of the prompt's reference answer ``text``, scored once per
-        prompt group."""
+        prompt group and weight version: on ``version`` when kept, else on the one the server serves now (None:
+        whichever)."""
         prompt_ids, ref_ids = self.render(sample, None, text)
         ids, dropped = fit_to_length(prompt_ids, ref_ids, await self.max_len(), self.options.overlong_policy)
         scored = await self.references.score((rm_input.group_key, text),
-                                             lambda: self.batcher.submit(rm_input.group_key, ids))
+                                             lambda: self.batcher.submit(rm_input.group_key, ids), version)
         return scored, self.value(scored, RMInput(ids, rm_input.group_key, dropped, len(prompt_ids) - dropped))
 
     def scale(self, scored: Scored, raw: float, *, update: bool) -> tuple[float, list[float] | None]:
