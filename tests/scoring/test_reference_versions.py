@@ -91,3 +91,32 @@ def test_versions_that_never_meet_are_an_error_or_masked_by_the_failure_policy(l
     info, _ = score(load_manager, verl_config, tokenizer, PublishingServer(publish_after={"every"}),
                     failure_policy="mask")
     assert info["rm_valid"] == [1.0] and info["win"] == [None]  # the sample keeps its score; no comparison
+
+
+def test_a_reference_is_kept_per_group_and_version():
+    from verl_vllm_rm.scoring.pairwise import ReferenceCache
+
+    cache, asked = ReferenceCache(max_entries=2), []
+
+    def request(version: int):
+        def make():
+            asked.append(version)
+            future = asyncio.get_running_loop().create_future()
+            future.set_result(Scored(float(version), version, 0.0))
+            return future
+        return make
+
+    async def go():
+        assert (await cache.score("g", request(0))).version == 0
+        assert (await cache.score("g", request(9))).version == 0  # any version: the newest kept, not asked again
+        assert (await cache.score("g", request(0), version=0)).version == 0
+        assert (await cache.score("g", request(1), version=1)).version == 1  # another version: asked
+        assert (await cache.score("g", request(9))).version == 1
+        shared = await asyncio.gather(cache.score("h", request(2), 2), cache.score("h", request(9), 2))
+        assert [a.version for a in shared] == [2, 2]  # one request in flight, shared
+        await cache.score("k", request(3))
+        await asyncio.sleep(0)  # its answer kept (the request's done-callback): a third key, the oldest ("g") goes
+        assert (await cache.score("g", request(4), version=0)).version == 4
+
+    asyncio.run(go())
+    assert asked == [0, 1, 2, 3, 4] and cache.scored == 5

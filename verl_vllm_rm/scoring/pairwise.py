@@ -40,17 +40,23 @@ class ReferenceCache:
     """
 
     def __init__(self, max_entries: int = 8192) -> None:
-        self._answers: dict[tuple[Hashable, int], Versioned] = {}
+        self._answers: dict[Hashable, dict[int, Versioned]] = {}  # key -> version -> answer
         self._pending: dict[Hashable, asyncio.Future] = {}
         self.max_entries = max_entries
         self.scored = 0
 
     async def score(self, key: Hashable, make_future: Callable[[], Awaitable[Versioned]],
                     version: int | None = None) -> Versioned:
-        """``key``'s answer on ``version`` if one is kept, else the answer of the request in flight for ``key``,
-        else of a new one (``make_future``); ``version`` None: whichever version comes."""
-        if version is not None and (key, version) in self._answers:
-            return self._answers[(key, version)]
+        """``key``'s answer on ``version`` (None: the newest kept) if kept, else the answer of the request in
+        flight for ``key``, else of a new one (``make_future``)."""
+        pending = self._pending.get(key)
+        if pending is not None and pending.done():  # answered, its done-callback not run yet
+            self._settled(key, pending)
+        kept = self._answers.get(key, {})
+        if version is None and kept:
+            return kept[max(kept)]
+        if version in kept:
+            return kept[version]
         future = self._pending.get(key)
         if future is None:
             future = self._pending[key] = asyncio.ensure_future(make_future())
@@ -59,12 +65,15 @@ class ReferenceCache:
         return await asyncio.shield(future)
 
     def _settled(self, key: Hashable, future: asyncio.Future) -> None:
-        """Keep a request's answer under its version; a failed one is not kept (a later call asks again)."""
+        """Keep a request's answer under its version (once however often it is called); a failed one is not kept
+        (a later call asks again)."""
         if self._pending.get(key) is future:
             del self._pending[key]
         if future.cancelled() or future.exception() is not None:
             return
         answer = future.result()
-        while len(self._answers) >= self.max_entries:  # oldest first (insertion order)
-            self._answers.pop(next(iter(self._answers)))
-        self._answers[(key, answer.version)] = answer
+        if key not in self._answers:
+            while len(self._answers) >= self.max_entries:  # oldest key first (insertion order)
+                self._answers.pop(next(iter(self._answers)))
+            self._answers[key] = {}
+        self._answers[key][answer.version] = answer
