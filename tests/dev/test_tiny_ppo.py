@@ -268,15 +268,22 @@ def test_report_of_the_run(plain_run, tmp_path):
     ({"replicas": -1}, "--replicas must be >= 0"),
     ({"replicas": 2, "server_url": "http://127.0.0.1:8001"}, "cannot go with --server-url"),
     ({"mode": "fully_async"}, "--mode must be one of"),
-    ({"mode": "colocate_async", "online": "lora"},
-     r"--online lora trains the RM in verl's sync trainer only \(trainer mode vllm_rm_online\); run --mode "
-     "colocate_async with --online off, or --mode sync"),
 ])
 def test_bad_options_are_refused(tmp_path, kwargs, message):
     from verl_vllm_rm.dev.tiny_ppo import TinyPPOConfig
 
     with pytest.raises(ValueError, match=message):
         TinyPPOConfig(tmp_path, **kwargs)
+
+
+@pytest.mark.parametrize(("online", "mode", "expected"), [
+    ("off", "sync", "vllm_rm"), ("off", "separate_async", "vllm_rm_separate_async"),
+    ("lora", "sync", "vllm_rm_online"), ("lora", "colocate_async", "vllm_rm_online_colocate_async"),
+])
+def test_the_trainer_mode_is_ours_over_verls(tmp_path, online, mode, expected):
+    from verl_vllm_rm.dev.tiny_ppo import TinyPPOConfig, trainer_mode
+
+    assert trainer_mode(TinyPPOConfig(tmp_path, online=online, mode=mode)) == expected
 
 
 def test_the_cpu_profile_of_an_unknown_trainer_mode_is_refused():

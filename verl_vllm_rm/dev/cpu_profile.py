@@ -97,6 +97,6 @@ if __name__ == "__main__":
     if steps < 1:
         sys.exit(f"STEPS must be at least 1, got {steps} (VERL_VLLM_RM_CPU_STEPS in the recipes): a run of no step "
                  "trains nothing")
-    online = "trainer.v1.trainer_mode=vllm_rm_online" in sys.argv[2:]
+    online = any(arg.startswith("trainer.v1.trainer_mode=vllm_rm_online") for arg in sys.argv[2:])
     modules = os.environ.get("VERL_USE_EXTERNAL_MODULES", "")
     print("\n".join(cpu_profile(steps, online=online, external_modules=modules or None)))

@@ -72,9 +72,6 @@ class TinyPPOConfig:
             raise ValueError(f"--online must be one of {ONLINE_MODES}, got {self.online!r}")
         if self.mode not in BASE_MODES:
             raise ValueError(f"--mode must be one of {BASE_MODES}, got {self.mode!r}")
-        if self.mode != "sync" and self.online != "off":
-            raise ValueError(f"--online {self.online} trains the RM in verl's sync trainer only (trainer mode "
-                             f"vllm_rm_online); run --mode {self.mode} with --online off, or --mode sync")
         if self.steps < 1:
             raise ValueError(f"--steps must be >= 1, got {self.steps}")
         if self.replicas < 0 or (self.replicas and self.server_url is not None):
@@ -129,11 +126,9 @@ def reward_model_overrides(cfg: TinyPPOConfig, inputs: Inputs, server_url: str |
 
 
 def trainer_mode(cfg: TinyPPOConfig) -> str:
-    """Our trainer mode over verl's ``cfg.mode``: ``vllm_rm``, ``vllm_rm_colocate_async``, ``vllm_rm_separate_async``,
-    or ``vllm_rm_online`` (sync)."""
-    if cfg.online != "off":
-        return "vllm_rm_online"
-    return "vllm_rm" if cfg.mode == "sync" else f"vllm_rm_{cfg.mode}"
+    """Our trainer mode over verl's ``cfg.mode``: ``vllm_rm[_online]``, then ``_<mode>`` but for sync."""
+    ours = "vllm_rm_online" if cfg.online != "off" else "vllm_rm"
+    return ours if cfg.mode == "sync" else f"{ours}_{cfg.mode}"
 
 
 def main_ppo_overrides(cfg: TinyPPOConfig, inputs: Inputs, server_url: str | None) -> list[str]:
