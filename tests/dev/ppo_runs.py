@@ -19,9 +19,52 @@ def tiny_ppo(work_dir: Path, rm: str, policy: Path, server_url: str | None, step
     return run_tiny_ppo(cfg, on_step=on_step)
 
 
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
 def generations(work_dir: Path) -> list[dict]:
-    path = Path(work_dir) / "generations.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()]
+    """Each trajectory the CPU rollout generated (``generations.jsonl``), in the order it started.
+
+    A request the asynchronous trainers aborted (``stop_reason`` aborted) comes back from verl's client with the
+    same ``request_id`` and its tokens so far appended to the prompt: those segments are one trajectory, with the
+    first segment's prompt and every segment's response tokens. ``versions``: each segment's policy weight
+    version (``version``: the last one's); ``segments``; ``complete``: its last segment was not aborted."""
+    open_by_request: dict[str, dict] = {}
+    trajectories: list[dict] = []
+    for segment in read_jsonl(Path(work_dir) / "generations.jsonl"):
+        trajectory = open_by_request.pop(segment.get("request_id"), None)
+        if trajectory is None or segment["prompt_ids"] != trajectory["prompt_ids"] + trajectory["response_ids"]:
+            trajectory = {"prompt_ids": segment["prompt_ids"], "response_ids": [], "versions": [], "segments": 0}
+            trajectories.append(trajectory)
+        trajectory["response_ids"] = trajectory["response_ids"] + segment["response_ids"]
+        trajectory["versions"].append(segment["version"])
+        trajectory["version"] = segment["version"]
+        trajectory["segments"] += 1
+        trajectory["complete"] = segment.get("stop_reason", "completed") != "aborted"
+        if not trajectory["complete"]:
+            open_by_request[segment.get("request_id")] = trajectory
+    return trajectories
+
+
+def check_scored_once_whole(work_dir: Path) -> list[dict]:
+    """Each reward call of the run (``reward_calls.jsonl``) scored a whole trajectory, and no trajectory was
+    scored twice: a call's ids are those of a complete trajectory (never an aborted prefix), and no ids were
+    scored more often than trajectories with them were generated. Returns the trajectories generated in more than
+    one segment (aborted and resumed) that were scored."""
+    from collections import Counter
+
+    trajectories = generations(work_dir)
+    whole = Counter((tuple(t["prompt_ids"]), tuple(t["response_ids"])) for t in trajectories if t["complete"])
+    calls = Counter((tuple(c["prompt_ids"]), tuple(c["response_ids"])) for c in read_jsonl(
+        Path(work_dir) / "reward_calls.jsonl"))
+    assert calls, "no reward call was logged"
+    not_whole = [ids for ids in calls if ids not in whole]
+    assert not not_whole, f"{len(not_whole)} reward calls scored ids no complete trajectory has (a prefix?)"
+    twice = {ids: n for ids, n in calls.items() if n > whole[ids]}
+    assert not twice, f"trajectories scored more often than generated: {list(twice.values())}"
+    return [t for t in trajectories if t["segments"] > 1 and t["complete"]
+            and calls[(tuple(t["prompt_ids"]), tuple(t["response_ids"]))] > 0]
 
 
 def direct_scores(url: str, sequences: list[list[int]]) -> list[float]:

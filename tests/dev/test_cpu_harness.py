@@ -81,8 +81,8 @@ def _prompt(tiny_task) -> list[int]:
 def test_sampled_log_probs_are_what_the_actor_computes(policy, tiny_task):
     """log p(token) of the temperature-scaled distribution, as verl's actor recomputes it."""
     prompt = _prompt(tiny_task)
-    tokens, log_probs = sample(policy, prompt, 12, stop_ids=set(), temperature=0.7,
-                               generator=torch.Generator().manual_seed(0))
+    tokens, log_probs, _ = sample(policy, prompt, 12, stop_ids=set(), temperature=0.7,
+                                  generator=torch.Generator().manual_seed(0))
     assert len(tokens) == len(log_probs) == 12
     with torch.no_grad():
         logits = policy(input_ids=torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1: -1] / 0.7
@@ -92,10 +92,10 @@ def test_sampled_log_probs_are_what_the_actor_computes(policy, tiny_task):
 
 def test_greedy_top_k_and_stop(policy, tiny_task):
     prompt = _prompt(tiny_task)
-    greedy, _ = sample(policy, prompt, 10, stop_ids=set(), temperature=0.0)
-    top1, _ = sample(policy, prompt, 10, stop_ids=set(), temperature=1.0, top_k=1)
+    greedy, _, _ = sample(policy, prompt, 10, stop_ids=set(), temperature=0.0)
+    top1, _, _ = sample(policy, prompt, 10, stop_ids=set(), temperature=1.0, top_k=1)
     assert greedy == top1
-    stopped, _ = sample(policy, prompt, 10, stop_ids={greedy[2]}, temperature=0.0)
+    stopped, _, _ = sample(policy, prompt, 10, stop_ids={greedy[2]}, temperature=0.0)
     assert stopped == greedy[:3]  # the stop token is kept, nothing after it
 
 
@@ -229,3 +229,78 @@ def test_a_weight_update_of_another_architecture_is_refused_and_changes_nothing(
     assert generation_server.global_steps is None and all(torch.equal(after[n], t) for n, t in before.items())
     assert generation_server.load_weights(moved, global_steps=3) == len(moved)  # the same tensors, rightly named
     assert generation_server.global_steps == 3 and torch.equal(after["lm_head.weight"], moved["lm_head.weight"])
+
+
+@pytest.fixture()
+def long_generation_server(tiny_task):
+    """The hf_cpu server with room for 24 response tokens, its forward passes counted (``calls``) and the third
+    announced (``third_pass``: a request is then sampling)."""
+    import threading
+
+    from verl_vllm_rm.dev.cpu_harness.rollout import HFGenerationServer
+
+    threads = torch.get_num_threads()
+    server = HFGenerationServer(str(tiny_task["policy"]), prompt_length=16, response_length=24)
+    server.calls, server.third_pass = 0, threading.Event()
+    forward = server.model.forward
+
+    def counted(*args, **kwargs):
+        server.calls += 1
+        if server.calls == 3:
+            server.third_pass.set()
+        return forward(*args, **kwargs)
+
+    server.model.forward = counted
+    yield server
+    torch.set_num_threads(threads)
+
+
+def test_an_abort_returns_the_tokens_so_far_and_a_resubmission_waits_for_the_resume(long_generation_server):
+    """As verl's vLLM server pauses for its asynchronous trainers: the request in flight comes back ``aborted``
+    with its tokens and log-probs so far; its resubmission (prompt + those tokens, verl's partial-rollout client)
+    waits behind the closed gate, runs on the weights loaded meanwhile, and completes."""
+    import asyncio
+
+    server, prompt = long_generation_server, list(range(10, 18))
+    params = {"max_tokens": 24, "logprobs": True, "temperature": 0.0}
+
+    async def scenario():
+        first = asyncio.create_task(server.generate("r", prompt, params))
+        await asyncio.to_thread(server.third_pass.wait)
+        await server.abort_all_requests()
+        partial = await first
+        parked = asyncio.create_task(server.generate("r", prompt + partial.token_ids,
+                                                     {**params, "max_tokens": 24 - len(partial.token_ids)}))
+        for _ in range(3):
+            await asyncio.sleep(0)
+        calls_while_closed = server.calls
+        server.load_weights(dict(server.model.state_dict()), global_steps=1)
+        assert not parked.done() and server.calls == calls_while_closed
+        await server.resume_generation()
+        return partial, await parked
+
+    partial, rest = asyncio.run(scenario())
+    assert partial.stop_reason == "aborted" and 2 <= len(partial.token_ids) < 24
+    assert len(partial.log_probs) == len(partial.token_ids) and partial.extra_fields["global_steps"] is None
+    assert rest.stop_reason == "completed" and rest.extra_fields["global_steps"] == 1
+    whole = asyncio.run(server.generate("again", prompt, params))  # greedy: the two segments are one generation
+    assert partial.token_ids + rest.token_ids == whole.token_ids
+
+
+def test_a_rejecting_abort_answers_new_requests_at_once_until_the_resume(long_generation_server):
+    """``abort_all_requests(reject_request=True)`` (a replica leaving rotation, separate_async): a request behind
+    the gate gets an empty ``aborted`` answer without a forward pass, for verl's client to send elsewhere."""
+    import asyncio
+
+    server = long_generation_server
+
+    async def scenario():
+        await server.abort_all_requests(reject_request=True)
+        rejected = await server.generate("r", list(range(10, 18)), {"max_tokens": 4})
+        calls = server.calls
+        await server.resume_generation()
+        return rejected, calls, await server.generate("r", list(range(10, 18)), {"max_tokens": 4})
+
+    rejected, calls, served = asyncio.run(scenario())
+    assert (rejected.token_ids, rejected.stop_reason, calls) == ([], "aborted", 0)
+    assert served.stop_reason == "completed" and len(served.token_ids) >= 1

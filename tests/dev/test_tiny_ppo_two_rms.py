@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import requests
-from ppo_runs import expected_totals, generations, tiny_ppo
+from ppo_runs import check_scored_once_whole, expected_totals, generations, tiny_ppo
 from process_helpers import wait_for_no_orphaned_engines
 
 from verl_vllm_rm.dev.ppo_report import read_dump, read_metrics
@@ -238,6 +238,15 @@ def test_the_checkpoint_holds_the_whitened_rms_statistics(two_rm_run):
         assert state["m2"] == pytest.approx(((seen - seen.mean()) ** 2).sum(), rel=1e-6)
     else:  # the extra scores only add spread: m2 over all is at least m2 over the trained-on ones
         assert state["m2"] >= ((seen - seen.mean()) ** 2).sum() * (1 - 1e-6)
+
+
+def test_a_trajectory_aborted_while_training_and_resumed_is_scored_once_whole(two_rm_run):
+    """colocate_async pauses generation from the end of sampling to the weight sync (verl aborts what is in flight
+    and resumes it after): some trajectories were generated in segments on two policy versions, and each reward
+    call of the four-RM manager scored a whole trajectory, none twice."""
+    resumed = check_scored_once_whole(Path(two_rm_run["rollout_data_dir"]).parent)
+    assert resumed, "no trajectory was aborted, resumed and scored: the run made no partial rollout"
+    assert any(len(set(t["versions"])) > 1 for t in resumed), [t["versions"] for t in resumed]
 
 
 def test_both_managed_replicas_served_and_none_outlives_the_run(two_rm_run):

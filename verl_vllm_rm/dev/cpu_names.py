@@ -6,3 +6,6 @@ BACKEND_NAME = "hf_cpu"  # actor_rollout_ref.rollout.name of the CPU rollout
 #: When set, each generation (prompt ids, response ids, weight version) is appended to this JSONL file,
 #: so a test can tie verl's decoded rollout dump back to the exact token ids the reward server scored.
 GENERATION_LOG_ENV = "VERL_VLLM_RM_GENERATION_LOG"
+#: When set, each reward call verl's agent loop makes (one trajectory) is appended to this JSONL file
+#: (``cpu_harness/reward_call_log.py``): each trajectory is scored once, whole, partial rollouts or not.
+REWARD_CALL_LOG_ENV = "VERL_VLLM_RM_REWARD_CALL_LOG"

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from verl_vllm_rm.dev.cpu_names import GENERATION_LOG_ENV, HARNESS_MODULE
+from verl_vllm_rm.dev.cpu_names import GENERATION_LOG_ENV, HARNESS_MODULE, REWARD_CALL_LOG_ENV
 from verl_vllm_rm.dev.cpu_profile import BASE_MODES, cpu_profile
 from verl_vllm_rm.dev.ppo_report import print_step, read_metrics, summarize
 from verl_vllm_rm.monitor.report import write_report
@@ -180,7 +180,8 @@ def main_ppo_env(cfg: TinyPPOConfig) -> dict[str, str]:
         os.environ,
         VERL_USE_EXTERNAL_MODULES=HARNESS_MODULE,
         VERL_FILE_LOGGER_PATH=str(cfg.work_dir / "metrics.jsonl"),
-        **{GENERATION_LOG_ENV: str(cfg.work_dir / "generations.jsonl")},
+        **{GENERATION_LOG_ENV: str(cfg.work_dir / "generations.jsonl"),
+           REWARD_CALL_LOG_ENV: str(cfg.work_dir / "reward_calls.jsonl")},
         TOKENIZERS_PARALLELISM="false",
         RAY_DEDUP_LOGS="0",
     )
@@ -209,7 +210,7 @@ def run_main_ppo(cfg: TinyPPOConfig, inputs: Inputs, server_url: str | None,
     ``overrides`` replaces :func:`main_ppo_overrides` (a benchmark's variants). Returns the weight version
     served right after each step (:func:`served_version`; ``server_url`` None: the run's managed replicas).
     """
-    for stale in ("metrics.jsonl", "generations.jsonl"):
+    for stale in ("metrics.jsonl", "generations.jsonl", "reward_calls.jsonl"):
         (cfg.work_dir / stale).unlink(missing_ok=True)
     log_path = cfg.work_dir / "main_ppo.log"
     if overrides is None:

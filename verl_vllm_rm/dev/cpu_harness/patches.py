@@ -152,6 +152,18 @@ def _register_checkpoint_engine() -> None:
     CheckpointEngineRegistry.register(BACKEND)(CPUGlooCheckpointEngine)
 
 
+def _log_reward_calls() -> None:
+    from verl_vllm_rm.dev.cpu_harness.reward_call_log import log_reward_calls
+
+    log_reward_calls()
+
+
+def _reward_calls_loggable() -> bool:
+    from verl_vllm_rm.dev.cpu_harness.reward_call_log import reward_calls_loggable
+
+    return reward_calls_loggable()
+
+
 def _checkpoint_engine_needed() -> bool:
     import verl.checkpoint_engine  # noqa: F401  (registers every engine whose transport imports)
     from verl.checkpoint_engine.base import CheckpointEngineRegistry
@@ -217,6 +229,15 @@ PATCHES: tuple[Patch, ...] = (
             "bucketed broadcast over a gloo group) is registered",
         needed=_checkpoint_engine_needed,
         apply=_register_checkpoint_engine,
+    ),
+    Patch(
+        name="reward-call-log",
+        verl_code="verl/experimental/reward_loop/reward_loop.py: RewardLoopWorker.compute_score",
+        why="a probe, not a workaround: with VERL_VLLM_RM_REWARD_CALL_LOG set, each reward call's trajectory is "
+            "appended to that file (reward_call_log.py), so the tests prove a trajectory resumed after an abort "
+            "(partial rollouts of the asynchronous trainers) is scored once, whole",
+        needed=_reward_calls_loggable,
+        apply=_log_reward_calls,
     ),
 )
 

@@ -7,7 +7,11 @@ transformers copy of the policy in one Ray actor per replica:
 
 * :class:`HFGenerationServer` (the replica's "server"): token ids in, sampled token
   ids and their log-probabilities out (``generate``, as verl's agent loop calls
-  vLLM's server), and ``load_weights`` for the actor's new weights.
+  vLLM's server), and ``load_weights`` for the actor's new weights. It pauses as
+  vLLM's server does for verl's asynchronous trainers (``abort_all_requests``: the
+  requests in flight return the tokens so far as ``aborted``, and verl's client
+  resubmits them, parked until ``resume_generation``), so partial rollouts happen
+  on CPU too.
 * :class:`CPURolloutReplica`: starts that actor where verl starts a vLLM server.
 * :class:`CPUServerAdapter`: lives in each actor worker (verl's hybrid engine) and
   hands the tensors of verl's ``naive`` weight sync to its replica's server after
@@ -25,7 +29,7 @@ import asyncio
 import json
 import os
 import threading
-from typing import Any, Generator
+from typing import Any, Callable, Generator, NamedTuple
 
 import ray
 import torch
@@ -41,19 +45,32 @@ def server_name(replica_rank: int) -> str:
     return f"hf_cpu_rollout_server_{replica_rank}"
 
 
+class Sampled(NamedTuple):
+    tokens: list[int]
+    log_probs: list[float]
+    aborted: bool  # stopped by ``aborted()`` before a stop id or ``max_tokens``
+
+
+def never() -> bool:
+    return False
+
+
 @torch.no_grad()
 def sample(model: torch.nn.Module, prompt_ids: list[int], max_tokens: int, stop_ids: set[int],
            temperature: float = 1.0, top_p: float = 1.0, top_k: int = -1,
-           generator: torch.Generator | None = None) -> tuple[list[int], list[float]]:
-    """Sample up to ``max_tokens`` tokens after ``prompt_ids`` (stopping after a stop id).
+           generator: torch.Generator | None = None, aborted: Callable[[], bool] = never) -> Sampled:
+    """Sample up to ``max_tokens`` tokens after ``prompt_ids`` (stopping after a stop id, or, with what was
+    sampled so far, as soon as ``aborted()`` says so: checked before each forward pass).
 
     Log-probabilities are those of the temperature-scaled distribution, which is
     what verl's actor computes for the same tokens (``logits / temperature``).
     ``temperature == 0`` is greedy.
     """
-    out = model(input_ids=torch.tensor([prompt_ids]), use_cache=True)
     tokens: list[int] = []
     log_probs: list[float] = []
+    if aborted():
+        return Sampled(tokens, log_probs, True)
+    out = model(input_ids=torch.tensor([prompt_ids]), use_cache=True)
     for _ in range(max_tokens):
         logits = out.logits[0, -1].float()
         scaled = logits / temperature if temperature > 0 else logits
@@ -64,10 +81,12 @@ def sample(model: torch.nn.Module, prompt_ids: list[int], max_tokens: int, stop_
             token = int(torch.multinomial(_filtered_probs(scaled, top_p, top_k), 1, generator=generator))
         tokens.append(token)
         log_probs.append(float(logp[token]))
-        if token in stop_ids:
+        if token in stop_ids or len(tokens) == max_tokens:
             break
+        if aborted():
+            return Sampled(tokens, log_probs, True)
         out = model(input_ids=torch.tensor([[token]]), past_key_values=out.past_key_values, use_cache=True)
-    return tokens, log_probs
+    return Sampled(tokens, log_probs, False)
 
 
 def _filtered_probs(scaled_logits: torch.Tensor, top_p: float, top_k: int) -> torch.Tensor:
@@ -83,7 +102,14 @@ def _filtered_probs(scaled_logits: torch.Tensor, top_p: float, top_k: int) -> to
 
 
 class HFGenerationServer:
-    """One replica's policy copy (a Ray actor): generates one request at a time."""
+    """One replica's policy copy (a Ray actor): generates one request at a time.
+
+    Its admission gate mirrors verl's vLLM server (``vllm_async_server.py``: ``abort_all_requests``,
+    ``_park_until_admitted``, ``resume_generation``): an abort closes the gate and stops every request admitted
+    before it at its next token (each request remembers the abort count it was admitted under); requests that
+    arrive behind the closed gate wait for ``resume_generation``, or, when the abort rejects them (a replica
+    leaving rotation), get an empty ``aborted`` answer at once.
+    """
 
     def __init__(self, model_path: str, prompt_length: int, response_length: int, seed: int = 0) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
@@ -99,12 +125,29 @@ class HFGenerationServer:
         self.global_steps: int | None = None
         self.lock = threading.Lock()
         self.log_path = os.environ.get(GENERATION_LOG_ENV)
+        self.aborts = 0  # abort_all_requests calls so far
+        self.rejecting = False
+        self._gate: asyncio.Event | None = None  # set: admitting; made on the actor's event loop
+
+    def admission_gate(self) -> asyncio.Event:
+        if self._gate is None:
+            self._gate = asyncio.Event()
+            self._gate.set()
+        return self._gate
 
     async def generate(self, request_id: str, prompt_ids: list[int], sampling_params: dict[str, Any],
                        **_multimodal: Any) -> TokenOutput:
-        return await asyncio.to_thread(self._generate, list(prompt_ids), dict(sampling_params))
+        gate = self.admission_gate()
+        while not gate.is_set():
+            if self.rejecting:
+                return TokenOutput(token_ids=[], log_probs=None, stop_reason="aborted",
+                                   extra_fields={"global_steps": self.global_steps})
+            await gate.wait()
+        return await asyncio.to_thread(self._generate, request_id, list(prompt_ids), dict(sampling_params),
+                                       self.aborts)
 
-    def _generate(self, prompt_ids: list[int], params: dict[str, Any]) -> TokenOutput:
+    def _generate(self, request_id: str, prompt_ids: list[int], params: dict[str, Any], admitted_at: int
+                  ) -> TokenOutput:
         room = self.max_model_len - len(prompt_ids)
         if room < 1:
             raise ValueError(f"prompt of {len(prompt_ids)} tokens leaves no room to generate within "
@@ -113,16 +156,18 @@ class HFGenerationServer:
         max_tokens = max(1, min(params.get("max_tokens", self.response_length), room))
         top_k = params.get("top_k", -1)
         with self.lock:
-            tokens, log_probs = sample(self.model, prompt_ids, max_tokens, self.stop_ids,
-                                       temperature=float(params.get("temperature", 1.0)),
-                                       top_p=float(params.get("top_p", 1.0)),
-                                       top_k=-1 if top_k is None else int(top_k), generator=self.generator)
+            sampled = sample(self.model, prompt_ids, max_tokens, self.stop_ids,
+                             temperature=float(params.get("temperature", 1.0)), top_p=float(params.get("top_p", 1.0)),
+                             top_k=-1 if top_k is None else int(top_k), generator=self.generator,
+                             aborted=lambda: self.aborts != admitted_at)
+            stop_reason = "aborted" if sampled.aborted else "completed"
             if self.log_path:
                 with open(self.log_path, "a") as f:
-                    f.write(json.dumps({"version": self.global_steps, "prompt_ids": prompt_ids,
-                                        "response_ids": tokens}) + "\n")
-        return TokenOutput(token_ids=tokens, log_probs=log_probs if params.get("logprobs") else None,
-                           stop_reason="completed", extra_fields={"global_steps": self.global_steps})
+                    f.write(json.dumps({"version": self.global_steps, "request_id": request_id,
+                                        "prompt_ids": prompt_ids, "response_ids": sampled.tokens,
+                                        "stop_reason": stop_reason}) + "\n")
+        return TokenOutput(token_ids=sampled.tokens, log_probs=sampled.log_probs if params.get("logprobs") else None,
+                           stop_reason=stop_reason, extra_fields={"global_steps": self.global_steps})
 
     def load_weights(self, state_dict: dict[str, torch.Tensor], global_steps: int | None = None) -> int:
         """Load the actor's full weights (HF names); returns how many tensors were loaded."""
@@ -148,8 +193,21 @@ class HFGenerationServer:
     async def clear_kv_cache(self) -> None: ...
     async def release_kv_cache(self) -> None: ...
     async def resume_kv_cache(self) -> None: ...
-    async def abort_all_requests(self, reject_request: bool = False) -> None: ...
-    async def resume_generation(self) -> None: ...
+    async def abort_all_requests(self, reject_request: bool = False) -> None:
+        """Close the gate and stop the requests in flight at their next token; returns once none is sampling."""
+        self.admission_gate().clear()
+        self.rejecting = reject_request
+        self.aborts += 1
+        await asyncio.to_thread(self._wait_for_sampling_to_stop)
+
+    def _wait_for_sampling_to_stop(self) -> None:
+        with self.lock:
+            pass
+
+    async def resume_generation(self) -> None:
+        self.rejecting = False
+        self.admission_gate().set()
+
     async def start_profile(self, **kwargs: Any) -> None: ...
     async def stop_profile(self) -> None: ...
 
