@@ -13,6 +13,12 @@ import requests
 from verl_vllm_rm.dev.tiny_ppo import TinyPPOConfig, run_tiny_ppo
 
 
+#: The async runs' CPU rollout waits this long before each token: generation is then as slow next to training as
+#: on GPUs (~3x the tiny policy's own time per token), so it is in flight whenever the trainer pauses it for a
+#: weight sync, and some trajectories are aborted and resumed (partial rollouts).
+ROLLOUT_TOKEN_DELAY_S = 0.03
+
+
 def tiny_ppo(work_dir: Path, rm: str, policy: Path, server_url: str | None, steps: int,
              on_step: Callable[[int, dict, int | None], None] | None = None, **kwargs) -> dict:
     cfg = TinyPPOConfig(work_dir, steps=steps, rm=rm, policy=str(policy), server_url=server_url, **kwargs)
@@ -26,15 +32,18 @@ def read_jsonl(path: Path) -> list[dict]:
 def generations(work_dir: Path) -> list[dict]:
     """Each trajectory the CPU rollout generated (``generations.jsonl``), in the order it started.
 
-    A request the asynchronous trainers aborted (``stop_reason`` aborted) comes back from verl's client with the
-    same ``request_id`` and its tokens so far appended to the prompt: those segments are one trajectory, with the
-    first segment's prompt and every segment's response tokens. ``versions``: each segment's policy weight
+    A request the asynchronous trainers aborted (``stop_reason`` aborted) is resubmitted by verl's client with its
+    tokens so far appended to the prompt (under a fresh request id): a segment whose prompt is an aborted
+    trajectory's prompt + response continues it (trajectories with equal ids are interchangeable). A trajectory
+    has its first segment's prompt and every segment's response tokens; ``versions``: each segment's policy weight
     version (``version``: the last one's); ``segments``; ``complete``: its last segment was not aborted."""
-    open_by_request: dict[str, dict] = {}
+    aborted: dict[tuple[int, ...], list[dict]] = {}  # prompt + response so far -> trajectories waiting to resume
     trajectories: list[dict] = []
     for segment in read_jsonl(Path(work_dir) / "generations.jsonl"):
-        trajectory = open_by_request.pop(segment.get("request_id"), None)
-        if trajectory is None or segment["prompt_ids"] != trajectory["prompt_ids"] + trajectory["response_ids"]:
+        waiting = aborted.get(tuple(segment["prompt_ids"]))
+        if waiting:
+            trajectory = waiting.pop(0)
+        else:
             trajectory = {"prompt_ids": segment["prompt_ids"], "response_ids": [], "versions": [], "segments": 0}
             trajectories.append(trajectory)
         trajectory["response_ids"] = trajectory["response_ids"] + segment["response_ids"]
@@ -43,7 +52,7 @@ def generations(work_dir: Path) -> list[dict]:
         trajectory["segments"] += 1
         trajectory["complete"] = segment.get("stop_reason", "completed") != "aborted"
         if not trajectory["complete"]:
-            open_by_request[segment.get("request_id")] = trajectory
+            aborted.setdefault(tuple(trajectory["prompt_ids"] + trajectory["response_ids"]), []).append(trajectory)
     return trajectories
 
 

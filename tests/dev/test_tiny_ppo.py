@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from judge_answers import assert_ranks_are_the_judges
-from ppo_runs import check_scored_once_whole, expected_totals, generations, tiny_ppo
+from ppo_runs import ROLLOUT_TOKEN_DELAY_S, check_scored_once_whole, expected_totals, generations, tiny_ppo
 
 from verl_vllm_rm.dev.ppo_report import read_dump, read_metrics
 from verl_vllm_rm.client.http import free_port
@@ -55,7 +55,8 @@ def plain_run(tmp_path_factory, tiny_rm, tiny_task, server_args, judge_server) -
 
     try:
         run = tiny_ppo(tmp_path_factory.mktemp("ppo_plain"), tiny_rm, tiny_task["policy"], servers[0].url, steps=2,
-                       on_step=kill_and_restart, mode="separate_async", extra_overrides=[
+                       on_step=kill_and_restart, mode="separate_async", rollout_token_delay_s=ROLLOUT_TOKEN_DELAY_S,
+                       extra_overrides=[
                            "+reward.reward_kwargs.max_retries=100", "+reward.reward_kwargs.backoff_max_s=2",
                            "++reward.reward_kwargs.rewards.components=[rubric,verifiable,format,judge]",
                            f"++reward.reward_kwargs.rewards.weights.judge={JUDGE_WEIGHT}",
@@ -279,6 +280,7 @@ def test_report_of_the_run(plain_run, tmp_path):
     ({"replicas": -1}, "--replicas must be >= 0"),
     ({"replicas": 2, "server_url": "http://127.0.0.1:8001"}, "cannot go with --server-url"),
     ({"mode": "fully_async"}, "--mode must be one of"),
+    ({"rollout_token_delay_s": -1.0}, "rollout_token_delay_s must be >= 0 seconds, got -1.0"),
 ])
 def test_bad_options_are_refused(tmp_path, kwargs, message):
     from verl_vllm_rm.dev.tiny_ppo import TinyPPOConfig

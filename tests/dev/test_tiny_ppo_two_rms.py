@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import requests
-from ppo_runs import check_scored_once_whole, expected_totals, generations, tiny_ppo
+from ppo_runs import ROLLOUT_TOKEN_DELAY_S, check_scored_once_whole, expected_totals, generations, tiny_ppo
 from process_helpers import wait_for_no_orphaned_engines
 
 from verl_vllm_rm.dev.ppo_report import read_dump, read_metrics
@@ -85,7 +85,8 @@ def two_rm_run(tmp_path_factory, tiny_rm, tiny_task, rm_server, second_rm, serve
         "reward.num_workers=1",
     ]
     run = tiny_ppo(tmp_path_factory.mktemp("ppo_two_rms"), tiny_rm, tiny_task["policy"], rm_server.url, steps=2,
-                   validate=False, mode="colocate_async", extra_overrides=[*overrides, "trainer.save_freq=2"])
+                   validate=False, mode="colocate_async", rollout_token_delay_s=ROLLOUT_TOKEN_DELAY_S,
+                   extra_overrides=[*overrides, "trainer.save_freq=2"])
     deadline = time.monotonic() + 60  # each server notices its replica actor is gone within a second or two
     while server_processes(second_rm) and time.monotonic() < deadline:
         time.sleep(1)

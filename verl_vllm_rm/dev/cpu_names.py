@@ -9,3 +9,6 @@ GENERATION_LOG_ENV = "VERL_VLLM_RM_GENERATION_LOG"
 #: When set, each reward call verl's agent loop makes (one trajectory) is appended to this JSONL file
 #: (``cpu_harness/reward_call_log.py``): each trajectory is scored once, whole, partial rollouts or not.
 REWARD_CALL_LOG_ENV = "VERL_VLLM_RM_REWARD_CALL_LOG"
+#: Seconds the CPU rollout waits before each token (unset: none): a slow rollout, as generation is on GPUs next to
+#: training, so that verl's asynchronous trainers find generation in flight when they pause it for a weight sync.
+ROLLOUT_TOKEN_DELAY_ENV = "VERL_VLLM_RM_ROLLOUT_TOKEN_DELAY_S"

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from verl_vllm_rm.dev.cpu_names import GENERATION_LOG_ENV, HARNESS_MODULE, REWARD_CALL_LOG_ENV
+from verl_vllm_rm.dev.cpu_names import GENERATION_LOG_ENV, HARNESS_MODULE, REWARD_CALL_LOG_ENV, ROLLOUT_TOKEN_DELAY_ENV
 from verl_vllm_rm.dev.cpu_profile import BASE_MODES, cpu_profile
 from verl_vllm_rm.dev.ppo_report import print_step, read_metrics, summarize
 from verl_vllm_rm.monitor.report import write_report
@@ -65,6 +65,9 @@ class TinyPPOConfig:
     group_size: int = 4
     validate: bool = True
     mode: str = "sync"  # verl's trainer mode: sync, colocate_async, separate_async
+    # seconds the CPU rollout waits before each token (ROLLOUT_TOKEN_DELAY_ENV): generation as slow next to
+    # training as on GPUs, so the async modes pause it mid-trajectory for their weight syncs (partial rollouts)
+    rollout_token_delay_s: float = 0.0
 
     def __post_init__(self) -> None:
         self.work_dir = Path(self.work_dir).resolve()
@@ -74,6 +77,8 @@ class TinyPPOConfig:
             raise ValueError(f"--mode must be one of {BASE_MODES}, got {self.mode!r}")
         if self.steps < 1:
             raise ValueError(f"--steps must be >= 1, got {self.steps}")
+        if self.rollout_token_delay_s < 0:
+            raise ValueError(f"rollout_token_delay_s must be >= 0 seconds, got {self.rollout_token_delay_s}")
         if self.replicas < 0 or (self.replicas and self.server_url is not None):
             raise ValueError(f"--replicas must be >= 0 and cannot go with --server-url, got {self.replicas} and "
                              f"{self.server_url!r}")
@@ -181,7 +186,8 @@ def main_ppo_env(cfg: TinyPPOConfig) -> dict[str, str]:
         VERL_USE_EXTERNAL_MODULES=HARNESS_MODULE,
         VERL_FILE_LOGGER_PATH=str(cfg.work_dir / "metrics.jsonl"),
         **{GENERATION_LOG_ENV: str(cfg.work_dir / "generations.jsonl"),
-           REWARD_CALL_LOG_ENV: str(cfg.work_dir / "reward_calls.jsonl")},
+           REWARD_CALL_LOG_ENV: str(cfg.work_dir / "reward_calls.jsonl"),
+           ROLLOUT_TOKEN_DELAY_ENV: str(cfg.rollout_token_delay_s)},
         TOKENIZERS_PARALLELISM="false",
         RAY_DEDUP_LOGS="0",
     )

@@ -29,6 +29,7 @@ import asyncio
 import json
 import os
 import threading
+import time
 from typing import Any, Callable, Generator, NamedTuple
 
 import ray
@@ -37,7 +38,7 @@ from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, TokenOutput
 from verl.workers.rollout.utils import ensure_async_iterator
 
-from verl_vllm_rm.dev.cpu_names import BACKEND_NAME, GENERATION_LOG_ENV
+from verl_vllm_rm.dev.cpu_names import BACKEND_NAME, GENERATION_LOG_ENV, ROLLOUT_TOKEN_DELAY_ENV
 
 
 
@@ -126,6 +127,7 @@ class HFGenerationServer:
         self.lock = threading.Lock()
         self.log_path = os.environ.get(GENERATION_LOG_ENV)
         self.aborts = 0  # abort_all_requests calls so far
+        self.token_delay_s = float(os.environ.get(ROLLOUT_TOKEN_DELAY_ENV) or 0.0)
         self.rejecting = False
         self._gate: asyncio.Event | None = None  # set: admitting; made on the actor's event loop
 
@@ -159,7 +161,7 @@ class HFGenerationServer:
             sampled = sample(self.model, prompt_ids, max_tokens, self.stop_ids,
                              temperature=float(params.get("temperature", 1.0)), top_p=float(params.get("top_p", 1.0)),
                              top_k=-1 if top_k is None else int(top_k), generator=self.generator,
-                             aborted=lambda: self.aborts != admitted_at)
+                             aborted=lambda: self._stops(admitted_at))
             stop_reason = "aborted" if sampled.aborted else "completed"
             if self.log_path:
                 with open(self.log_path, "a") as f:
@@ -168,6 +170,13 @@ class HFGenerationServer:
                                         "stop_reason": stop_reason}) + "\n")
         return TokenOutput(token_ids=sampled.tokens, log_probs=sampled.log_probs if params.get("logprobs") else None,
                            stop_reason=stop_reason, extra_fields={"global_steps": self.global_steps})
+
+    def _stops(self, admitted_at: int) -> bool:
+        """Asked before each forward pass: whether an abort came since the request was admitted (after the
+        slowed rollout's wait, when one is set)."""
+        if self.token_delay_s:
+            time.sleep(self.token_delay_s)
+        return self.aborts != admitted_at
 
     def load_weights(self, state_dict: dict[str, torch.Tensor], global_steps: int | None = None) -> int:
         """Load the actor's full weights (HF names); returns how many tensors were loaded."""
