@@ -63,17 +63,18 @@ def check_scored_once_whole(work_dir: Path) -> list[dict]:
     one segment (aborted and resumed) that were scored."""
     from collections import Counter
 
+    def ids(record: dict) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        return tuple(record["prompt_ids"]), tuple(record["response_ids"])
+
     trajectories = generations(work_dir)
-    whole = Counter((tuple(t["prompt_ids"]), tuple(t["response_ids"])) for t in trajectories if t["complete"])
-    calls = Counter((tuple(c["prompt_ids"]), tuple(c["response_ids"])) for c in read_jsonl(
-        Path(work_dir) / "reward_calls.jsonl"))
+    whole = Counter(ids(t) for t in trajectories if t["complete"])
+    calls = Counter(ids(c) for c in read_jsonl(Path(work_dir) / "reward_calls.jsonl"))
     assert calls, "no reward call was logged"
     not_whole = [ids for ids in calls if ids not in whole]
     assert not not_whole, f"{len(not_whole)} reward calls scored ids no complete trajectory has (a prefix?)"
     twice = {ids: n for ids, n in calls.items() if n > whole[ids]}
     assert not twice, f"trajectories scored more often than generated: {list(twice.values())}"
-    return [t for t in trajectories if t["segments"] > 1 and t["complete"]
-            and calls[(tuple(t["prompt_ids"]), tuple(t["response_ids"]))] > 0]
+    return [t for t in trajectories if t["segments"] > 1 and t["complete"] and calls[ids(t)] > 0]
 
 
 def direct_scores(url: str, sequences: list[list[int]]) -> list[float]:

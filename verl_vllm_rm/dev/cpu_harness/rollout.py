@@ -145,11 +145,9 @@ class HFGenerationServer:
                 return TokenOutput(token_ids=[], log_probs=None, stop_reason="aborted",
                                    extra_fields={"global_steps": self.global_steps})
             await gate.wait()
-        return await asyncio.to_thread(self._generate, request_id, list(prompt_ids), dict(sampling_params),
-                                       self.aborts)
+        return await asyncio.to_thread(self._generate, list(prompt_ids), dict(sampling_params), self.aborts)
 
-    def _generate(self, request_id: str, prompt_ids: list[int], params: dict[str, Any], admitted_at: int
-                  ) -> TokenOutput:
+    def _generate(self, prompt_ids: list[int], params: dict[str, Any], admitted_at: int) -> TokenOutput:
         room = self.max_model_len - len(prompt_ids)
         if room < 1:
             raise ValueError(f"prompt of {len(prompt_ids)} tokens leaves no room to generate within "
@@ -165,9 +163,8 @@ class HFGenerationServer:
             stop_reason = "aborted" if sampled.aborted else "completed"
             if self.log_path:
                 with open(self.log_path, "a") as f:
-                    f.write(json.dumps({"version": self.global_steps, "request_id": request_id,
-                                        "prompt_ids": prompt_ids, "response_ids": sampled.tokens,
-                                        "stop_reason": stop_reason}) + "\n")
+                    f.write(json.dumps({"version": self.global_steps, "prompt_ids": prompt_ids,
+                                        "response_ids": sampled.tokens, "stop_reason": stop_reason}) + "\n")
         return TokenOutput(token_ids=sampled.tokens, log_probs=sampled.log_probs if params.get("logprobs") else None,
                            stop_reason=stop_reason, extra_fields={"global_steps": self.global_steps})
 
