@@ -3,7 +3,8 @@
 The only fake in the suite, and it fakes nothing about scoring: it forwards to
 the real vLLM server and then delays, drops, fails or corrupts what passes
 through (or rewrites its JSON answer on a path, or each line of a streamed one), so client error handling is
-tested against real traffic.
+tested against real traffic. A test may also hold a request until an event, or act between two answers (publish new
+weights exactly there).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import asyncio
 import json
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 import aiohttp
 from aiohttp import web
@@ -31,6 +32,11 @@ class Faults:
     rewrite: dict[str, Callable[[Any], Any]] = field(default_factory=dict)  # path -> new JSON answer from the real one
     # path -> each line of a streamed NDJSON answer (/update_param_batch), rewritten as it passes
     rewrite_lines: dict[str, Callable[[Any], Any]] = field(default_factory=dict)
+    # awaited with a request's record before it is forwarded (on the proxy's event loop): holds it until an event
+    hold: Callable[[dict], Awaitable[None]] | None = None
+    # called with a request's record (its "answer" included) before that answer goes back: an event the test
+    # places between two answers, such as a publish of new weights
+    answered: Callable[[dict], None] | None = None
 
 
 @dataclass
@@ -81,6 +87,8 @@ class FaultProxy:
         if f.hang:
             await self._stop.wait()
             return web.Response(status=503)
+        if f.hold is not None:
+            await f.hold(record)
         if f.delay_s and f.delay_path in (None, request.path):
             await asyncio.sleep(f.delay_s)
         if f.drop:
@@ -96,6 +104,8 @@ class FaultProxy:
                                          headers=headers) as up:
             status, text = up.status, await up.text()
         record["answer"] = text  # what the upstream said (before any corruption)
+        if f.answered is not None:
+            f.answered(record)
         if request.path in f.rewrite and status == 200:
             return web.json_response(f.rewrite[request.path](json.loads(text)))
         if f.corrupt and request.path in ("/score", "/v1/chat/completions") and status == 200 and f.corrupt_times != 0:

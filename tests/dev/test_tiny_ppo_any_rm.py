@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 
 import pytest
+from ppo_runs import ROLLOUT_TOKEN_DELAY_S, check_scored_once_whole, read_jsonl
 
 from verl_vllm_rm.dev.ppo_report import read_dump, read_metrics
 from verl_vllm_rm.dev.tiny_llama_rm import build_tiny_llama_rm
@@ -30,7 +31,7 @@ def async_online_run(tmp_path_factory):
     rm = build_tiny_llama_rm(tmp / "llama-rm")
     work = tmp / "run"
     summary = run_tiny_ppo(TinyPPOConfig(work, steps=STEPS, rm=str(rm), online="lora", validate=False,
-                                         mode="separate_async",
+                                         mode="separate_async", rollout_token_delay_s=ROLLOUT_TOKEN_DELAY_S,
                                          extra_overrides=["+online_rm.placement=colocated",
                                                           f"+online_rm.max_staleness={MAX_STALENESS}"]))
     return work, summary, dict(read_metrics(work))
@@ -65,3 +66,20 @@ def test_each_batch_was_scored_by_one_rm_version_the_newest_published(async_onli
     evicted = sum(metrics[step].get("training/rm_staleness/evicted_samples", 0) for step in range(1, STEPS + 1))
     assert evicted > 0, ("generation ran ahead of training, so some finished group was scored by an RM older "
                          "than the newest and evicted: none was, the bound never acted")
+
+
+def test_the_rm_step_runs_once_the_policy_is_synced_and_generation_resumed(async_online_run):
+    """The RM step runs after verl's on_step_end, which syncs the policy and resumes generation (partial rollouts:
+    the trajectories it aborted continue on the new policy): once RM step k begins (the harness's RM step log), no
+    generation segment starts on a policy older than step k's (the generation log's times and versions). An RM
+    step inside verl's step would begin while the old policy still generates. The rollout is slowed to be in flight
+    at each sync, as on GPUs; each reward call still scored a whole trajectory, once."""
+    work, _, _ = async_online_run
+    windows = read_jsonl(work / "rm_steps.jsonl")
+    segments = read_jsonl(work / "generations.jsonl")
+    assert [w["step"] for w in windows] == list(range(1, STEPS + 1))
+    for w in windows:
+        before = [s for s in segments if s["version"] < w["step"]]
+        assert before and max(s["start"] for s in before) < w["start"], w
+    resumed = check_scored_once_whole(work)
+    assert resumed, "no trajectory was aborted by a policy sync and resumed: the slowed rollout never was in flight"

@@ -3,12 +3,15 @@
 
 HARNESS_MODULE = "verl_vllm_rm.dev.cpu_harness.activate"
 BACKEND_NAME = "hf_cpu"  # actor_rollout_ref.rollout.name of the CPU rollout
-#: When set, each generation (prompt ids, response ids, weight version) is appended to this JSONL file,
+#: When set, each generation (prompt ids, response ids, weight version, wall-clock start and end) is appended to this JSONL file,
 #: so a test can tie verl's decoded rollout dump back to the exact token ids the reward server scored.
 GENERATION_LOG_ENV = "VERL_VLLM_RM_GENERATION_LOG"
 #: When set, each reward call verl's agent loop makes (one trajectory) is appended to this JSONL file
 #: (``cpu_harness/reward_call_log.py``): each trajectory is scored once, whole, partial rollouts or not.
 REWARD_CALL_LOG_ENV = "VERL_VLLM_RM_REWARD_CALL_LOG"
+#: When set, each online RM step's wall-clock window is appended to this JSONL file (``cpu_harness/rm_step_log.py``):
+#: held against the generation log's times, it shows generation going on while the RM trains and publishes.
+RM_STEP_LOG_ENV = "VERL_VLLM_RM_RM_STEP_LOG"
 #: Seconds the CPU rollout waits before each token (unset: none): a slow rollout, as generation is on GPUs next to
 #: training, so that verl's asynchronous trainers find generation in flight when they pause it for a weight sync.
 ROLLOUT_TOKEN_DELAY_ENV = "VERL_VLLM_RM_ROLLOUT_TOKEN_DELAY_S"

@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from verl_vllm_rm.dev.cpu_names import GENERATION_LOG_ENV, HARNESS_MODULE, REWARD_CALL_LOG_ENV, ROLLOUT_TOKEN_DELAY_ENV
+from verl_vllm_rm.dev.cpu_names import (GENERATION_LOG_ENV, HARNESS_MODULE, REWARD_CALL_LOG_ENV, RM_STEP_LOG_ENV,
+                                        ROLLOUT_TOKEN_DELAY_ENV)
 from verl_vllm_rm.dev.cpu_profile import BASE_MODES, cpu_profile
 from verl_vllm_rm.dev.ppo_report import print_step, read_metrics, summarize
 from verl_vllm_rm.monitor.report import write_report
@@ -187,6 +188,7 @@ def main_ppo_env(cfg: TinyPPOConfig) -> dict[str, str]:
         VERL_FILE_LOGGER_PATH=str(cfg.work_dir / "metrics.jsonl"),
         **{GENERATION_LOG_ENV: str(cfg.work_dir / "generations.jsonl"),
            REWARD_CALL_LOG_ENV: str(cfg.work_dir / "reward_calls.jsonl"),
+           RM_STEP_LOG_ENV: str(cfg.work_dir / "rm_steps.jsonl"),
            ROLLOUT_TOKEN_DELAY_ENV: str(cfg.rollout_token_delay_s)},
         TOKENIZERS_PARALLELISM="false",
         RAY_DEDUP_LOGS="0",

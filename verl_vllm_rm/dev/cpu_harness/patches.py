@@ -164,6 +164,12 @@ def _reward_calls_loggable() -> bool:
     return reward_calls_loggable()
 
 
+def _log_rm_steps() -> None:
+    from verl_vllm_rm.dev.cpu_harness.rm_step_log import log_rm_steps
+
+    log_rm_steps()
+
+
 def _checkpoint_engine_needed() -> bool:
     import verl.checkpoint_engine  # noqa: F401  (registers every engine whose transport imports)
     from verl.checkpoint_engine.base import CheckpointEngineRegistry
@@ -238,6 +244,16 @@ PATCHES: tuple[Patch, ...] = (
             "(partial rollouts of the asynchronous trainers) is scored once, whole",
         needed=_reward_calls_loggable,
         apply=_log_reward_calls,
+    ),
+    Patch(
+        name="rm-step-log",
+        verl_code="none: wraps this package's OnlineRewardModelTraining.train_reward_model "
+                  "(verl_vllm_rm/plugin/online_mode.py), run in verl's trainer process",
+        why="a probe, not a workaround: with VERL_VLLM_RM_RM_STEP_LOG set, each online RM step's wall-clock window "
+            "is appended to that file (rm_step_log.py), so the tests show generation going on while the RM "
+            "trains and publishes in verl's asynchronous trainers",
+        needed=lambda: True,
+        apply=_log_rm_steps,
     ),
 )
 

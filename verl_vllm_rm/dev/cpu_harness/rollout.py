@@ -156,6 +156,7 @@ class HFGenerationServer:
         max_tokens = max(1, min(params.get("max_tokens", self.response_length), room))
         top_k = params.get("top_k", -1)
         with self.lock:
+            start = time.time()
             sampled = sample(self.model, prompt_ids, max_tokens, self.stop_ids,
                              temperature=float(params.get("temperature", 1.0)), top_p=float(params.get("top_p", 1.0)),
                              top_k=-1 if top_k is None else int(top_k), generator=self.generator,
@@ -164,7 +165,8 @@ class HFGenerationServer:
             if self.log_path:
                 with open(self.log_path, "a") as f:
                     f.write(json.dumps({"version": self.global_steps, "prompt_ids": prompt_ids,
-                                        "response_ids": sampled.tokens, "stop_reason": stop_reason}) + "\n")
+                                        "response_ids": sampled.tokens, "stop_reason": stop_reason,
+                                        "start": start, "end": time.time()}) + "\n")
         return TokenOutput(token_ids=sampled.tokens, log_probs=sampled.log_probs if params.get("logprobs") else None,
                            stop_reason=stop_reason, extra_fields={"global_steps": self.global_steps})
 
