@@ -3,8 +3,11 @@ verl's trainers, and ``online_rm.max_staleness``'s replay buffer.
 
 The trainers are verl's own classes built from verl's composed config (no Ray: verl's constructor starts nothing);
 what a real step would do around the hooks (verl's step, the RM worker group, the policy's weight sync) is a
-recorder, so the order of the hooks is what is checked. That an RM step after each real PPO step of an async
-``main_ppo`` run trains and publishes is for a main_ppo test (none yet: it needs a run).
+recorder, so the order of the hooks is what is checked in all three modes and on paths a run rarely takes (a
+save step, a resume). The RM step of real PPO steps in an async ``main_ppo`` run (separate_async: it trains,
+publishes, and starts once the policy is synced) is ``tests/dev/test_tiny_ppo_any_rm.py``'s; colocate_async's
+online mode shares its hooks (``RMStepAfterStepEnd``), and a main_ppo run of its own would add ~4 minutes to
+``make test``.
 """
 
 from __future__ import annotations
