@@ -68,12 +68,13 @@ def test_each_batch_was_scored_by_one_rm_version_the_newest_published(async_onli
                          "than the newest and evicted: none was, the bound never acted")
 
 
-def test_the_rm_step_runs_once_the_policy_is_synced_and_generation_resumed(async_online_run):
+def test_generation_goes_on_while_the_rm_trains_and_publishes(async_online_run):
     """The RM step runs after verl's on_step_end, which syncs the policy and resumes generation (partial rollouts:
-    the trajectories it aborted continue on the new policy): once RM step k begins (the harness's RM step log), no
-    generation segment starts on a policy older than step k's (the generation log's times and versions). An RM
-    step inside verl's step would begin while the old policy still generates. The rollout is slowed to be in flight
-    at each sync, as on GPUs; each reward call still scored a whole trajectory, once."""
+    the trajectories it aborted continue on the new policy), with the next step's prompts submitted just before it:
+    during each RM step but the last (the harness's RM step log) the rollout generated on the new policy (the
+    generation log's times and versions), and once RM step k began no segment started on an older policy. The
+    rollout is slowed to be in flight at each sync, as on GPUs; each reward call still scored a whole trajectory,
+    once."""
     work, _, _ = async_online_run
     windows = read_jsonl(work / "rm_steps.jsonl")
     segments = read_jsonl(work / "generations.jsonl")
@@ -81,5 +82,8 @@ def test_the_rm_step_runs_once_the_policy_is_synced_and_generation_resumed(async
     for w in windows:
         before = [s for s in segments if s["version"] < w["step"]]
         assert before and max(s["start"] for s in before) < w["start"], w
+    during = [sum(s["version"] == w["step"] and s["start"] < w["end"] and s["end"] > w["start"] for s in segments)
+              for w in windows]
+    assert all(during[:-1]), f"segments generated on the new policy during each RM step: {during}"
     resumed = check_scored_once_whole(work)
     assert resumed, "no trajectory was aborted by a policy sync and resumed: the slowed rollout never was in flight"

@@ -97,6 +97,8 @@ def recorded(monkeypatch):
     monkeypatch.setattr(RewardMetrics, "init", lambda trainer: None)  # verl's set-up: workers, resume
     monkeypatch.setattr(RewardMetrics, "step", verl_step)
     monkeypatch.setattr(RewardMetrics, "_save_checkpoint", lambda trainer: events.append("verl_save"))
+    monkeypatch.setattr(RewardMetrics, "_add_batch_to_generate", lambda trainer: events.append("submit_prompts"),
+                        raising=False)  # verl's: the prompts of a step, to the rollout
     monkeypatch.setattr(online_mode, "build_online_rm", lambda config, pool: online_rm)
     monkeypatch.setattr(online_mode, "actor_resource_pool", lambda trainer: None)
     monkeypatch.setattr(online_mode, "rollout_of", lambda data, keys: (data["uid"], [[1, 2]], [[1.0]]))
@@ -111,6 +113,7 @@ def start(compose_config, mode: str, events: list[str], *overrides: str):
     trainer.global_steps = 0  # a fresh run (verl's set-up resumes nothing)
     trainer.init()
     trainer.global_steps, trainer.timing_raw, trainer.prev_step_profile = 1, {}, False
+    trainer.total_training_steps = 3
     sync = SimpleNamespace(update_weights=lambda step: events.append("policy_sync") or {"sync/bytes": 1.0},
                            resume_generation_replicas=lambda: events.append("resume_generation"))
     trainer.checkpoint_manager = trainer.standalone_checkpoint_manager = sync
@@ -135,13 +138,40 @@ def test_async_trains_the_rm_after_verls_step_end(compose_config, recorded, mode
     trainer.step(metrics, trainer.timing_raw)
     assert recorded == ["ppo_step"] and "rm/pairs" not in metrics  # generation is held during step(): no RM step
     trainer.on_step_end()
-    assert recorded == ["ppo_step", *sync_events, "rm_step"]  # after the policy's sync (and generation resumed)
+    # after the policy's sync (and generation resumed), with the next step's prompts already submitted
+    assert recorded == ["ppo_step", *sync_events, "submit_prompts", "rm_step"]
     merged = trainer._consume_sync_metrics()  # what fit() adds to the step's metrics after on_step_end
     assert merged["rm/pairs"] == 4.0 and merged["rm/published_version"] == 7.0
     assert merged["rm/staleness_floor"] == 6.0 and trainer.replay_buffer.floor == 6  # 7 - max_staleness + 1
     if mode.endswith("separate_async"):
         assert merged["sync/bytes"] == 1.0  # verl's own weight-sync metrics kept beside the RM's
     assert "online_rm" in trainer.timing_raw
+
+
+@pytest.mark.parametrize("mode", ["vllm_rm_online_colocate_async", "vllm_rm_online_separate_async"])
+def test_the_next_steps_prompts_are_submitted_before_the_rm_step_and_once(compose_config, recorded, mode):
+    """verl submits a step's prompts in its prepare_step; the step before submitted them already, before its RM
+    step, so prepare_step submits none. Not after the last step, nor under verl's rollout skip (it keys a
+    submission by the step making it): there the next step submits its own."""
+    trainer = start(compose_config, mode, recorded)
+    trainer.step({}, trainer.timing_raw)
+    trainer.on_step_end()
+    assert recorded.count("submit_prompts") == 1 and recorded.index("submit_prompts") < recorded.index("rm_step")
+    trainer._add_batch_to_generate()  # step 2's prepare_step: submitted already
+    assert recorded.count("submit_prompts") == 1
+    trainer._add_batch_to_generate()  # step 3's (step 2 submitted nothing early): its own
+    assert recorded.count("submit_prompts") == 2
+    recorded.clear()
+    trainer.global_steps = trainer.total_training_steps
+    trainer.step({}, trainer.timing_raw)
+    trainer.on_step_end()
+    assert "submit_prompts" not in recorded and "rm_step" in recorded
+    recorded.clear()
+    trainer.global_steps = 1
+    trainer.config.skip.rollout_tq.enable = True
+    trainer.step({}, trainer.timing_raw)
+    trainer.on_step_end()
+    assert "submit_prompts" not in recorded and "rm_step" in recorded
 
 
 @pytest.mark.parametrize("mode", ["vllm_rm_online_colocate_async", "vllm_rm_online_separate_async"])

@@ -236,16 +236,20 @@ class RMStepAfterStepEnd:
     colocate_async pauses generation from ``on_sample_end`` to the end of ``on_step_end`` (the policy's weights
     synced, generation resumed); separate_async generates all along but syncs the policy in ``on_step_end``. An RM
     step inside ``step()`` would hold generation (or the policy's sync) for the RM step and its publish; after
-    ``on_step_end`` only the server's reload pauses scoring. verl saves the checkpoint before ``on_step_end``: on
-    those steps the RM step runs first (generation is paused there in colocate_async anyway), so the checkpoint
-    holds the RM after this step. Its metrics reach the step's through ``_pending_sync_metrics``, which verl
-    merges after ``on_step_end`` (separate_async assigns it there: added after).
+    ``on_step_end`` only the server's reload pauses scoring. verl submits each step's prompts in that step's
+    ``prepare_step``, which would come after the RM step: the next step's are submitted before it instead
+    (:meth:`_submit_next_batch`), so the rollout generates them while the RM trains and publishes. verl saves the
+    checkpoint before ``on_step_end``: on those steps the RM step runs first (generation is paused there in
+    colocate_async anyway), so the checkpoint holds the RM after this step. Its metrics reach the step's through
+    ``_pending_sync_metrics``, which verl merges after ``on_step_end`` (separate_async assigns it there: added
+    after).
     """
 
     def init(self):
         super().init()
         self._rm_step_due = False
         self._rm_metrics: dict[str, float] = {}
+        self._next_batch_submitted = False
 
     def _build_replay_buffer(self):
         from verl_vllm_rm.plugin.rm_staleness import trained_rm_version_keys
@@ -267,10 +271,26 @@ class RMStepAfterStepEnd:
 
     def on_step_end(self):
         super().on_step_end()
+        self._submit_next_batch()
         self._run_rm_step()
         self._pending_sync_metrics = dict(getattr(self, "_pending_sync_metrics", None) or {})
         self.log_reward_metrics(self._pending_sync_metrics, self._rm_metrics)
         self._rm_metrics = {}
+
+    def _submit_next_batch(self) -> None:
+        """The next step's prompts, submitted now instead of in its ``prepare_step`` (the same batch: the dataloader
+        is only read there), so generation never waits for an RM step to have work. Not after the last step, nor
+        with verl's rollout skip (``skip.rollout_tq``), which keys a submission by the step that makes it."""
+        if self.global_steps >= self.total_training_steps or self.config.skip.rollout_tq.enable:
+            return
+        super()._add_batch_to_generate()
+        self._next_batch_submitted = True
+
+    def _add_batch_to_generate(self):
+        if self._next_batch_submitted:  # submitted by the step before (_submit_next_batch)
+            self._next_batch_submitted = False
+            return
+        super()._add_batch_to_generate()
 
     def _run_rm_step(self) -> None:
         """The step's RM step, once."""
