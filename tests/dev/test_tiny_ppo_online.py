@@ -27,14 +27,16 @@ FIRST_STEPS = 4  # one replica is frozen after step 1 and thawed after step 2
 RESUMED = FIRST_STEPS + 1  # the step the resumed run trains
 
 
-def replica_servers() -> dict[int, int]:
-    """The managed replicas' server processes now running, by port: servers whose parent is a ServerReplica actor
-    (Ray titles an actor's process ``ray::ServerReplica``)."""
+def replica_servers(model: str) -> dict[int, int]:
+    """The managed replicas of ``model`` now running, by port: servers of that model whose parent is a
+    ServerReplica actor (Ray titles an actor's process ``ray::ServerReplica``). Only this run's: the other xdist
+    worker's fleet tests serve models of their own."""
     found = {}
     for proc in psutil.process_iter(["pid", "cmdline"]):
         try:
             cmd = proc.info["cmdline"] or []
-            if "verl_vllm_rm.server" in cmd and "ServerReplica" in " ".join(proc.parent().cmdline()):
+            if ("verl_vllm_rm.server" in cmd and "ServerReplica" in " ".join(proc.parent().cmdline())
+                    and os.path.realpath(cmd[cmd.index("--model") + 1]) == os.path.realpath(model)):
                 found[int(cmd[cmd.index("--port") + 1])] = proc.pid
         except (psutil.Error, ValueError, IndexError):
             continue
@@ -45,12 +47,13 @@ class FreezeOneReplica:
     """``on_step``: after step 1, SIGSTOP one replica's server (its process group: API server and engine; alive,
     port open, never answering); after step 2, SIGCONT it."""
 
-    def __init__(self) -> None:
+    def __init__(self, model: str) -> None:
+        self.model = model
         self.pid: int | None = None
 
     def __call__(self, step: int, metrics: dict, version: int | None) -> None:
         if step == 1:
-            servers = replica_servers()
+            servers = replica_servers(self.model)
             assert len(servers) == 2, servers
             self.pid = servers[min(servers)]
             os.killpg(self.pid, signal.SIGSTOP)
@@ -75,7 +78,7 @@ def online_runs(tmp_path_factory, tiny_rm, tiny_task):
                                    f"+online_rm.num_workers={RM_RANKS}", "+reward.reward_kwargs.failover_after_s=2",
                                    "+reward.reward_kwargs.health_timeout_s=2",
                                    "+reward.reward_kwargs.replicas.hung_restart_s=600"])
-    freeze = FreezeOneReplica()
+    freeze = FreezeOneReplica(str(tiny_rm))
     try:
         first = tiny_ppo(work, tiny_rm, tiny_task["policy"], None, steps=FIRST_STEPS, on_step=freeze, **common)
     finally:
