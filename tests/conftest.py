@@ -137,9 +137,8 @@ def fault_proxy(rm_server):
     """A fault-injecting proxy in front of the session server; set ``proxy.faults``."""
     from fault_proxy import FaultProxy
 
-    proxy = FaultProxy(rm_server.url).start()
-    yield proxy
-    proxy.stop()
+    with FaultProxy(rm_server.url) as proxy:
+        yield proxy
 
 
 @pytest.fixture()

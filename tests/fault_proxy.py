@@ -53,6 +53,12 @@ class FaultProxy:
         ready.wait(10)
         return self
 
+    def __enter__(self) -> "FaultProxy":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
     def open_connections(self) -> int:
         """Client connections the proxy holds open now (each request is recorded when it arrives)."""
         return len(self._runner.server.connections)

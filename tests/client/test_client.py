@@ -185,8 +185,7 @@ def test_least_outstanding_routing_spreads_load(rm_server, texts):
     while the fast one takes the other 7 one after another (a random router: 1 in 128)."""
     from fault_proxy import FaultProxy
 
-    a, b = FaultProxy(rm_server.url).start(), FaultProxy(rm_server.url).start()
-    try:
+    with FaultProxy(rm_server.url) as a, FaultProxy(rm_server.url) as b:
         a.faults.delay_s = b.faults.delay_s = 0.2
         client = VLLMRewardClient([a.url, b.url], max_batch_seqs=1)
         run(client, client.score_batch(texts[:8]))
@@ -197,8 +196,6 @@ def test_least_outstanding_routing_spreads_load(rm_server, texts):
         client = VLLMRewardClient([a.url, b.url], max_batch_seqs=1, max_concurrent_requests=2)
         run(client, client.score_batch(texts[:8]))
         assert (len(a.requests), len(b.requests)) == (1, 7)
-    finally:
-        a.stop(), b.stop()
 
 
 def test_model_name_is_sent_and_checked(fault_proxy, rm_server, tiny_rm, texts):
@@ -248,12 +245,10 @@ def test_request_timeout_bounds_each_attempt(fault_proxy, texts):
 @pytest.fixture()
 def hung_and_live(rm_server):
     """Two proxies in front of the session server: ``hung`` never answers (a stopped server), ``live`` forwards."""
-    from fault_proxy import FaultProxy
+    from fault_proxy import FaultProxy, Faults
 
-    hung, live = FaultProxy(rm_server.url).start(), FaultProxy(rm_server.url).start()
-    hung.faults.hang = True
-    yield hung, live
-    hung.stop(), live.stop()
+    with FaultProxy(rm_server.url, Faults(hang=True)) as hung, FaultProxy(rm_server.url) as live:
+        yield hung, live
 
 
 def test_a_hung_server_fails_over_once_its_health_check_times_out(hung_and_live, tokenizer, hf_model, texts):

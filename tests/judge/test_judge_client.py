@@ -108,37 +108,28 @@ def test_a_reply_that_is_not_a_chat_completion_is_an_error_not_retried(judge_ser
     not)."""
     from fault_proxy import FaultProxy, Faults
 
-    proxy = FaultProxy(judge_server.url, Faults(rewrite={"/v1/chat/completions": lambda _: reply})).start()
-    try:
+    with FaultProxy(judge_server.url, Faults(rewrite={"/v1/chat/completions": lambda _: reply})) as proxy:
         with pytest.raises(JudgeAnswerError, match=error):
             judge(proxy.url, responses=["42."], mode="pointwise", max_retries=3, backoff_base_s=0.01)
-    finally:
-        proxy.stop()
     assert [r["path"] for r in proxy.requests] == ["/v1/chat/completions"]
 
 
 def test_a_judge_slower_than_the_deadline_fails_naming_the_timeout(judge_server):
     from fault_proxy import FaultProxy
 
-    proxy = FaultProxy(judge_server.url).start()
-    try:
+    with FaultProxy(judge_server.url) as proxy:
         proxy.faults.delay_s = 5.0
         with pytest.raises(RewardServerError, match=r"/v1/chat/completions failed after .*timed out"):
             judge(proxy.url, mode="listwise", read_timeout_s=0.3, max_retries=1, backoff_base_s=0.01)
-    finally:
-        proxy.stop()
 
 
 def test_a_non_json_reply_is_retried_then_an_error(judge_server):
     from fault_proxy import FaultProxy
 
-    proxy = FaultProxy(judge_server.url).start()
-    try:
+    with FaultProxy(judge_server.url) as proxy:
         proxy.faults.corrupt = "nonjson"
         with pytest.raises(RewardServerError, match="failed after 2 attempt"):
             judge(proxy.url, mode="pointwise", max_retries=1, backoff_base_s=0.01)
-    finally:
-        proxy.stop()
 
 
 def test_an_unreachable_judge_fails_naming_the_server(dead_url):

@@ -55,18 +55,17 @@ def test_batch_call_judges_each_group_once_with_all_members(rm_server, judge_ser
     from fault_proxy import FaultProxy
     from judge_answers import assert_ranks_are_the_judges
 
-    proxy = FaultProxy(judge_server.url).start()
-    mgr = load_manager(tokenizer, rm_server.url, tiny_rm, judge_kwargs(proxy.url))
-    try:
-        data = build_batch(grpo_groups, tokenizer.pad_token_id)
-        out = mgr(data, return_dict=True)
-        groups = by_group(out, data.non_tensor_batch["uid"])
-        check_listwise_groups(groups)
-        stats = mgr.judge._local.stats
-        assert stats.groups_judged == len(grpo_groups) and set(stats.judged_sizes.values()) == {N}
-    finally:
-        mgr.close()
-        proxy.stop()
+    with FaultProxy(judge_server.url) as proxy:
+        mgr = load_manager(tokenizer, rm_server.url, tiny_rm, judge_kwargs(proxy.url))
+        try:
+            data = build_batch(grpo_groups, tokenizer.pad_token_id)
+            out = mgr(data, return_dict=True)
+            groups = by_group(out, data.non_tensor_batch["uid"])
+            check_listwise_groups(groups)
+            stats = mgr.judge._local.stats
+            assert stats.groups_judged == len(grpo_groups) and set(stats.judged_sizes.values()) == {N}
+        finally:
+            mgr.close()
     texts = [tokenizer.decode(r, skip_special_tokens=True) for g in grpo_groups for r in g.response_ids]
     ranks = out["reward_extra_info"]["judge_rank"]
     by_uid: dict[str, list[tuple[str, float]]] = {}
@@ -183,9 +182,8 @@ def test_a_failed_judgement_goes_through_the_failure_policy(rm_server, judge_ser
     from verl_vllm_rm.judge.reward import JudgeError
 
     data = build_batch(grpo_groups, tokenizer.pad_token_id)
-    proxy = FaultProxy(judge_server.url).start()
-    proxy.faults.delay_s = 5.0 if "read_timeout_s" in judge else 0.0
-    try:
+    with FaultProxy(judge_server.url) as proxy:
+        proxy.faults.delay_s = 5.0 if "read_timeout_s" in judge else 0.0
         for policy in ("raise", "mask"):
             mgr = load_manager(tokenizer, rm_server.url, tiny_rm,
                                judge_kwargs(proxy.url, failure_policy=policy, **judge))
@@ -200,5 +198,3 @@ def test_a_failed_judgement_goes_through_the_failure_policy(rm_server, judge_ser
                 assert mgr.judge.failed == len(data)
             finally:
                 mgr.close()
-    finally:
-        proxy.stop()

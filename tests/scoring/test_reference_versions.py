@@ -48,9 +48,8 @@ class Publisher:
 
 @pytest.fixture()
 def proxy(server):
-    proxy = FaultProxy(server.url).start()
-    yield proxy
-    proxy.stop()
+    with FaultProxy(server.url) as proxy:
+        yield proxy
 
 
 def scored_ids(record: dict) -> list[list[int]]:

@@ -325,14 +325,11 @@ def test_vllm_rm_reads_each_family_or_refuses_its_configuration_at_the_first_bat
         assert str(refused.value) == (f"{where}, whose attributes are {list(HELPSTEER_ATTRIBUTES)}; attributes "
                                       "names ['length'], which it does not have")
         weights = {"helpfulness": 1.0, "verbosity": -0.5}
-        proxy = FaultProxy(served.url).start()  # a server whose /health does not describe its head
-        proxy.faults.rewrite["/health"] = lambda health: {k: v for k, v in health.items() if k != "shape"}
-        try:
+        with FaultProxy(served.url) as proxy:  # a server whose /health does not describe its head
+            proxy.faults.rewrite["/health"] = lambda health: {k: v for k, v in health.items() if k != "shape"}
             with pytest.raises(ServedHeadError) as refused:
                 load_manager(verl_config(proxy.url, attributes=weights), tokenizer)(
                     build_batch(batch, tokenizer.pad_token_id), return_dict=True)
-        finally:
-            proxy.stop()
         assert str(refused.value) == (
             f"reward model 'rm' weights attributes ['helpfulness', 'verbosity'], and its server {[proxy.url]} does "
             "not describe its head (its /health has no shape), so their outputs are unknown: serve the model with "

@@ -182,15 +182,12 @@ def test_a_server_that_could_not_apply_fails_the_publish(ws_server, tiny_rm):
     failure = {"version": version + 1, "status": "failed", "serving_version": version,
                "error": "RuntimeError: the reload ran out of memory"}
     final_fails = {"/update_param_batch": lambda line: line if line.get("status") == "accepted" else failure}
-    proxy = FaultProxy(ws_server.url, Faults(rewrite_lines=final_fails)).start()
-    try:
+    with FaultProxy(ws_server.url, Faults(rewrite_lines=final_fails)) as proxy:
         with RewardModelPublisher(proxy.url, timeout_s=60) as pub:
             with pytest.raises(WeightSyncError, match=rf"^the server could not apply version {version + 1}: "
                                                       r"RuntimeError: the reload ran out of memory$"):
                 pub.publish(load_rm(tiny_rm), version + 1, "head_only")
             assert not pub.connected and pub.version == version
-    finally:
-        proxy.stop()
     real = [json.loads(line) for r in proxy.requests if r["path"] == "/update_param_batch"
             for line in r["answer"].splitlines()]
     assert real[0]["status"] == "accepted" and real[-1]["status"] == "ok"  # the real server applied it

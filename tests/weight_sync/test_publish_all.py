@@ -45,10 +45,9 @@ def test_a_managed_replica_that_cannot_be_opened_is_left_behind_and_the_others_t
     from fault_proxy import FaultProxy, Faults
 
     version = reset_server(ws_server.url, tiny_rm)
-    hung = FaultProxy(ws_server.url, Faults(hang=True)).start()
     committed: list[int] = []
     model = load_rm(tiny_rm)
-    try:
+    with FaultProxy(ws_server.url, Faults(hang=True)) as hung:
         with MultiServerPublisher([ws_server.url, hung.url], on_commit=committed.append, timeout_s=5) as fleet:
             assert list(fleet.publishers) == [ws_server.url]
             assert f"server {hung.url} left behind (out of routing until re-synced): could not open" in caplog.text
@@ -59,8 +58,6 @@ def test_a_managed_replica_that_cannot_be_opened_is_left_behind_and_the_others_t
             asked = sum(r["path"] == "/weight_inventory" for r in hung.requests)
             fleet.publish(model, version + 2, "full")
             assert sum(r["path"] == "/weight_inventory" for r in hung.requests) == asked + 1  # tried again
-    finally:
-        hung.stop()
 
 
 def test_managed_replicas_none_of_which_can_be_opened_fail_the_publish(dead_url):

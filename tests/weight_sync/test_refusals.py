@@ -23,12 +23,9 @@ def served(ws_server, tiny_rm, probe_ids):
     reset_server(ws_server.url, tiny_rm)
     model = load_rm(tiny_rm)
     version = runtime_version(ws_server.url)
-    proxy = FaultProxy(ws_server.url).start()
-    try:
+    with FaultProxy(ws_server.url) as proxy:
         with RewardModelPublisher(proxy.url, timeout_s=60) as pub:
             yield pub, model, proxy
-    finally:
-        proxy.stop()
     assert runtime_version(ws_server.url) == version
     assert_parity(ws_server.url, model, probe_ids)
 
@@ -146,15 +143,12 @@ def test_server_refuses_a_stale_version_and_a_missing_communicator(served, ws_se
 def test_a_bucket_size_of_zero_is_refused_before_anything_moves(ws_server, tiny_rm):
     """``bucket_bytes=0`` (a publisher built by hand; verl's online_rm section checks it) is refused at the first
     publish, before any communicator or metadata: the server only ever saw the inventory request."""
-    proxy = FaultProxy(ws_server.url).start()
     before, version = update_record(ws_server.url), runtime_version(ws_server.url)
-    try:
+    with FaultProxy(ws_server.url) as proxy:
         with RewardModelPublisher(proxy.url, bucket_bytes=0) as pub:
             with pytest.raises(ValueError, match=r"^bucket_bytes must be a positive number of bytes, got 0: give the "
                                                  r"publisher a bucket size > 0 \(default 67108864, 64 MiB\)$"):
                 pub.publish(load_rm(tiny_rm), version + 1, "head_only")
-    finally:
-        proxy.stop()
     assert [r["path"] for r in proxy.requests] == ["/weight_inventory"]
     assert update_record(ws_server.url) == before and runtime_version(ws_server.url) == version
 
@@ -164,16 +158,13 @@ def test_a_trainer_without_cuda_is_refused_by_an_nccl_server(ws_server):
     ways out, before any communicator forms (only the inventory was asked for)."""
     # this CPU machine runs no NCCL server (it needs CUDA): the inventory's transport is the one fault injected
     nccl = {"/weight_inventory": lambda inventory: {**inventory, "transport": "nccl", "nccl_version": "2.29.7"}}
-    proxy = FaultProxy(ws_server.url, Faults(rewrite=nccl)).start()
     before = update_record(ws_server.url)
-    try:
+    with FaultProxy(ws_server.url, Faults(rewrite=nccl)) as proxy:
         with pytest.raises(WeightUpdateRefused, match=rf"^cannot publish to {re.escape(proxy.url)}: the server "
                                                       r"receives weights over nccl \(GPU\) and this trainer has no "
                                                       r"CUDA: publish from a trainer on a GPU, or start the server "
                                                       r"with --weight-update-backend gloo$"):
             RewardModelPublisher(proxy.url)
-    finally:
-        proxy.stop()
     assert [r["path"] for r in proxy.requests] == ["/weight_inventory"]
     assert update_record(ws_server.url) == before
 
