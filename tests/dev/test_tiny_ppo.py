@@ -63,6 +63,7 @@ def plain_run(tmp_path_factory, tiny_rm, tiny_task, server_args, judge_server) -
                            f"+reward.reward_kwargs.judge={{server_url:'{judge.url}',mode:listwise,"
                            "group_timeout_s:120}",
                            "actor_rollout_ref.rollout.val_kwargs.n=2",
+                           "reward.num_workers=2",  # a judge group's members meet across two workers
                            "actor_rollout_ref.rollout.val_kwargs.do_sample=True"])
         run["servers_started"] = len(servers)
         run["met_dead"] = met_dead

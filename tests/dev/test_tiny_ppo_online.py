@@ -74,7 +74,7 @@ def online_runs(tmp_path_factory, tiny_rm, tiny_task):
     one hung for 600 s only, so the frozen one is thawed, not restarted."""
     work = tmp_path_factory.mktemp("ppo_online")
     common = dict(online="full", validate=False, replicas=2,
-                  extra_overrides=["trainer.save_freq=1", "+reward.reward_kwargs.whiten=running",
+                  extra_overrides=["trainer.save_freq=1", "+reward.reward_kwargs.whiten=running", "reward.num_workers=2",
                                    f"+online_rm.num_workers={RM_RANKS}", "+reward.reward_kwargs.failover_after_s=2",
                                    "+reward.reward_kwargs.health_timeout_s=2",
                                    "+reward.reward_kwargs.replicas.hung_restart_s=600"])

@@ -21,6 +21,9 @@ CPU_OVERRIDES = [
     "trainer.nnodes=1",
     # With num_cpus=2 the run hung (verl's actors reserve CPUs); logical CPUs, not cores.
     "ray_kwargs.ray_init.num_cpus=16",
+    # Ray's dashboard is ten more processes (nine head modules and an agent) starting beside the trainer's own on
+    # 2 cores; verl 0.9.1 reads no state API in a run (its one use, ``_is_worker_alive``, is never called).
+    "+ray_kwargs.ray_init.include_dashboard=False",
     "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
     # HFModelConfig defaults to flash_attention_2 and remove-padding kernels; FSDP1 wants a device index.
     "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
@@ -76,9 +79,10 @@ def cpu_profile(steps: int, batch_prompts: int = 4, group_size: int = 4, online:
         f"actor_rollout_ref.rollout.n={group_size}",
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16",
         "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=16",
-        # verl starts 8 agent-loop and 8 reward-loop Ray workers by default (~0.5 GB each): 2 share 2 cores.
-        "actor_rollout_ref.rollout.agent.num_workers=2",
-        "reward.num_workers=2",
+        # verl starts 8 agent-loop and 8 reward-loop Ray workers by default (~0.5 GB and a verl import of ~10 s
+        # of CPU each): one of each scores and generates a tiny batch (a run can ask for more after these).
+        "actor_rollout_ref.rollout.agent.num_workers=1",
+        "reward.num_workers=1",
         f"trainer.total_training_steps={steps}",
         "trainer.logger=[console,file]",
     ]
