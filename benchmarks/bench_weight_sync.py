@@ -120,7 +120,7 @@ def bench_model(name: str, workdir: Path, modes: list[str], reps: int, bucket_by
                     model.score.weight.add_(0.01)
                 results.append(pub.publish(model, pub.version + 1, mode))
             results = results[1:]
-            specs = [item.spec for item in pub.plan(model, mode)]
+            specs = [item.spec for item in pub.plan(model, mode).items]
             sizes = [b.nbytes for b in plan_buckets(specs, bucket_bytes)]
             raw = raw_broadcast_s(pub.transport, sizes, reps + 1)[1:]
             publish_s = statistics.median(r.seconds for r in results)
