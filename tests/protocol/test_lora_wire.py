@@ -10,9 +10,8 @@ from sync_helpers import load_rm
 
 from verl_vllm_rm.online.trainable import prepare_reward_model
 from verl_vllm_rm.protocol.inventory import Inventory, ParamSpec, WeightUpdateRefused
-from verl_vllm_rm.protocol.lora import LoraBases, adapter_name, merge_lora_weight, split_adapter_name
+from verl_vllm_rm.protocol.lora import LoraBases, adapter_name, split_adapter_name
 from verl_vllm_rm.protocol.names import RewardModelTrainingMode, normalize_name
-from verl_vllm_rm.weight_sync.lora import find_lora_modules, lora_scalings
 from verl_vllm_rm.weight_sync.selection import select_update
 
 FUSED = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
@@ -47,19 +46,6 @@ def test_adapter_names_round_trip():
     assert split_adapter_name(f"{Q}.weight") is None
     with pytest.raises(ValueError, match="adapter kind must be one of"):
         adapter_name(Q, "C")
-
-
-def test_the_trainers_merge_is_the_one_merge(tiny_rm):
-    model = prepare_reward_model(load_rm(tiny_rm), "lora", lora_rank=4, lora_alpha=8)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "lora_B" in name:
-                p.normal_(0, 0.1)
-    state_dict = model.state_dict()
-    for m in find_lora_modules(state_dict, lora_scalings(model)):
-        expected = merge_lora_weight(state_dict[m.base], state_dict[m.lora_a], state_dict[m.lora_b], m.scaling,
-                                     torch.float32)
-        assert torch.equal(m.merged(state_dict), expected)
 
 
 def test_an_adapter_update_within_the_held_bases_passes():
