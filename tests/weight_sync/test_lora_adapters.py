@@ -122,6 +122,24 @@ def test_a_publish_failing_mid_transfer_leaves_the_old_weights_serving(ws_server
     assert_parity(ws_server.url, model, probe_ids)
 
 
+def test_staged_adapters_serve_only_once_committed(ws_server, tiny_rm, probe_ids):
+    """Two-phase commit with adapters: a staged or aborted adapter update never serves; a committed one merges."""
+    reset_server(ws_server.url, tiny_rm)
+    base, model = load_rm(tiny_rm), _lora_model(tiny_rm)
+    with RewardModelPublisher(ws_server.url, timeout_s=60) as pub:
+        _random_adapters(model, 1)
+        start = pub.version
+        assert pub.publish(model, start + 1, "lora", commit=False).lora_adapters
+        assert_parity(ws_server.url, base, probe_ids)
+        assert pub.abort(start + 1)["status"] == "aborted"
+        assert_parity(ws_server.url, base, probe_ids)
+        _random_adapters(model, 2)
+        pub.publish(model, start + 1, "lora", commit=False)
+        assert pub.commit(start + 1)["status"] == "ok"
+        assert runtime_version(ws_server.url) == start + 1
+        assert_parity(ws_server.url, model, probe_ids)
+
+
 def test_the_server_refuses_a_malformed_lora_field(ws_server):
     body = {"metadata": [], "training_mode": "lora", "version": 10**9, "bucket_bytes": 1, "lora": {"scale": {}}}
     with RewardModelPublisher(ws_server.url, timeout_s=60) as pub:

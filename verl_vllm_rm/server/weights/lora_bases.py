@@ -87,8 +87,8 @@ class LoraBaseStore:
                     w0 = self.tensors[name]
                     a, b = factors[module]["A"].to(device), factors[module]["B"].to(device)
                     yield name, merge_lora_weight(w0.to(device), a, b, float(scaling[module]), w0.dtype)
-                else:
-                    yield name, self.tensors[name].to(device)
+                else:  # a copy: a loader that kept the tensor as the model's own must never alias the store
+                    yield name, self.tensors[name].to(device, copy=True)
                 done.add(name)
         for name in sorted(set(full) - done):
             yield name, full[name]
