@@ -183,3 +183,30 @@ def test_a_server_without_bases_gets_merged_weights_with_one_warning(capped_serv
     with RewardModelPublisher(capped_server.url, timeout_s=60, lora_wire="adapters") as pub:
         with pytest.raises(WeightUpdateRefused, match="cannot send LoRA adapters: its LoRA base store is unavailable"):
             pub.publish(model, pub.version + 1, "lora")
+
+
+def test_a_mixed_fleet_commits_together_and_a_replica_left_behind_is_re_synced(ws_server, capped_server, tiny_rm,
+                                                                               probe_ids):
+    """Two servers, one holding the bases and one not: a two-phase publish sends adapters to the first and merged
+    weights to the second, and both serve the model. A server left behind for a version is re-synced by the next
+    ordinary publish, since every LoRA publish carries all the adapters (or all the merged modules) and the head."""
+    reset_server(ws_server.url, tiny_rm)
+    model = _lora_model(tiny_rm)
+    hook = PublishAfterStep(lambda: MultiServerPublisher([ws_server.url, capped_server.url], timeout_s=60), "lora")
+    _random_adapters(model, 3)
+    metrics = hook.publish(model)
+    assert metrics["rm/publish_servers"] == 2.0 and metrics["rm/publish_lora_adapters"] == 0.5
+    for url in (ws_server.url, capped_server.url):
+        assert_parity(url, model, probe_ids)
+    hook.publisher.close()
+    _random_adapters(model, 4)
+    with RewardModelPublisher(ws_server.url, timeout_s=60) as pub:  # the capped server misses this version
+        pub.publish(model, pub.version + 1, "lora")
+    assert_parity(ws_server.url, model, probe_ids)
+    _random_adapters(model, 5)
+    with MultiServerPublisher([ws_server.url, capped_server.url], timeout_s=60) as fleet:
+        results = fleet.publish(model, fleet.version + 1, "lora")
+    assert sorted(r.lora_adapters for r in results) == [False, True]
+    for url in (ws_server.url, capped_server.url):
+        assert runtime_version(url) == results[0].version
+        assert_parity(url, model, probe_ids)

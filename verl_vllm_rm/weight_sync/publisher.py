@@ -25,7 +25,7 @@ from verl_vllm_rm.parity.probe import UNIT_ROUNDOFF, ParityProbe, coarsest
 from verl_vllm_rm.protocol.inventory import Inventory, WeightUpdateRefused
 from verl_vllm_rm.protocol.names import RewardModelTrainingMode
 from verl_vllm_rm.protocol.wire import DEFAULT_BUCKET_BYTES, nccl_version, plan_buckets, transport_mismatch
-from verl_vllm_rm.weight_sync.selection import LORA_WIRES, Selection, StateDictLike, select_update
+from verl_vllm_rm.weight_sync.selection import Selection, StateDictLike, check_lora_wire, select_update
 from verl_vllm_rm.weight_sync.transfer import TransferSession, WeightSyncError, is_refusal, local_address_towards
 
 logger = logging.getLogger(__name__)
@@ -83,9 +83,7 @@ class RewardModelPublisher(ClosedOnExit):
         """``lora_wire`` (training mode ``lora``): ``auto`` sends the adapters when the server holds the base
         weights (``--weight-update-lora-bases``), else merged weights with a warning; ``adapters`` refuses to
         publish merged weights; ``merged`` always sends them."""
-        if lora_wire not in LORA_WIRES:
-            raise ValueError(f"lora_wire must be one of {list(LORA_WIRES)}, got {lora_wire!r}")
-        self.lora_wire = lora_wire
+        self.lora_wire = check_lora_wire(lora_wire)
         self._warned: set[str] = set()  # the fallback reasons already warned about
         self.http = JsonHttp(server_url, api_key, timeout_s=min(timeout_s, 60.0))
         self.server_url = server_url

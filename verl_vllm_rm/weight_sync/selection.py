@@ -1,7 +1,8 @@
 """What a publish sends: the tensors the training mode changed, under the server's names, checked.
 
 Names are normalised from HF/PEFT/FSDP to the server's checkpoint names; the mode
-keeps the head (``head_only``), the merged LoRA modules plus the head and the
+keeps the head (``head_only``), the LoRA adapters plus the head when the server
+holds the base weights, else the merged LoRA modules plus the head and the
 siblings that complete each fused module (``lora``), or everything (``full``);
 then :meth:`Inventory.check_update` checks names, shapes, whole fused modules and
 the size cap. Nothing is gathered here: each entry produces its tensor when its
@@ -46,11 +47,15 @@ class Selection:
     fallback_reason: str | None = None
 
 
-def lora_fallback_reason(inventory: Inventory, lora_wire: str) -> str | None:
-    """Why adapters cannot travel to this server (``None``: they can, or merged weights were asked for)."""
+def check_lora_wire(lora_wire: str) -> str:
     if lora_wire not in LORA_WIRES:
         raise ValueError(f"lora_wire must be one of {list(LORA_WIRES)}, got {lora_wire!r}")
-    if lora_wire == "merged":
+    return lora_wire
+
+
+def lora_fallback_reason(inventory: Inventory, lora_wire: str) -> str | None:
+    """Why adapters cannot travel to this server (``None``: they can, or merged weights were asked for)."""
+    if check_lora_wire(lora_wire) == "merged":
         return None
     bases = inventory.lora_bases
     if bases is None:
@@ -114,6 +119,8 @@ def select_update(
                 for kind, raw in (("A", module.lora_a), ("B", module.lora_b)):
                     wire = adapter_name(server_module, kind)
                     sources[wire] = lambda t=state_dict[raw]: full_tensor(t)
+                    if hasattr(state_dict[raw], "full_tensor"):
+                        gathered.add(wire)
                     adapters[wire] = ParamSpec(wire, inventory.params[name].dtype, tuple(state_dict[raw].shape))
                 scalings[server_module] = module.scaling
                 continue
@@ -131,7 +138,7 @@ def select_update(
     items = []
     for name in sorted(set(selected) | set(adapters)):
         if name in adapters:
-            items.append(Outgoing(adapters[name], sources[name], True))
+            items.append(Outgoing(adapters[name], sources[name], name in gathered))
             continue
         shape, dtype = meta[name]
         server = inventory.params.get(name)
