@@ -12,7 +12,9 @@ background thread, so the worker keeps scoring meanwhile); the model is
 touched in ``finish_weight_update`` through vLLM's layerwise reload (plain
 ``load_weights`` fails on repacked CPU weights), scoped to the modules the
 update touches. A transfer that dies halfway therefore leaves the old weights
-serving, never a mix.
+serving, never a mix. An update carrying LoRA adapters is merged there too, each
+adapted weight from the worker's immutable base store (:mod:`.lora_bases`),
+after the received adapters were checked finite.
 
 Memory: an update is received one bucket at a time into a single buffer on the
 worker's device, and each bucket is copied out to host memory (pinned with
@@ -35,7 +37,6 @@ engines under the backend names ``gloo`` and ``torch_nccl``.
 
 from __future__ import annotations
 
-import math
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
@@ -209,7 +210,7 @@ class ProcessGroupWeightTransferEngine(WeightTransferEngine[ProcessGroupInitInfo
             host.copy_(landing)  # blocking: the landing buffer is free for the next bucket when this returns
             staged.extend(unpack(bucket, host))
         if update_info.lora_scaling:
-            _check_adapters(staged, update_info.lora_scaling)
+            _check_adapters(staged)
         self.staged = staged
 
     def receive_memory(self) -> dict[str, int]:
@@ -274,11 +275,11 @@ class ProcessGroupWeightTransferEngine(WeightTransferEngine[ProcessGroupInitInfo
         self.staged, self.lora_scaling = [], None
 
 
-def _check_adapters(staged: list[tuple[str, torch.Tensor]], scaling: dict[str, float]) -> None:
-    """Refuse adapters or scalings that are not finite, before the reload: the old weights keep serving."""
+def _check_adapters(staged: list[tuple[str, torch.Tensor]]) -> None:
+    """Refuse adapters that are not finite, before the reload: the old weights keep serving. (The scalings were
+    checked with the metadata: JSON carries no NaN or inf.)"""
     bad = sorted(name for name, tensor in staged
                  if split_adapter_name(name) and tensor.is_floating_point() and not torch.isfinite(tensor).all())
-    bad += sorted(f"lora.scaling[{m!r}]" for m, s in scaling.items() if not math.isfinite(s))
     if bad:
         raise ValueError(f"the update's LoRA adapters are not finite (NaN or inf) in {bad}; nothing was loaded")
 
