@@ -1,7 +1,9 @@
 """Weight-sync cost: a publish vs a raw broadcast of the same bytes over the same transport.
 
 For each model (the tiny RM and a ~100M-parameter RM built locally) and each mode
-(head_only, full) this measures, on this machine:
+(head_only, full, and LoRA rank 16 sent two ways: ``lora_merged``, the merged weights,
+and ``lora_adapters``, the adapters merged by the server from its base store) this
+measures, on this machine:
   publish - ``RewardModelPublisher.publish`` into a real server started with
             ``--enable-weight-updates`` (names, checks, HTTP metadata, packing,
             broadcast, the server's staged receive, layerwise reload, prefix-cache
@@ -9,7 +11,8 @@ For each model (the tiny RM and a ~100M-parameter RM built locally) and each mod
   raw     - the same bucket sizes broadcast over a fresh process group of the same
             backend to a bare receiver process (preallocated buffers, no packing),
             ending with the receiver's one-element acknowledgement.
-Reports medians, the ratio (target <= 1.2) and bytes/s; writes
+Reports medians, the ratio (target <= 1.2), bytes/s, the server's receive and reload
+times, and per model a row of merged / adapters ratios; writes
 ``benchmarks/results/weight_sync.json``.
 
 ``--trainer-side-only`` (for a GPU machine without vllm) measures the trainer's
@@ -41,6 +44,8 @@ MODELS = {
     "tiny": TinyRMSpec(),
     "100m": RM_100M,
 }
+LORA_WIRES = {"lora_merged": "merged", "lora_adapters": "adapters"}  # bench-only modes: training_mode lora, each wire
+LORA_RANK = 16
 SERVER_ARGS = ["--dtype", "float32", "--max-model-len", "512", "--enforce-eager", "--enable-weight-updates"]
 
 
@@ -103,41 +108,67 @@ def raw_broadcast_s(backend: str, sizes: list[int], reps: int, receivers: int = 
 def bench_model(name: str, workdir: Path, modes: list[str], reps: int, bucket_bytes: int) -> list[dict]:
     from transformers import AutoModelForSequenceClassification
 
+    from verl_vllm_rm.online.trainable import prepare_reward_model
     from verl_vllm_rm.replicas.launcher import running_server
     from verl_vllm_rm.weight_sync import RewardModelPublisher
 
     path = build_tiny_rm(workdir / name, MODELS[name])
     model = AutoModelForSequenceClassification.from_pretrained(path, dtype=torch.float32)
     n_params = sum(p.numel() for p in model.parameters())
+    lora_model = None
+    if any(mode in LORA_WIRES for mode in modes):
+        lora_model = prepare_reward_model(AutoModelForSequenceClassification.from_pretrained(path, dtype=torch.float32),
+                                          "lora", lora_rank=LORA_RANK, lora_alpha=2 * LORA_RANK)
     rows = []
     with running_server(path, SERVER_ARGS) as server:
-        pub = RewardModelPublisher(server.url, bucket_bytes=bucket_bytes, timeout_s=300)
-        pub.connect()
         for mode in modes:
-            results = []
-            for _ in range(reps + 1):  # the first round warms up both sides
-                with torch.no_grad():
-                    model.score.weight.add_(0.01)
-                results.append(pub.publish(model, pub.version + 1, mode))
-            results = results[1:]
-            specs = [item.spec for item in pub.plan(model, mode)]
-            sizes = [b.nbytes for b in plan_buckets(specs, bucket_bytes)]
-            raw = raw_broadcast_s(pub.transport, sizes, reps + 1)[1:]
-            publish_s = statistics.median(r.seconds for r in results)
-            raw_s = statistics.median(raw)
-            nbytes = results[0].num_bytes
-            rows.append({
-                "model": name, "model_params": n_params, "mode": mode, "transport": pub.transport,
-                "tensors": results[0].num_params, "bytes": nbytes, "buckets": results[0].num_buckets,
-                "publish_s": publish_s, "raw_broadcast_s": raw_s, "ratio": publish_s / raw_s,
-                "publish_bytes_per_s": nbytes / publish_s, "raw_bytes_per_s": nbytes / raw_s,
-                "server_receive_s": statistics.median(r.server["receive_s"] for r in results),
-                "server_reload_s": statistics.median(r.server["reload_s"] for r in results),
-                "server_pause_wait_s": statistics.median(r.server["pause_wait_s"] for r in results),
-            })
-            print(json.dumps(rows[-1]), flush=True)
-        pub.close()
+            wire = LORA_WIRES.get(mode)
+            training_mode, target = ("lora", lora_model) if wire else (mode, model)
+            # one publisher (one communicator) at a time: the server serves the newest session only
+            with RewardModelPublisher(server.url, bucket_bytes=bucket_bytes, timeout_s=300,
+                                      lora_wire=wire or "auto") as pub:
+                pub.connect()
+                results = []
+                for _ in range(reps + 1):  # the first round warms up both sides
+                    perturb(target, wire is not None)
+                    results.append(pub.publish(target, pub.version + 1, training_mode))
+                results = results[1:]
+                specs = [item.spec for item in pub.plan(target, training_mode).items]
+                sizes = [b.nbytes for b in plan_buckets(specs, bucket_bytes)]
+                raw = raw_broadcast_s(pub.transport, sizes, reps + 1)[1:]
+                publish_s = statistics.median(r.seconds for r in results)
+                raw_s = statistics.median(raw)
+                nbytes = results[0].num_bytes
+                rows.append({
+                    "model": name, "model_params": n_params, "mode": mode, "transport": pub.transport,
+                    "tensors": results[0].num_params, "bytes": nbytes, "buckets": results[0].num_buckets,
+                    "lora_adapters": results[0].lora_adapters,
+                    "publish_s": publish_s, "raw_broadcast_s": raw_s, "ratio": publish_s / raw_s,
+                    "publish_bytes_per_s": nbytes / publish_s, "raw_bytes_per_s": nbytes / raw_s,
+                    "server_receive_s": statistics.median(r.server["receive_s"] for r in results),
+                    "server_reload_s": statistics.median(r.server["reload_s"] for r in results),
+                    "server_pause_wait_s": statistics.median(r.server["pause_wait_s"] for r in results),
+                })
+                print(json.dumps(rows[-1]), flush=True)
+    by_mode = {r["mode"]: r for r in rows}
+    if set(LORA_WIRES) <= by_mode.keys():  # merged against adapters, on this model
+        merged, adapters = by_mode["lora_merged"], by_mode["lora_adapters"]
+        rows.append({"model": name, "mode": "lora_merged / lora_adapters",
+                     **{f"{k}_ratio": merged[k] / adapters[k] for k in ("bytes", "publish_s", "server_receive_s",
+                                                                        "server_reload_s")}})
+        print(json.dumps(rows[-1]), flush=True)
     return rows
+
+
+def perturb(model: torch.nn.Module, lora: bool) -> None:
+    """A new weight version: every LoRA B factor moves (``lora``), else the head does."""
+    with torch.no_grad():
+        if not lora:
+            model.score.weight.add_(0.01)
+            return
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.add_(torch.randn_like(p) * 0.02)
 
 
 def trainer_side_only(reps: int, bucket_bytes: int) -> list[dict]:
@@ -198,7 +229,7 @@ def main() -> None:
         return raw_receiver(sys.argv[2:])
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="tiny,100m")
-    parser.add_argument("--modes", default="head_only,full")
+    parser.add_argument("--modes", default="head_only,full,lora_merged,lora_adapters")
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--bucket-bytes", type=int, default=DEFAULT_BUCKET_BYTES)
     parser.add_argument("--trainer-side-only", action="store_true")

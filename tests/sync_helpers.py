@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import time
 
 import requests
 import torch
@@ -45,6 +46,19 @@ def update_record(url: str) -> dict:
     one being received or applied. Every update the server accepted changes it."""
     health = requests.get(f"{url}/health", timeout=10).json()
     return {key: health.get(key) for key in ("last_update", "last_failed_update", "pending_update")}
+
+
+def wait_for_failed_update(url: str, version: int, deadline_s: float = 300) -> dict:
+    """/health once it reports the failed update to ``version`` (``deadline_s``: a hang guard, not a speed bound)."""
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        resp = requests.get(f"{url}/health", timeout=10)
+        assert resp.status_code == 200, resp.text
+        failed = resp.json().get("last_failed_update", {})
+        if failed.get("version") == version:
+            return resp.json()
+        time.sleep(0.5)
+    raise AssertionError(f"/health never reported the failed update to version {version}")
 
 
 def max_diff(a: list[float], b: list[float]) -> float:

@@ -51,6 +51,8 @@ def test_a_bf16_server_scores_like_the_trainers_bf16_forward_within_the_bound(ra
     for step in (1, 2):
         metrics = rm.train_on_rollout(uids, sequences, rewards, step=step)  # the probe raises above the bound
         assert metrics["rm/published_version"] == runtime_version(bf16_server.url)
+        if mode == "lora":  # the adapters travel in bf16 (the server's dtype) and the server merges them
+            assert metrics["rm/publish_lora_adapters"] == 1.0
         trainer = rm.worker_group.reference_scores(probe_ids)[0]
         spread = max_diff(server_scores(bf16_server.url, probe_ids), trainer)
         assert spread <= max_abs_bound("bfloat16", trainer)

@@ -13,6 +13,7 @@ BASE = {"model_path": "/rm", "server_url": "http://rm:1"}
     ("param_dtype", "bf17", r"online_rm.param_dtype='bf17' is not one of \['bf16', 'fp16', 'fp32'\]"),
     ("strategy", "ddp", r"online_rm.strategy='ddp' is not one of \['fsdp', 'fsdp2'\]"),
     ("placement", "actor", r"online_rm.placement='actor' is not one of \['separate', 'colocated'\]"),
+    ("lora_wire", "both", r"online_rm.lora_wire='both' is not one of \['auto', 'adapters', 'merged'\]"),
     ("micro_batch_size_per_gpu", 0, r"online_rm: micro_batch_size_per_gpu must be >= 1, got 0"),
     ("num_workers", 0, r"online_rm: num_workers must be >= 1, got 0"),
     ("lr", 0.0, r"online_rm: lr must be > 0, got 0.0"),

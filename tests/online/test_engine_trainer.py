@@ -71,6 +71,8 @@ def test_every_step_publishes_the_next_version_and_the_server_scores_like_the_tr
     run = runs[0][key]
     for step, record in enumerate(run["steps"], 1):
         assert record["version"] == record["metrics"]["rm/published_version"] == run["start"] + step
+        if key[0] == "lora":  # the session's server holds the LoRA bases: only the adapters travel
+            assert record["metrics"]["rm/publish_lora_adapters"] == 1.0
         assert record["metrics"]["rm/parity_max_abs_diff"] <= PARITY_ATOL
         ranks = record["reference"]
         assert max_diff(record["served"], ranks[0]) <= PARITY_ATOL

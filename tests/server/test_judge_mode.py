@@ -22,6 +22,7 @@ JUDGE_CASES = [
 WEIGHT_UPDATE_CASES = [  # flags that would undo what --enable-weight-updates sets
     ["--enable-weight-updates", "--weight-transfer-config", '{"backend": "nccl"}'],
     ["--enable-weight-updates", "--worker-extension-cls", "my_pkg.MyExtension"],
+    ["--enable-weight-updates", "--weight-update-lora-bases-max-bytes", "-1"],  # not a flag conflict: a bad value
 ]
 
 
@@ -56,4 +57,5 @@ def test_weight_updates_refuse_an_engine_or_extension_of_the_users_before_the_en
         ["exit", "verl-vllm-rm: --enable-weight-updates needs --worker-extension-cls "
                  "verl_vllm_rm.server.weights.worker_extension.WeightSyncWorkerExtension, got my_pkg.MyExtension: "
                  "drop --worker-extension-cls (the server sets it)"],
+        ["exit", "verl-vllm-rm: --weight-update-lora-bases-max-bytes must be a number of bytes >= 0, got -1"],
     ]

@@ -14,26 +14,14 @@ import pytest
 import requests
 import torch
 from sync_helpers import (PARITY_ATOL, assert_parity, load_rm, max_diff, perturbed, reset_server, runtime_version,
-                          server_scores)
+                          server_scores, wait_for_failed_update)
 
 from verl_vllm_rm.parity.reference import sequence_scores
 from verl_vllm_rm.weight_sync import RewardModelPublisher, WeightSyncError
 
 KILLED_TRAINER = Path(__file__).parents[1] / "killed_trainer.py"
 TRANSFER_TIMEOUT_S = 20
-LIVENESS_DEADLINE_S = 300  # a hang guard for the polling loop, not a speed requirement
-
-
-def _wait_for_failed_update(url: str, version: int) -> dict:
-    deadline = time.monotonic() + LIVENESS_DEADLINE_S
-    while time.monotonic() < deadline:
-        resp = requests.get(f"{url}/health", timeout=10)
-        assert resp.status_code == 200, resp.text
-        failed = resp.json().get("last_failed_update", {})
-        if failed.get("version") == version:
-            return resp.json()
-        time.sleep(0.5)
-    raise AssertionError(f"/health never reported the failed update to version {version}")
+LIVENESS_DEADLINE_S = 300  # a hang guard for the subprocess and threads, not a speed requirement
 
 
 def test_trainer_killed_mid_transfer_leaves_old_weights_serving(ws_server, tiny_rm, probe_ids):
@@ -46,7 +34,7 @@ def test_trainer_killed_mid_transfer_leaves_old_weights_serving(ws_server, tiny_
     )
     assert proc.returncode == -signal.SIGKILL, proc.stdout + proc.stderr
 
-    health = _wait_for_failed_update(ws_server.url, old_version + 1)
+    health = wait_for_failed_update(ws_server.url, old_version + 1)
     assert health["status"] == "ok"
     assert health["last_failed_update"]["status"] == "failed"
     assert health["last_failed_update"]["serving_version"] == old_version
@@ -148,7 +136,7 @@ def test_a_stalled_trainer_does_not_stall_scoring(ws_server, tiny_rm, probe_ids)
         final = next(lines)  # the group's timeout ends the stalled receive
     assert b'"failed"' in final and b"receiving the weights failed: " in final, final
     pub.session.drop()  # the server closed the session; the next publish joins a new one
-    health = _wait_for_failed_update(ws_server.url, old_version + 1)
+    health = wait_for_failed_update(ws_server.url, old_version + 1)
     assert health["last_failed_update"]["serving_version"] == old_version
     assert reset_server(ws_server.url, tiny_rm) == old_version + 1  # a fresh publish works again
 
@@ -165,7 +153,7 @@ def test_a_transfer_that_breaks_on_the_trainer_fails_the_publish_and_the_server_
                                                   r"out of meta tensor"):
             pub.publish({"score.weight": torch.empty(1, 128, device="meta")}, version + 1, "head_only")
         assert not pub.connected  # dropped: the server closes its side after a failed update
-    health = _wait_for_failed_update(ws_server.url, version + 1)
+    health = wait_for_failed_update(ws_server.url, version + 1)
     assert health["last_failed_update"]["serving_version"] == version
     assert runtime_version(ws_server.url) == version
     assert max_diff(server_scores(ws_server.url, probe_ids), before) <= 1e-5

@@ -10,6 +10,7 @@ import torch
 from sync_helpers import load_rm
 
 from verl_vllm_rm.online.trainable import prepare_reward_model
+from verl_vllm_rm.protocol.lora import merge_lora_weight
 from verl_vllm_rm.protocol.names import normalize_name
 from verl_vllm_rm.weight_sync.lora import find_lora_modules, lora_scalings
 
@@ -22,8 +23,12 @@ def test_lora_merge_matches_peft_and_leaves_the_model_alone(tiny_rm):
                 p.normal_(0, 0.1)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     state_dict = model.state_dict()
-    merged = {m.base: m.merged(state_dict) for m in find_lora_modules(state_dict, lora_scalings(model))}
+    modules = find_lora_modules(state_dict, lora_scalings(model))
+    merged = {m.base: m.merged(state_dict) for m in modules}
     assert len(merged) == 14  # 7 linear layers x 2 decoder layers
+    for m in modules:  # the trainer's merge is the one the server computes too, bit for bit
+        assert torch.equal(merged[m.base], merge_lora_weight(state_dict[m.base], state_dict[m.lora_a],
+                                                             state_dict[m.lora_b], m.scaling, torch.float32))
     reference = copy.deepcopy(model).merge_and_unload().state_dict()
     for base, tensor in merged.items():
         assert torch.allclose(tensor, reference[normalize_name(base)], atol=1e-6)

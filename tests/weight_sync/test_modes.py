@@ -12,23 +12,26 @@ from verl_vllm_rm.dev.offline_bt import OfflineBradleyTerry
 from verl_vllm_rm.online.trainable import prepare_reward_model
 
 STEPS = 3
-# What each mode must send for the tiny Qwen2 RM (2 layers): the head; the head plus every
-# LoRA-adapted linear layer with its fused siblings and biases (10 tensors a layer); everything.
-EXPECTED_PARAMS = {"head_only": 1, "lora": 21, "full": 27}
+# What each mode must send for the tiny Qwen2 RM (2 layers): the head; with the server's LoRA base store
+# (the default) the head plus lora_A and lora_B of the 7 adapted linears a layer; merged LoRA, the head plus
+# every adapted linear with its fused siblings and biases (10 tensors a layer); everything.
+EXPECTED_PARAMS = {("head_only", "auto"): 1, ("lora", "auto"): 29, ("lora", "merged"): 21, ("full", "auto"): 27}
 
 
-@pytest.mark.parametrize("mode", ["head_only", "lora", "full"])
-def test_bt_steps_publish_and_score_like_the_trainer(mode, ws_server, tiny_rm, probe_ids, preference_batch):
+@pytest.mark.parametrize("mode, lora_wire", list(EXPECTED_PARAMS))
+def test_bt_steps_publish_and_score_like_the_trainer(mode, lora_wire, ws_server, tiny_rm, probe_ids,
+                                                     preference_batch):
     reset_server(ws_server.url, tiny_rm)
     model = prepare_reward_model(load_rm(tiny_rm), mode, lora_rank=4, lora_alpha=8)
     trainer = OfflineBradleyTerry(model, lr=5e-3)
     previous = assert_parity(ws_server.url, model, probe_ids)
-    with RewardModelPublisher(ws_server.url, timeout_s=60, bucket_bytes=256 << 10) as pub:
+    with RewardModelPublisher(ws_server.url, timeout_s=60, bucket_bytes=256 << 10, lora_wire=lora_wire) as pub:
         for _ in range(STEPS):
             version = runtime_version(ws_server.url) + 1
             trainer.step(preference_batch)
             result = pub.publish(model, version, mode)
-            assert result.num_params == EXPECTED_PARAMS[mode]
+            assert result.num_params == EXPECTED_PARAMS[mode, lora_wire]
+            assert result.lora_adapters == (mode == "lora" and lora_wire == "auto")
             assert runtime_version(ws_server.url) == version
             # every /score answer names the weights that computed it
             assert requests.post(f"{ws_server.url}/score", json={"input": probe_ids[:1]},

@@ -57,6 +57,9 @@ class OnlineRMConfig:
     use_gpu: bool = True
     api_key: str | None = None
     bucket_bytes: int = DEFAULT_BUCKET_BYTES
+    # training_mode lora: what a publish sends (the publisher's lora_wire): the adapters when the server holds the
+    # base weights (auto, else merged weights with a warning), the adapters or a refusal, or merged weights
+    lora_wire: Literal["auto", "adapters", "merged"] = "auto"
     timeout_s: float = 300.0
     parity_every: int = 0  # run the parity probe after every N publishes (0: never)
     parity_threshold: float = 1.05

@@ -77,7 +77,8 @@ class RewardModelWorker(TrainingWorker):
             lambda *_: setattr(self, "peak_state", sharded_state_bytes(self.engine.module, self.engine.optimizer)))
         self.hook = PublishAfterStep(
             lambda: MultiServerPublisher(**publish_targets(cfg), api_key=cfg.api_key, bucket_bytes=cfg.bucket_bytes,
-                                         timeout_s=cfg.timeout_s, parity_probe=cfg.parity_probe()),
+                                         timeout_s=cfg.timeout_s, parity_probe=cfg.parity_probe(),
+                                         lora_wire=cfg.lora_wire),
             cfg.training_mode, cfg.publish_every)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)

@@ -18,6 +18,7 @@ import difflib
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
+from verl_vllm_rm.protocol.lora import LoraBases, adapter_problems, split_adapter_name
 from verl_vllm_rm.protocol.names import DEFAULT_HEAD_PATTERNS, RewardModelTrainingMode, is_head
 
 
@@ -89,23 +90,39 @@ def module_key(name: str, fused_modules: Mapping[str, Sequence[str]]) -> str:
 class Inventory:
     """What the server can load: built from ``GET /weight_inventory`` (or by the server itself)."""
 
-    def __init__(self, params: Iterable[ParamSpec], fused_modules: Mapping[str, Sequence[str]]):
+    def __init__(self, params: Iterable[ParamSpec], fused_modules: Mapping[str, Sequence[str]],
+                 lora_bases: LoraBases | None = None):
         self.params: dict[str, ParamSpec] = {p.name: p for p in params}
         self.fused_modules = {k: list(v) for k, v in fused_modules.items()}
         self.names = frozenset(self.params)
         self.groups: dict[str, list[str]] = {}
         for name in sorted(self.params):
             self.groups.setdefault(module_key(name, self.fused_modules), []).append(name)
+        self.lora_bases: LoraBases | None = None
+        self.set_lora_bases(lora_bases)
+
+    def set_lora_bases(self, lora_bases: LoraBases | None) -> None:
+        """Record the server's base store; a held store holds whole groups (siblings and biases too)."""
+        if lora_bases is not None and lora_bases.state == "held":
+            held = {n for m in lora_bases.modules if f"{m}.weight" in self.names for n in self.group_of(f"{m}.weight")}
+            lora_bases = LoraBases(lora_bases.state, lora_bases.where, lora_bases.bytes, lora_bases.modules,
+                                   lora_bases.reason, frozenset(held))
+        self.lora_bases = lora_bases
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "params": [p.to_json() for p in self.params.values()],
             "fused_modules": self.fused_modules,
         }
+        if self.lora_bases is not None:
+            out["lora_bases"] = self.lora_bases.to_json()
+        return out
 
     @classmethod
     def from_json(cls, payload: Mapping[str, Any]) -> "Inventory":
-        return cls([ParamSpec.from_json(p) for p in payload["params"]], payload.get("fused_modules", {}))
+        bases = payload.get("lora_bases")
+        return cls([ParamSpec.from_json(p) for p in payload["params"]], payload.get("fused_modules", {}),
+                   None if bases is None else LoraBases.from_json(bases))
 
     def group_of(self, name: str) -> list[str]:
         return self.groups[module_key(name, self.fused_modules)]
@@ -128,10 +145,13 @@ class Inventory:
         mode: RewardModelTrainingMode | str,
         head_patterns: Iterable[str] = DEFAULT_HEAD_PATTERNS,
         max_bytes: int | None = None,
+        scaling: Mapping[str, float] | None = None,
     ) -> None:
         """Raise :class:`WeightUpdateRefused` listing every problem, or return if the update is sound.
 
         ``max_bytes`` caps the update's total size (the server's ``--weight-update-max-bytes``).
+        LoRA adapters (:mod:`verl_vllm_rm.protocol.lora`) are checked against the held bases' shapes, with
+        ``scaling`` per adapted module; a group member the base store holds counts as sent.
         """
         mode = RewardModelTrainingMode.parse(mode)
         head_patterns = tuple(head_patterns)
@@ -139,10 +159,18 @@ class Inventory:
         if not specs:
             problems.append("the update is empty: nothing matched the training mode in the given state dict")
         seen: set[str] = set()
+        adapters: dict[str, dict[str, ParamSpec]] = {}
         for spec in specs:
             if spec.name in seen:
                 problems.append(f"parameter {spec.name!r} appears twice")
             seen.add(spec.name)
+            adapter = split_adapter_name(spec.name)
+            if adapter is not None and f"{adapter[0]}.weight" in self.names:
+                if mode is not RewardModelTrainingMode.LORA:
+                    problems.append(f"{spec.name!r} is a LoRA adapter but training_mode is {mode.value}; "
+                                    "adapters travel only in training_mode 'lora'")
+                adapters.setdefault(adapter[0], {})[adapter[1]] = spec
+                continue
             if spec.dtype not in ALLOWED_DTYPES:
                 problems.append(f"{spec.name!r} is {spec.dtype}, not one of {sorted(ALLOWED_DTYPES)}")
                 continue
@@ -161,8 +189,14 @@ class Inventory:
                     f"{spec.name!r} is a backbone tensor but training_mode is head_only "
                     f"(head patterns {list(head_patterns)}); publish with training_mode 'lora' or 'full'"
                 )
-        for group in sorted({module_key(n, self.fused_modules) for n in seen & self.names}):
-            missing = [n for n in self.groups[group] if n not in seen]
+        if adapters or scaling:
+            problems += adapter_problems(adapters, scaling, self.lora_bases, self.params, seen)
+        covered = seen | {f"{m}.weight" for m in adapters}
+        if adapters and self.lora_bases is not None:
+            covered |= self.lora_bases.held_names
+        for group in sorted({module_key(n, self.fused_modules) for n in covered & self.names if n in seen
+                             or n.removesuffix(".weight") in adapters}):
+            missing = [n for n in self.groups[group] if n not in covered]
             if missing:
                 sent = [n for n in self.groups[group] if n in seen]
                 problems.append(

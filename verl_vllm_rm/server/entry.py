@@ -80,6 +80,17 @@ def build_parser():
         "timeout_s may only shorten it); it answers with an error within this bound plus about a second.",
     )
     group.add_argument(
+        "--weight-update-lora-bases", choices=["host", "device", "off"], default="host",
+        help="Where each worker keeps the base weights of the modules LoRA adapts, so a LoRA publish sends only "
+        "the adapters and the server merges them (host or device memory, one copy of those weights in the served "
+        "dtype per worker: 14 GB for an 8B model in bf16); off: LoRA publishes send merged weights.",
+    )
+    group.add_argument(
+        "--weight-update-lora-bases-max-bytes", type=int, default=None, metavar="BYTES",
+        help="Most bytes a worker may spend on the LoRA base store; a larger store is not kept and LoRA "
+        "publishes send merged weights (default: no cap beyond the free memory).",
+    )
+    group.add_argument(
         OPT_OUT_FLAG, action="store_true",
         help="Start with --enable-weight-updates on a non-loopback --host without an API key, which is otherwise "
         "refused: anyone who can reach the port can then replace the reward model. Only on an isolated network.",
@@ -156,6 +167,9 @@ def _enable_weight_updates(args: argparse.Namespace) -> None:
     if args.worker_extension_cls and args.worker_extension_cls != WORKER_EXTENSION:
         raise SystemExit(f"verl-vllm-rm: --enable-weight-updates needs --worker-extension-cls {WORKER_EXTENSION}, "
                          f"got {args.worker_extension_cls}: drop --worker-extension-cls (the server sets it)")
+    if args.weight_update_lora_bases_max_bytes is not None and args.weight_update_lora_bases_max_bytes < 0:
+        raise SystemExit(f"verl-vllm-rm: --weight-update-lora-bases-max-bytes must be a number of bytes >= 0, "
+                         f"got {args.weight_update_lora_bases_max_bytes}")
     if not (0 < args.weight_update_join_timeout and math.isfinite(args.weight_update_join_timeout)):
         raise SystemExit(f"verl-vllm-rm: --weight-update-join-timeout must be a positive number of seconds, "
                          f"got {args.weight_update_join_timeout}")
@@ -206,7 +220,8 @@ def _hooked_build_app(original):
 
             patterns = tuple(p.strip() for p in args.weight_update_head_patterns.split(",") if p.strip())
             install_weight_routes(app, args.weight_update_backend, patterns, args.weight_update_max_bytes,
-                                  args.weight_update_join_timeout)
+                                  args.weight_update_join_timeout, args.weight_update_lora_bases,
+                                  args.weight_update_lora_bases_max_bytes)
         return app
 
     return build_app

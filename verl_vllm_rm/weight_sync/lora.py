@@ -16,6 +16,8 @@ from typing import Callable, Mapping
 
 import torch
 
+from verl_vllm_rm.protocol.lora import merge_lora_weight
+
 _LORA_A = re.compile(r"^(?P<module>.+)\.lora_(?P<kind>embedding_A|A)\.(?P<adapter>[^.]+)(\.weight)?$")
 
 
@@ -38,10 +40,11 @@ class LoraModule:
 
     def merged(self, state_dict: Mapping[str, torch.Tensor]) -> torch.Tensor:
         base = full_tensor(state_dict[self.base])
-        b = full_tensor(state_dict[self.lora_b]).float()
-        a = full_tensor(state_dict[self.lora_a]).float()
-        delta = (b @ a).T if self.embedding else b @ a
-        return (base.float() + self.scaling * delta).to(base.dtype)
+        b = full_tensor(state_dict[self.lora_b])
+        a = full_tensor(state_dict[self.lora_a])
+        if self.embedding:  # PEFT's embedding factors are stored transposed: the delta is (B @ A).T = A.T @ B.T
+            a, b = b.T, a.T
+        return merge_lora_weight(base, a, b, self.scaling, base.dtype)
 
 
 def lora_scalings(model: torch.nn.Module, adapter: str = "default") -> dict[str, float]:

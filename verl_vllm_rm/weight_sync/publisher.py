@@ -25,7 +25,7 @@ from verl_vllm_rm.parity.probe import UNIT_ROUNDOFF, ParityProbe, coarsest
 from verl_vllm_rm.protocol.inventory import Inventory, WeightUpdateRefused
 from verl_vllm_rm.protocol.names import RewardModelTrainingMode
 from verl_vllm_rm.protocol.wire import DEFAULT_BUCKET_BYTES, nccl_version, plan_buckets, transport_mismatch
-from verl_vllm_rm.weight_sync.selection import Outgoing, StateDictLike, select_update
+from verl_vllm_rm.weight_sync.selection import Selection, StateDictLike, check_lora_wire, select_update
 from verl_vllm_rm.weight_sync.transfer import TransferSession, WeightSyncError, is_refusal, local_address_towards
 
 logger = logging.getLogger(__name__)
@@ -41,6 +41,7 @@ class PublishResult:
     server: dict[str, Any] = field(default_factory=dict)
     parity: dict[str, Any] | None = None  # the probe's figures when it ran after this publish
     peak_gathered_bytes: int = 0  # the most gathered (full or merged) tensor bytes this rank held at once
+    lora_adapters: bool = False  # whether LoRA adapters travelled (the server merged them), not merged weights
 
 
 class ClosedOnExit:
@@ -77,7 +78,13 @@ class RewardModelPublisher(ClosedOnExit):
         master_address: str | None = None,
         group: dist.ProcessGroup | None = None,
         parity_probe: ParityProbe | None = None,
+        lora_wire: str = "auto",
     ) -> None:
+        """``lora_wire`` (training mode ``lora``): ``auto`` sends the adapters when the server holds the base
+        weights (``--weight-update-lora-bases``), else merged weights with a warning; ``adapters`` refuses to
+        publish merged weights; ``merged`` always sends them."""
+        self.lora_wire = check_lora_wire(lora_wire)
+        self._warned: set[str] = set()  # the fallback reasons already warned about
         self.http = JsonHttp(server_url, api_key, timeout_s=min(timeout_s, 60.0))
         self.server_url = server_url
         self.api_key = api_key
@@ -126,10 +133,11 @@ class RewardModelPublisher(ClosedOnExit):
         *,
         lora_scaling: float | Mapping[str, float] | None = None,
         adapter: str = "default",
-    ) -> list[Outgoing]:
-        """The checked, sorted list of tensors a publish would send (nothing is gathered yet)."""
+    ) -> Selection:
+        """The checked, sorted tensors a publish would send (nothing is gathered yet)."""
         return select_update(self.inventory, state_dict, RewardModelTrainingMode.parse(training_mode),
-                             self.head_patterns, self.max_update_bytes, lora_scaling=lora_scaling, adapter=adapter)
+                             self.head_patterns, self.max_update_bytes, lora_scaling=lora_scaling, adapter=adapter,
+                             lora_wire=self.lora_wire)
 
     def publish(
         self,
@@ -163,13 +171,17 @@ class RewardModelPublisher(ClosedOnExit):
         probe_due = commit and self.parity_probe is not None and self.parity_probe.due(self.publishes + 1,
                                                                                        state_dict, probe_ids)
         mode = RewardModelTrainingMode.parse(training_mode)
-        items = self.plan(state_dict, mode, lora_scaling=lora_scaling, adapter=adapter)
+        selection = self.plan(state_dict, mode, lora_scaling=lora_scaling, adapter=adapter)
+        items = selection.items
+        if selection.fallback_reason is not None and self.rank == 0:
+            self._warn_fallback(selection.fallback_reason)
         specs = [item.spec for item in items]
         buckets = plan_buckets(specs, self.bucket_bytes)
         error, lines = None, None
         if self.rank == 0:
             try:
-                lines = self.session.announce(specs, mode, version, "now" if commit else "deferred")
+                lines = self.session.announce(specs, mode, version, "now" if commit else "deferred",
+                                              selection.lora_scaling)
             except Exception as e:  # every rank learns it through agree
                 error = e
         self.agree(error)
@@ -196,7 +208,15 @@ class RewardModelPublisher(ClosedOnExit):
             self.agree(failures.get(self.server_url))
             parity = figures.get(self.server_url)
         return PublishResult(version, len(items), sum(b.nbytes for b in buckets), len(buckets),
-                             time.monotonic() - t0, server, parity, peak)
+                             time.monotonic() - t0, server, parity, peak, selection.lora_scaling is not None)
+
+    def _warn_fallback(self, reason: str) -> None:
+        """Warn once per reason that a LoRA publish sends merged weights; later ones log at INFO."""
+        log = logger.info if reason in self._warned else logger.warning
+        self._warned.add(reason)
+        log("%s cannot merge LoRA adapters (%s): publishing merged weights instead; start the server with "
+            "--weight-update-lora-bases host|device (and room for the bases) to send only the adapters",
+            self.server_url, reason)
 
     def commit(self, version: int) -> dict[str, Any]:
         """Apply the staged ``version`` (rank 0 asks the server; every rank records the new version)."""

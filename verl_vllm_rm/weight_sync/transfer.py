@@ -14,7 +14,7 @@ import threading
 import urllib.parse
 import uuid
 import weakref
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import torch
 
@@ -109,9 +109,10 @@ class TransferSession:
             self.http.post("/close_communicator", {})
 
     def announce(self, specs: Sequence[ParamSpec], mode: RewardModelTrainingMode,
-                 version: int, commit: str = "now") -> Iterator[dict[str, Any]]:
+                 version: int, commit: str = "now",
+                 lora_scaling: Mapping[str, float] | None = None) -> Iterator[dict[str, Any]]:
         """Connect if needed and send the metadata (``commit``: ``now``, or ``deferred`` to stage it); once
-        accepted, the answer's remaining lines.
+        accepted, the answer's remaining lines. ``lora_scaling``: the adapters' scalings, when adapters travel.
 
         Raises :class:`WeightUpdateRefused` for a 4xx (nothing was sent), else the error that stopped it.
         """
@@ -123,6 +124,8 @@ class TransferSession:
             "bucket_bytes": self.bucket_bytes,
             "commit": commit,
         }
+        if lora_scaling:
+            body["lora"] = {"scaling": dict(lora_scaling)}
         for may_rejoin in (True, False):
             lines = self.http.post_lines("/update_param_batch", body, timeout_s=self.timeout_s + 30)
             try:

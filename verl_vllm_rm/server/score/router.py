@@ -34,6 +34,10 @@ async def health(request: Request) -> JSONResponse:
         "shape": None if state.shape is None else state.shape.to_json(),
         "scoring": state.scoring.as_dict(),
     }
+    if state.weights.inventory is not None and state.weights.inventory.lora_bases is not None:
+        bases = state.weights.inventory.lora_bases  # known from the first inventory read on
+        body["lora_bases"] = {"state": bases.state, "where": bases.where, "bytes": bases.bytes,
+                              "reason": bases.reason}
     if state.weights.pending_update is not None:
         body["pending_update"] = state.weights.pending_update
     if state.weights.staged_update is not None:

@@ -33,7 +33,8 @@ RECEIVE_POLL_S = 0.005  # the wait between polls; with several workers it double
 RECEIVE_POLL_MAX_S = 2.0  # longer than the busy loop (vLLM's MessageQueue busy_loop_s = 1 s)
 
 
-async def _receive(engine, specs: list[ParamSpec], bucket_bytes: int, workers: int) -> dict[str, int]:
+async def _receive(engine, specs: list[ParamSpec], bucket_bytes: int, workers: int,
+                   lora_scaling: dict[str, float] | None = None) -> dict[str, int]:
     """Start the workers' background receive and wait for it without blocking the engine; returns the most
     bytes a worker holds for updates on its device and on the host.
 
@@ -43,7 +44,7 @@ async def _receive(engine, specs: list[ParamSpec], bucket_bytes: int, workers: i
     then clears its update state.
     """
     await engine.start_weight_update()
-    info = {"params": [s.to_json() for s in specs], "bucket_bytes": bucket_bytes}
+    info = {"params": [s.to_json() for s in specs], "bucket_bytes": bucket_bytes, "lora_scaling": lora_scaling}
     await engine.update_weights(WeightTransferUpdateRequest({**info, "phase": "begin"}))
     wait_s = RECEIVE_POLL_S
     while not all(await engine.collective_rpc("rm_receive_done")):
@@ -67,14 +68,20 @@ async def _drop_session(app: FastAPI, record: dict[str, Any], error: BaseExcepti
 
 
 async def apply_update(app: FastAPI, specs: list[ParamSpec], mode: RewardModelTrainingMode, version: int,
-                       bucket_bytes: int, deferred: bool) -> dict[str, Any]:
-    """Receive the update, then apply it (or, ``deferred``, keep it staged); the record of what happened."""
+                       bucket_bytes: int, deferred: bool,
+                       lora_scaling: dict[str, float] | None = None) -> dict[str, Any]:
+    """Receive the update, then apply it (or, ``deferred``, keep it staged); the record of what happened.
+
+    ``lora_scaling`` (an update carrying LoRA adapters) makes the workers merge them into their base store.
+    """
     state: WeightSyncState = app.state.reward.weights
-    record: dict[str, Any] = {"version": version, "training_mode": mode.value, "num_params": len(specs)}
+    record: dict[str, Any] = {"version": version, "training_mode": mode.value, "num_params": len(specs),
+                              "lora_adapters": bool(lora_scaling)}
     t0 = time.monotonic()
     state.pending_update = version
     try:
-        record.update(await _receive(app.state.engine_client, specs, bucket_bytes, app.state.reward.world_size))
+        record.update(await _receive(app.state.engine_client, specs, bucket_bytes, app.state.reward.world_size,
+                                     lora_scaling))
         record["receive_s"] = time.monotonic() - t0
         if deferred:
             state.staged_update = record

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from typing import Any, AsyncIterator
 
 from fastapi import APIRouter, FastAPI, Request
@@ -38,6 +39,7 @@ COMMIT_MODES = ("now", "deferred")
 
 
 router = APIRouter()
+logger = logging.getLogger(__name__)
 
 
 async def _inventory(request: Request) -> Inventory:
@@ -47,9 +49,15 @@ async def _inventory(request: Request) -> Inventory:
     sync: WeightSyncState = request.app.state.reward.weights
     async with sync.inventory_lock:
         if sync.inventory is None:
-            results = await request.app.state.engine_client.collective_rpc("rm_weight_inventory")
-            sync.inventory = Inventory.from_json(results[0])
+            results = await request.app.state.engine_client.collective_rpc(
+                "rm_weight_inventory", args=(sync.lora_bases, sync.lora_bases_max_bytes, sync.head_patterns))
+            # a store is usable only when every worker holds its own: report the first that does not
+            bases = next((r["lora_bases"] for r in results if r["lora_bases"]["state"] != "held"),
+                         results[0]["lora_bases"])
+            sync.inventory = Inventory.from_json({**results[0], "lora_bases": bases})
             sync.nccl_version = results[0]["nccl_version"]
+            if bases["state"] == "unavailable":
+                logger.warning("LoRA publishes will send merged weights: %s", bases["reason"])
     return sync.inventory
 
 
@@ -134,11 +142,23 @@ async def close_communicator(request: Request) -> JSONResponse:
     return JSONResponse({"status": "closed"})
 
 
+def _parse_lora(lora: Any) -> dict[str, float]:
+    """The per-module scalings of ``"lora": {"scaling": {module: float}}``; range checks follow in check_update."""
+    if not isinstance(lora, dict) or set(lora) != {"scaling"}:
+        raise RequestError(f"'lora' must be {{\"scaling\": {{module: number}}}}, got {preview(lora)}")
+    scaling = lora["scaling"]
+    if not isinstance(scaling, dict) or not scaling or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in scaling.values()):
+        raise RequestError(f"'lora.scaling' must be a non-empty object of module name to number, got "
+                           f"{preview(scaling)}")
+    return {k: float(v) for k, v in scaling.items()}
+
+
 def _parse_update(payload: dict[str, Any], inventory: Inventory, sync: WeightSyncState, version: int):
-    unknown = sorted(set(payload) - {"metadata", "training_mode", "version", "bucket_bytes", "commit"})
+    unknown = sorted(set(payload) - {"metadata", "training_mode", "version", "bucket_bytes", "commit", "lora"})
     if unknown:
         raise RequestError(f"unknown field(s) {unknown}; send metadata, training_mode, version, bucket_bytes "
-                           "and optionally commit")
+                           "and optionally commit and lora")
     commit = payload.get("commit", "now")
     if commit not in COMMIT_MODES:
         raise RequestError(f"'commit' must be one of {list(COMMIT_MODES)}, got {preview(commit)}")
@@ -152,18 +172,19 @@ def _parse_update(payload: dict[str, Any], inventory: Inventory, sync: WeightSyn
     bucket_bytes = payload.get("bucket_bytes")
     if not is_int(bucket_bytes) or bucket_bytes <= 0:
         raise RequestError(f"'bucket_bytes' must be a positive integer, got {preview(bucket_bytes)}")
+    scaling = _parse_lora(payload["lora"]) if "lora" in payload else None
     try:
         mode = RewardModelTrainingMode.parse(payload.get("training_mode"))
         specs = [ParamSpec.from_json(p) for p in payload["metadata"]]
-        inventory.check_update(specs, mode, sync.head_patterns, max_bytes=sync.max_update_bytes)
+        inventory.check_update(specs, mode, sync.head_patterns, max_bytes=sync.max_update_bytes, scaling=scaling)
     except (ValueError, WeightUpdateRefused) as e:
         raise RequestError(str(e)) from None
-    return specs, mode, new_version, bucket_bytes, commit == "deferred"
+    return specs, mode, new_version, bucket_bytes, commit == "deferred", scaling
 
 
 @router.post("/update_param_batch")
 async def update_param_batch(request: Request):
-    """Validate ``{metadata, training_mode, version, bucket_bytes, commit?}``, then receive and apply (or stage) it."""
+    """Validate ``{metadata, training_mode, version, bucket_bytes, commit?, lora?}``, then receive and apply (or stage) it."""
     sync: WeightSyncState = request.app.state.reward.weights
     async with sync.control:
         try:
@@ -172,11 +193,12 @@ async def update_param_batch(request: Request):
                 raise RequestError(busy, 409)
             if sync.session is None:
                 raise RequestError("no communicator: call /init_communicator before /update_param_batch", 409)
-            specs, mode, version, bucket_bytes, deferred = _parse_update(payload, await _inventory(request), sync,
+            specs, mode, version, bucket_bytes, deferred, scaling = _parse_update(payload, await _inventory(request), sync,
                                                                          sync.version)
         except RequestError as e:
             return error_response(e.message, e.status)
-        task = asyncio.create_task(apply_update(request.app, specs, mode, version, bucket_bytes, deferred))
+        task = asyncio.create_task(apply_update(request.app, specs, mode, version, bucket_bytes, deferred,
+                                                scaling))
         sync.update_task = task
 
     async def stream() -> AsyncIterator[bytes]:
@@ -224,9 +246,10 @@ async def abort_staged(request: Request) -> JSONResponse:
 
 def install_weight_routes(
     app: FastAPI, transport: str, head_patterns: tuple[str, ...], max_update_bytes: int | None = None,
-    join_timeout_s: float = DEFAULT_JOIN_TIMEOUT_S,
+    join_timeout_s: float = DEFAULT_JOIN_TIMEOUT_S, lora_bases: str = "host", lora_bases_max_bytes: int | None = None,
 ) -> None:
     sync: WeightSyncState = app.state.reward.weights
+    sync.lora_bases, sync.lora_bases_max_bytes = lora_bases, lora_bases_max_bytes
     sync.transport, sync.head_patterns = transport, head_patterns
     sync.max_update_bytes, sync.join_timeout_s = max_update_bytes, join_timeout_s
     app.include_router(router)

@@ -30,6 +30,8 @@ class WeightSyncState:
     nccl_version: str | None = None  # the workers' NCCL (None without CUDA): a trainer must use the same
     head_patterns: tuple[str, ...] = ()
     max_update_bytes: int | None = None
+    lora_bases: str = "off"  # --weight-update-lora-bases: where the workers keep the LoRA base store
+    lora_bases_max_bytes: int | None = None  # --weight-update-lora-bases-max-bytes
     join_timeout_s: float = DEFAULT_JOIN_TIMEOUT_S
     inventory: Inventory | None = None
     inventory_lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one engine read, however many ask at once

