@@ -191,11 +191,9 @@ class Inventory:
                 )
         if adapters or scaling:
             problems += adapter_problems(adapters, scaling, self.lora_bases, self.params, seen)
-        covered = seen | {f"{m}.weight" for m in adapters}
-        if adapters and self.lora_bases is not None:
-            covered |= self.lora_bases.held_names
-        for group in sorted({module_key(n, self.fused_modules) for n in covered & self.names if n in seen
-                             or n.removesuffix(".weight") in adapters}):
+        touched = seen | {f"{m}.weight" for m in adapters}  # an adapter stands for its module's weight
+        covered = touched | (self.lora_bases.held_names if adapters and self.lora_bases is not None else frozenset())
+        for group in sorted({module_key(n, self.fused_modules) for n in touched & self.names}):
             missing = [n for n in self.groups[group] if n not in covered]
             if missing:
                 sent = [n for n in self.groups[group] if n in seen]

@@ -16,6 +16,7 @@ Imports torch only, so its units run without vLLM.
 
 from __future__ import annotations
 
+import math
 from typing import Callable, Iterable, Iterator, Mapping, Sequence
 
 import torch
@@ -95,13 +96,7 @@ class LoraBaseStore:
 
 
 def needed_bytes(specs: Iterable[tuple[str, Sequence[int], torch.dtype]]) -> int:
-    total = 0
-    for _, shape, dtype in specs:
-        numel = 1
-        for d in shape:
-            numel *= d
-        total += numel * torch.empty((), dtype=dtype).element_size()
-    return total
+    return sum(math.prod(shape) * dtype.itemsize for _, shape, dtype in specs)
 
 
 def room_for(needed: int, place: str, device: torch.device, max_bytes: int | None) -> str | None:

@@ -193,8 +193,8 @@ async def update_param_batch(request: Request):
                 raise RequestError(busy, 409)
             if sync.session is None:
                 raise RequestError("no communicator: call /init_communicator before /update_param_batch", 409)
-            specs, mode, version, bucket_bytes, deferred, scaling = _parse_update(payload, await _inventory(request), sync,
-                                                                         sync.version)
+            specs, mode, version, bucket_bytes, deferred, scaling = _parse_update(
+                payload, await _inventory(request), sync, sync.version)
         except RequestError as e:
             return error_response(e.message, e.status)
         task = asyncio.create_task(apply_update(request.app, specs, mode, version, bucket_bytes, deferred,
