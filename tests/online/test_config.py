@@ -14,6 +14,8 @@ BASE = {"model_path": "/rm", "server_url": "http://rm:1"}
     ("strategy", "ddp", r"online_rm.strategy='ddp' is not one of \['fsdp', 'fsdp2'\]"),
     ("placement", "actor", r"online_rm.placement='actor' is not one of \['separate', 'colocated'\]"),
     ("lora_wire", "both", r"online_rm.lora_wire='both' is not one of \['auto', 'adapters', 'merged'\]"),
+    ("lora_wire", "adapters", r"online_rm.lora_wire='adapters' decides what a LoRA publish sends, and "
+                              r"training_mode is head_only: drop lora_wire or train with training_mode=lora"),
     ("micro_batch_size_per_gpu", 0, r"online_rm: micro_batch_size_per_gpu must be >= 1, got 0"),
     ("num_workers", 0, r"online_rm: num_workers must be >= 1, got 0"),
     ("lr", 0.0, r"online_rm: lr must be > 0, got 0.0"),

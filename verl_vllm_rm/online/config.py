@@ -76,7 +76,10 @@ class OnlineRMConfig:
             raise ValueError("online_rm needs exactly one of server_url (one server) and reward_model (the managed "
                              f"replicas of that RM), got server_url={self.server_url!r}, "
                              f"reward_model={self.reward_model!r}")
-        RewardModelTrainingMode.parse(self.training_mode)
+        mode = RewardModelTrainingMode.parse(self.training_mode)
+        if self.lora_wire != "auto" and mode is not RewardModelTrainingMode.LORA:
+            raise ValueError(f"online_rm.lora_wire={self.lora_wire!r} decides what a LoRA publish sends, and "
+                             f"training_mode is {mode.value}: drop lora_wire or train with training_mode=lora")
         check_ranges(self, {"> 0": ("lr", "clip_grad", "timeout_s", "placement_timeout_s"),
                             ">= 1": ("publish_every", "lora_rank", "lora_alpha", "micro_batch_size_per_gpu",
                                      "max_token_len_per_gpu", "num_workers", "bucket_bytes", "max_staleness"),
