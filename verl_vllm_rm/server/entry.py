@@ -83,7 +83,8 @@ def build_parser():
         "--weight-update-lora-bases", choices=["host", "device", "off"], default="host",
         help="Where each worker keeps the base weights of the modules LoRA adapts, so a LoRA publish sends only "
         "the adapters and the server merges them (host or device memory, one copy of those weights in the served "
-        "dtype per worker: 14 GB for an 8B model in bf16); off: LoRA publishes send merged weights.",
+        "dtype per worker: 14 GB for an 8B model in bf16, copied at the first publish that carries adapters, "
+        "so a head_only or full run never holds it); off: LoRA publishes send merged weights.",
     )
     group.add_argument(
         "--weight-update-lora-bases-max-bytes", type=int, default=None, metavar="BYTES",

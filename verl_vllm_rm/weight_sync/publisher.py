@@ -23,6 +23,7 @@ import torch.distributed as dist
 from verl_vllm_rm.client.http import HttpError, JsonHttp
 from verl_vllm_rm.parity.probe import UNIT_ROUNDOFF, ParityProbe, coarsest
 from verl_vllm_rm.protocol.inventory import Inventory, WeightUpdateRefused
+from verl_vllm_rm.protocol.lora import LoraBases
 from verl_vllm_rm.protocol.names import RewardModelTrainingMode
 from verl_vllm_rm.protocol.wire import DEFAULT_BUCKET_BYTES, nccl_version, plan_buckets, transport_mismatch
 from verl_vllm_rm.weight_sync.selection import Selection, StateDictLike, check_lora_wire, select_update
@@ -184,7 +185,15 @@ class RewardModelPublisher(ClosedOnExit):
                                               selection.lora_scaling)
             except Exception as e:  # every rank learns it through agree
                 error = e
-        self.agree(error)
+        try:
+            self.agree(error)
+        except WeightUpdateRefused:
+            # adapters refused by a server whose store became unavailable since this publisher read it (its copy,
+            # made at the first publish with adapters, failed): plan this publish again, with merged weights
+            if selection.lora_scaling is None or self.lora_wire != "auto" or self._lora_bases_held():
+                raise
+            return self.publish(state_dict, version, mode, lora_scaling=lora_scaling, adapter=adapter,
+                                probe_ids=probe_ids, commit=commit)
         server: dict[str, Any] = {}
         try:
             peak = self.session.stream(items, buckets)
@@ -209,6 +218,13 @@ class RewardModelPublisher(ClosedOnExit):
             parity = figures.get(self.server_url)
         return PublishResult(version, len(items), sum(b.nbytes for b in buckets), len(buckets),
                              time.monotonic() - t0, server, parity, peak, selection.lora_scaling is not None)
+
+    def _lora_bases_held(self) -> bool:
+        """Whether the server still holds its LoRA base store, as it reports it now (rank 0 asks; every rank
+        records the answer)."""
+        bases = self.share(self.http.get("/weight_inventory")["lora_bases"] if self.rank == 0 else None)
+        self.inventory.set_lora_bases(LoraBases.from_json(bases))
+        return self.inventory.lora_bases.state == "held"
 
     def _warn_fallback(self, reason: str) -> None:
         """Warn once per reason that a LoRA publish sends merged weights; later ones log at INFO."""

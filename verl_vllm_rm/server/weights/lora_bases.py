@@ -4,7 +4,9 @@ With ``--weight-update-lora-bases host|device`` (default ``host``) each worker k
 an immutable copy, in the served dtype, of every weight of the modules LoRA can
 adapt (whole vLLM module groups, biases and unadapted siblings included), read
 from the checkpoint files: vLLM-CPU repacks the live weights, so they cannot be
-read back. A LoRA publish then sends only the adapters, and each publish rebuilds
+read back. The room is checked at the first inventory read and the copy made at
+the first publish that carries adapters (:class:`PendingLoraBases`), so a run that
+publishes the head or full weights never pays for it. A LoRA publish then sends only the adapters, and each publish rebuilds
 every adapted weight from the stored base (:func:`merge_lora_weight`): rounding
 never accumulates, and a failed or aborted publish cannot damage the store,
 because nothing ever writes to it.
@@ -17,6 +19,7 @@ Imports torch only, so its units run without vLLM.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Callable, Iterable, Iterator, Mapping, Sequence
 
 import torch
@@ -57,7 +60,7 @@ class LoraBaseStore:
         return sorted(n.removesuffix(".weight") for n in self.tensors if n.endswith(".weight"))
 
     def report(self) -> LoraBases:
-        return LoraBases("held", self.place, self.nbytes, tuple(self.modules))
+        return LoraBases("held", self.place, self.nbytes, tuple(self.modules), captured=True)
 
     def merged_update(self, staged: Iterable[tuple[str, torch.Tensor]], scaling: Mapping[str, float],
                       compute_device: torch.device | None = None) -> Iterator[tuple[str, torch.Tensor]]:
@@ -119,27 +122,83 @@ def room_for(needed: int, place: str, device: torch.device, max_bytes: int | Non
     return None
 
 
-def capture_lora_bases(place: str, device: torch.device, fused_modules: Mapping[str, Sequence[str]],
-                       specs: Sequence[tuple[str, Sequence[int], torch.dtype]],
-                       read: Callable[[], Iterable[tuple[str, torch.Tensor]]],
-                       max_bytes: int | None) -> LoraBaseStore | LoraBases:
-    """The store of the tensors ``specs`` names (copied from what ``read()`` yields), or why it cannot be held.
+WEIGHT_FILE_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+CHANGED = ("the bases read from them now would not be the weights it serves: restart the server, or publish merged "
+           "weights")
 
-    ``specs`` are the (name, shape, served dtype) of the weights to keep; the room is checked before anything
-    is allocated, and an allocation that fails anyway is reported the same way.
+
+def checkpoint_stamp(model_dir: str) -> dict[str, tuple[int, int]]:
+    """``(size, mtime_ns)`` of each weight file of a local checkpoint directory; empty for anything else (a hub
+    id: vLLM's cache is not rewritten in place)."""
+    root = Path(model_dir)
+    if not root.is_dir():
+        return {}
+    stamp = {}
+    for path in sorted(root.iterdir()):
+        if path.suffix in WEIGHT_FILE_SUFFIXES:
+            stat = path.stat()
+            stamp[path.name] = (stat.st_size, stat.st_mtime_ns)
+    return stamp
+
+
+class PendingLoraBases:
+    """A store with room checked but not yet copied: the copy waits for the first publish that carries adapters,
+    so a server that only ever receives full weights or the head never holds one.
+
+    The copy is read from the checkpoint files, later than the server loaded them: ``stamp`` (their sizes and
+    times when the store was planned) tells whether they were rewritten since, and then no store is made.
     """
+
+    def __init__(self, place: str, device: torch.device, fused_modules: Mapping[str, Sequence[str]],
+                 specs: Sequence[tuple[str, Sequence[int], torch.dtype]], max_bytes: int | None,
+                 model_dir: str, stamp: Mapping[str, tuple[int, int]]) -> None:
+        self.place, self.device, self.fused_modules = place, device, fused_modules
+        self.specs, self.max_bytes = list(specs), max_bytes
+        self.model_dir, self.stamp = model_dir, dict(stamp)
+
+    def report(self) -> LoraBases:
+        modules = sorted(name.removesuffix(".weight") for name, _, _ in self.specs if name.endswith(".weight"))
+        return LoraBases("held", self.place, needed_bytes(self.specs), tuple(modules))
+
+    def capture(self, read: Callable[[], Iterable[tuple[str, torch.Tensor]]]) -> LoraBaseStore | LoraBases:
+        """The store of the tensors ``specs`` names, copied from what ``read()`` yields, or why it cannot be held.
+
+        The room is checked again (memory may have gone to something else since the inventory was read), before
+        anything is allocated; an allocation or a read that fails anyway is reported the same way.
+        """
+        if checkpoint_stamp(self.model_dir) != self.stamp:
+            return LoraBases("unavailable", self.place, reason=(
+                f"the weight files in {self.model_dir} changed after the server read its inventory; {CHANGED}"))
+        reason = room_for(needed_bytes(self.specs), self.place, self.device, self.max_bytes)
+        if reason is not None:
+            return LoraBases("unavailable", self.place, reason=reason)
+        dtypes = {name: dtype for name, _, dtype in self.specs}
+        store = LoraBaseStore(self.place, self.device, self.fused_modules)
+        try:
+            for name, tensor in read():
+                if name in dtypes:
+                    store.add(name, tensor, dtypes[name])
+        except (RuntimeError, MemoryError, OSError) as e:  # an allocation (or a read) the checks did not foresee
+            return LoraBases("unavailable", self.place,
+                             reason=f"holding the LoRA bases failed: {type(e).__name__}: {e}")
+        return store
+
+
+def plan_lora_bases(place: str, device: torch.device, fused_modules: Mapping[str, Sequence[str]],
+                    specs: Sequence[tuple[str, Sequence[int], torch.dtype]], max_bytes: int | None,
+                    model_dir: str, loaded_at_ns: int) -> PendingLoraBases | LoraBases:
+    """The store to capture later for the weights ``specs`` names ((name, shape, served dtype)), or why none can
+    be held: ``off``, no room for it now, or weight files rewritten after the server loaded them (at
+    ``loaded_at_ns``, ``time.time_ns()``)."""
     if place == "off":
         return LoraBases("off", "off", reason=f"{PLACE_FLAG} off")
+    stamp = checkpoint_stamp(model_dir)
+    rewritten = sorted(name for name, (_, mtime_ns) in stamp.items() if mtime_ns > loaded_at_ns)
+    if rewritten:
+        return LoraBases("unavailable", place, reason=(
+            f"the weight files {rewritten} in {model_dir} changed after the server loaded them; {CHANGED}"))
     where = torch.device("cpu") if place == "host" else device
     reason = room_for(needed_bytes(specs), place, where, max_bytes)
     if reason is not None:
         return LoraBases("unavailable", place, reason=reason)
-    dtypes = {name: dtype for name, _, dtype in specs}
-    store = LoraBaseStore(place, where, fused_modules)
-    try:
-        for name, tensor in read():
-            if name in dtypes:
-                store.add(name, tensor, dtypes[name])
-    except (RuntimeError, MemoryError) as e:  # an allocation the checks above did not foresee
-        return LoraBases("unavailable", place, reason=f"holding the LoRA bases failed: {type(e).__name__}: {e}")
-    return store
+    return PendingLoraBases(place, where, fused_modules, specs, max_bytes, model_dir, stamp)

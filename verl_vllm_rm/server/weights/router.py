@@ -26,6 +26,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from verl_vllm_rm.protocol.errors import RequestError
 from verl_vllm_rm.protocol.inventory import Inventory, ParamSpec, WeightUpdateRefused
+from verl_vllm_rm.protocol.lora import LoraBases
 from verl_vllm_rm.protocol.names import RewardModelTrainingMode
 from verl_vllm_rm.protocol.json_body import is_int, parse_json, preview
 from verl_vllm_rm.server.state import RewardServerState, error_response, read_body
@@ -51,14 +52,30 @@ async def _inventory(request: Request) -> Inventory:
         if sync.inventory is None:
             results = await request.app.state.engine_client.collective_rpc(
                 "rm_weight_inventory", args=(sync.lora_bases, sync.lora_bases_max_bytes, sync.head_patterns))
-            # a store is usable only when every worker holds its own: report the first that does not
-            bases = next((r["lora_bases"] for r in results if r["lora_bases"]["state"] != "held"),
-                         results[0]["lora_bases"])
+            bases = _fleet_bases([r["lora_bases"] for r in results])
             sync.inventory = Inventory.from_json({**results[0], "lora_bases": bases})
             sync.nccl_version = results[0]["nccl_version"]
             if bases["state"] == "unavailable":
                 logger.warning("LoRA publishes will send merged weights: %s", bases["reason"])
     return sync.inventory
+
+
+def _fleet_bases(reports: list[dict[str, Any]]) -> dict[str, Any]:
+    """A store is usable only when every worker holds its own: the first report that does not, else the first."""
+    return next((r for r in reports if r["state"] != "held"), reports[0])
+
+
+async def _capture_lora_bases(request: Request, inventory: Inventory) -> None:
+    """Copy the workers' planned LoRA base stores (the first update that carries adapters); refuses the update,
+    before any tensor moves, when a worker could not, and from then on the inventory says ``unavailable``."""
+    results = await request.app.state.engine_client.collective_rpc("rm_capture_lora_bases")
+    bases = LoraBases.from_json(_fleet_bases(results))
+    inventory.set_lora_bases(bases)
+    if bases.state != "held":
+        logger.warning("LoRA publishes will send merged weights: %s", bases.reason)
+        raise RequestError(f"the server could not hold its LoRA bases: {bases.reason}; nothing was sent and the old "
+                           "weights serve: publish merged weights (the publisher's lora_wire auto does so by itself)",
+                           409)
 
 
 async def _body(request: Request) -> dict[str, Any]:
@@ -193,8 +210,11 @@ async def update_param_batch(request: Request):
                 raise RequestError(busy, 409)
             if sync.session is None:
                 raise RequestError("no communicator: call /init_communicator before /update_param_batch", 409)
-            specs, mode, version, bucket_bytes, deferred, scaling = _parse_update(
-                payload, await _inventory(request), sync, sync.version)
+            inventory = await _inventory(request)
+            specs, mode, version, bucket_bytes, deferred, scaling = _parse_update(payload, inventory, sync,
+                                                                                  sync.version)
+            if scaling and not inventory.lora_bases.captured:
+                await _capture_lora_bases(request, inventory)
         except RequestError as e:
             return error_response(e.message, e.status)
         task = asyncio.create_task(apply_update(request.app, specs, mode, version, bucket_bytes, deferred,

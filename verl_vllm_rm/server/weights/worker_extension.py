@@ -38,6 +38,7 @@ engines under the backend names ``gloo`` and ``torch_nccl``.
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
@@ -49,7 +50,7 @@ from verl_vllm_rm.protocol.inventory import ParamSpec, module_key
 from verl_vllm_rm.protocol.lora import LoraBases, split_adapter_name
 from verl_vllm_rm.protocol.wire import BufferPool, TransferGroup, open_group, plan_buckets, unpack
 from verl_vllm_rm.server.weights.join import PendingJoin
-from verl_vllm_rm.server.weights.lora_bases import LoraBaseStore, capture_lora_bases
+from verl_vllm_rm.server.weights.lora_bases import LoraBaseStore, PendingLoraBases, plan_lora_bases
 
 ENGINE_BACKENDS = {"gloo": "gloo", "torch_nccl": "nccl"}
 
@@ -106,8 +107,10 @@ class ProcessGroupWeightTransferEngine(WeightTransferEngine[ProcessGroupInitInfo
         self.receiver: threading.Thread | None = None
         self.receive_error: BaseException | None = None
         self.pending_join: PendingJoin | None = None
-        self.lora_bases: LoraBaseStore | LoraBases | None = None  # captured at the first inventory read
+        # planned at the first inventory read, captured at the first update that carries adapters
+        self.lora_bases: LoraBaseStore | PendingLoraBases | LoraBases | None = None
         self.lora_scaling: dict[str, float] | None = None  # the staged update's, when it carries adapters
+        self.loaded_at_ns = time.time_ns()  # vLLM makes this engine right after loading the model's weights
 
     def init_transfer_engine(self, init_info: ProcessGroupInitInfo) -> None:
         _run_phase("init", init_info.phase, {"begin": lambda: self.begin_join(init_info), "finish": self.finish_join})
@@ -317,10 +320,10 @@ class WeightSyncWorkerExtension:
         model's head in fp32 (``model_config.head_dtype``) under a bf16 backbone,
         and a head published in bf16 would lose what the trainer's fp32 head has.
 
-        The first call also captures the LoRA base store (``lora_bases``: ``host``,
+        The first call also plans the LoRA base store (``lora_bases``: ``host``,
         ``device`` or ``off``; see :mod:`.lora_bases`): every weight and bias of the
-        linear modules outside the head, in its served dtype, read from the same
-        files in a second pass once the room for it has been checked.
+        linear modules outside the head, in its served dtype. Only the room for it is
+        checked here; :meth:`rm_capture_lora_bases` copies it.
         """
         from vllm.model_executor.layers.linear import LinearBase
         from vllm.model_executor.model_loader import get_model_loader
@@ -351,10 +354,28 @@ class WeightSyncWorkerExtension:
                 f"the server's weights are quantized ({model_config.quantization}): adapters cannot be merged "
                 "into them without re-quantizing"))
         if engine.lora_bases is None:
-            engine.lora_bases = capture_lora_bases(
-                lora_bases, engine.device, fused, bases, lambda: loader.get_all_weights(model_config, model),
-                lora_bases_max_bytes)
-        store = engine.lora_bases
-        report = store.report() if isinstance(store, LoraBaseStore) else store
+            engine.lora_bases = plan_lora_bases(lora_bases, engine.device, fused, bases, lora_bases_max_bytes,
+                                                model_config.model, engine.loaded_at_ns)
         return {"params": params, "fused_modules": {k: list(v) for k, v in fused.items()},
-                "nccl_version": nccl_version(), "lora_bases": report.to_json()}
+                "nccl_version": nccl_version(), "lora_bases": self.rm_lora_bases()}
+
+    def rm_lora_bases(self) -> dict[str, Any]:
+        """The LoRA base store as ``/weight_inventory`` reports it."""
+        store = self.weight_transfer_engine.lora_bases
+        if store is None:
+            # internal: the router reads the inventory (which plans the store) before it asks for the store
+            raise RuntimeError("the LoRA base store is reported only after the first inventory read")
+        return (store if isinstance(store, LoraBases) else store.report()).to_json()
+
+    def rm_capture_lora_bases(self) -> dict[str, Any]:
+        """Copy the planned LoRA base store from the model's weight files (a second read of them), once; its
+        report, ``unavailable`` with the reason when the copy could not be made."""
+        from vllm.model_executor.model_loader import get_model_loader
+
+        engine = self.weight_transfer_engine
+        if isinstance(engine.lora_bases, PendingLoraBases):
+            model = self.model_runner.get_model()
+            loader = get_model_loader(self.vllm_config.load_config)
+            engine.lora_bases = engine.lora_bases.capture(
+                lambda: loader.get_all_weights(self.vllm_config.model_config, model))
+        return self.rm_lora_bases()
