@@ -13,7 +13,7 @@ One run reports, side by side:
             per step after the first (warm-up).
 
 CPU figures on a 2-core machine: the memory figures are exact byte counts and hold on any device; the
-time share holds for these tiny models on this machine only (benchmarks/README argues the GPU case).
+time share holds for these tiny models on this machine only (benchmarks/README.md argues the GPU case).
 Writes ``benchmarks/results/online_rm.json``.
 """
 

@@ -54,7 +54,7 @@ start_reward_server() {
 # running; tests compose them with verl's own config.
 run_main_ppo() {
     if [[ "${VERL_VLLM_RM_DRY_RUN:-0}" == 1 ]]; then printf '%s\n' "$@"; exit 0; fi
-    require_env trainer python3 "activate the trainer environment first (source $REPO_ROOT/.venv/bin/activate after \`make setup\`, or verl's environment with this package installed: see README)" verl verl_vllm_rm
+    require_env trainer python3 "activate the trainer environment first (source $REPO_ROOT/.venv/bin/activate after \`make setup\`, or verl's environment with this package installed: see docs/quickstart.md)" verl verl_vllm_rm
     start_reward_server ${RM_SERVER_FLAGS:-}
     local gpus
     gpus=$(train_gpus)

@@ -1,4 +1,4 @@
-"""The README's examples run, against the session's real server and tiny RM (no server of their own)."""
+"""The examples of docs/development.md run, against the session's real server and tiny RM (no server of their own)."""
 
 import asyncio
 import math

@@ -1,4 +1,5 @@
-"""`make demo` end to end (short RM training, 2 GRPO steps): the README's first command must keep working."""
+"""`make demo` end to end (short RM training, 2 GRPO steps): the README's first command (and docs/quickstart.md's)
+must keep working."""
 
 import json
 import subprocess

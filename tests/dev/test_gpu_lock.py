@@ -1,4 +1,4 @@
-"""README's "Quick start on GPUs" works as written, from a clone.
+"""The GPU quick start (docs/quickstart.md, "On GPUs"; the README's brief) works as written, from a clone.
 
 Its install lines are the Makefile's ``DEVICE=gpu`` lines, and pip (the pinned resolver of ``make lock-gpu``)
 resolves each one, from this clone and the package index alone, to exactly the pinned set it names. Resolution is what runs here (``pip install
@@ -22,13 +22,22 @@ from verl_vllm_rm.dev.gpu_lock import (LOCKS, NCCL, NCCL_PIN, OVERRIDES, install
                                        resolver_python)
 
 ROOT = Path(__file__).resolve().parents[2]
-ENVIRONMENTS = {".venv-server": "server-gpu", ".venv": "verl-gpu"}  # README's environment -> its extra
+ENVIRONMENTS = {".venv-server": "server-gpu", ".venv": "verl-gpu"}  # the quick start's environment -> its extra
+
+
+def section(text: str, heading: str) -> str:
+    start = text.index(heading + "\n")
+    end = text.find("\n## ", start + 1)
+    return text[start : end if end != -1 else len(text)]
 
 
 def gpu_section() -> str:
-    readme = (ROOT / "README.md").read_text()
-    start = readme.index("## Quick start on GPUs")
-    return readme[start : readme.index("\n## ", start + 1)]
+    """docs/quickstart.md's "On GPUs": the install lines of record."""
+    return section((ROOT / "docs" / "quickstart.md").read_text(), "## On GPUs")
+
+
+def readme_gpu_section() -> str:
+    return section((ROOT / "README.md").read_text(), "## Quick start on GPUs")
 
 
 def pip_lines(text: str) -> dict[str, list[list[str]]]:
@@ -53,17 +62,25 @@ def expected_installs(extra: str) -> list[list[str]]:
     return installs
 
 
-def test_readme_gpu_lines_are_what_make_setup_device_gpu_runs(tmp_path):
-    readme = pip_lines(gpu_section())
-    assert set(readme) == set(ENVIRONMENTS), readme
+def test_the_readme_brief_points_at_the_quick_start_and_adds_no_install_line_of_its_own():
+    brief = readme_gpu_section()
+    assert "make setup DEVICE=gpu" in brief and "docs/quickstart.md#on-gpus" in brief
+    page = pip_lines(gpu_section())
+    for env, installs in pip_lines(brief).items():
+        assert all(args in page.get(env, []) for args in installs), (env, installs, page)
+
+
+def test_the_quick_start_gpu_lines_are_what_make_setup_device_gpu_runs(tmp_path):
+    page = pip_lines(gpu_section())
+    assert set(page) == set(ENVIRONMENTS), page
     for env, extra in ENVIRONMENTS.items():
-        assert readme[env] == expected_installs(extra)
+        assert page[env] == expected_installs(extra)
     # the environments' stamps do not exist under these names: make prints every command of the GPU build
     dry = subprocess.run(["make", "-n", "-C", str(ROOT), "setup", "DEVICE=gpu",
                           f"VENV={tmp_path / 'v'}", f"VENV_SERVER={tmp_path / 'vs'}"],
                          capture_output=True, text=True, check=True).stdout
     made = {Path(env).name: args for env, args in pip_lines(dry).items()}
-    assert made == {"vs": readme[".venv-server"], "v": readme[".venv"]}, dry
+    assert made == {"vs": page[".venv-server"], "v": page[".venv"]}, dry
     # and it says what each environment gets, from the lock files
     says = "\n".join(line for line in dry.splitlines() if line.startswith('echo "make: '))
     told = subprocess.run(["bash", "-c", says], cwd=ROOT, capture_output=True, text=True, check=True).stdout
@@ -100,8 +117,8 @@ def test_both_gpu_environments_run_one_nccl():
 
 @pytest.fixture(scope="module")
 def resolved(tmp_path_factory) -> dict[str, dict[str, str]]:
-    """README's lines, resolved by the pinned resolver pip from the index alone (the two environments side by
-    side: ~1 min); an environment's later ``--no-deps`` lines replace the pins they name."""
+    """The quick start's lines, resolved by the pinned resolver pip from the index alone (the two environments
+    side by side: ~1 min); an environment's later ``--no-deps`` lines replace the pins they name."""
     lines = pip_lines(gpu_section())
     python = resolver_python(tmp_path_factory.mktemp("resolver") / "env")
     with ThreadPoolExecutor(2) as pool:
@@ -116,7 +133,7 @@ def resolved(tmp_path_factory) -> dict[str, dict[str, str]]:
 
 @pytest.mark.server  # the package index
 @pytest.mark.parametrize("extra", list(LOCKS))
-def test_each_readme_line_resolves_to_exactly_its_pinned_set(resolved, extra):
+def test_each_quick_start_line_resolves_to_exactly_its_pinned_set(resolved, extra):
     pins = installed_set(extra)
     got = resolved[extra]
     assert got == pins, {
@@ -126,7 +143,7 @@ def test_each_readme_line_resolves_to_exactly_its_pinned_set(resolved, extra):
 
 
 @pytest.mark.server  # the package index
-def test_the_gpu_sets_hold_the_cuda_builds_the_readme_names(resolved):
+def test_the_gpu_sets_hold_the_cuda_builds_the_quick_start_names(resolved):
     server, trainer = resolved["server-gpu"], resolved["verl-gpu"]
     assert (server["vllm"], server["torch"]) == ("0.32.0", "2.13.0")
     assert (trainer["verl"], trainer["vllm"], trainer["torch"]) == ("0.9.1", "0.24.0", "2.11.0")

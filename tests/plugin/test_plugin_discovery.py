@@ -1,5 +1,6 @@
 """How a fresh verl process finds ``vllm_rm``: ``import verl`` loads the ``verl.plugins`` entry point, unless
-``VERL_USE_EXTERNAL_PLUGINS=none`` (the README's cause of ``Unknown reward manager: vllm_rm`` in Ray workers).
+``VERL_USE_EXTERNAL_PLUGINS=none`` (docs/troubleshooting.md's cause of ``Unknown reward manager: vllm_rm`` in Ray
+workers).
 
 Each case runs in a new interpreter, as a Ray reward-loop worker does: nothing from this package is
 imported before verl looks the name up in its reward-loop registry.
@@ -60,8 +61,8 @@ def test_entry_point_registers_the_manager_in_a_fresh_process(rm_server, tiny_rm
 
 
 def test_plugins_off_means_unknown_reward_manager(rm_server, tiny_rm):
-    """``VERL_USE_EXTERNAL_PLUGINS=none``: verl skips the entry point and the name is unknown, as the README's
-    troubleshooting says."""
+    """``VERL_USE_EXTERNAL_PLUGINS=none``: verl skips the entry point and the name is unknown, as
+    docs/troubleshooting.md says."""
     assert fresh_worker(rm_server.url, tiny_rm, "none") == {"error": "Unknown reward manager: vllm_rm"}
 
 

@@ -15,7 +15,8 @@ CORRECT = [1.0, 0.0, 0.0, 1.0] * 4  # gsm8k: '#### a+b'
 
 
 def bigram_penalty(ids: list[int], max_penalty: float = -1.0, min_scaling: float = 0.1) -> float:
-    """The README's n-gram penalty for n=2, written out: r = (T - U) / (T - 1) over the T windows, U distinct."""
+    """docs/rewards.md's n-gram penalty for n=2, written out: r = (T - U) / (T - 1) over the T windows, U
+    distinct."""
     windows = [tuple(ids[i:i + 2]) for i in range(len(ids) - 1)]
     total, distinct = len(windows), len(set(windows))
     rate = (total - distinct) / (total - 1) if total >= 2 else 0.0

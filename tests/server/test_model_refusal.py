@@ -1,5 +1,6 @@
 """The server refuses at start-up a model it cannot serve as a reward model, saying why and what to serve
-instead, rather than serving numbers nobody can read as a reward (README, "Reward-model families").
+instead, rather than serving numbers nobody can read as a reward (docs/reward_model_families.md; the messages:
+docs/troubleshooting.md, "The server refuses the model").
 
 Two real starts: a causal LM without ``--step-tokens`` (refused before the engine loads: vLLM's pooling runner
 would only embed it), and a ``Qwen2ForProcessRewardModel`` without ``--step-tag-id`` (refused once the engine

@@ -1,4 +1,4 @@
-"""One server of this module's own, started the way the README documents for other set-ups, then killed:
+"""One server of this module's own, started the way docs/quickstart.md documents for other set-ups, then killed:
 
 * through ``VERL_VLLM_RM_SERVER_PYTHON`` naming another interpreter (a wrapper that records its use and
   runs the server environment's python);
@@ -28,7 +28,7 @@ from verl_vllm_rm.replicas.launcher import SERVER_PYTHON_ENV, find_server_python
 pytestmark = pytest.mark.server  # starts and kills its own server
 
 KV_BYTES_PER_TOKEN = 2 * 2 * 2 * 32 * 4  # tiny RM: 2 layers x (K, V) x 2 kv heads x head_dim 32 x fp32
-DEFAULT_KV_BYTES = 2 << 30  # README: "on CPU a 2 GiB KV cache"
+DEFAULT_KV_BYTES = 2 << 30  # docs/concepts.md, "The server": "on CPU a 2 GiB KV cache"
 
 
 def cache_config(url: str) -> dict[str, str]:

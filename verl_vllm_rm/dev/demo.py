@@ -53,5 +53,5 @@ def main(workdir: str | None = None, train_seconds: float = 60.0, seed: int = 0,
     print(f"\nthe run's report ({summary['plot']}; again with `verl-vllm-rm report {work}`):")
     print(Path(summary["report"]).read_text().rstrip())
     print(f"\ndone in {time.monotonic() - t_start:.0f} s; everything stays in {work}.")
-    print("Try your own RM: verl-vllm-rm tiny-ppo --rm DIR; GPU runs: recipes/ and README 'Quick start on GPUs'.")
+    print("Try your own RM: verl-vllm-rm tiny-ppo --rm DIR; GPU runs: recipes/ and docs/quickstart.md, 'On GPUs'.")
     return summary

@@ -1,7 +1,7 @@
 """The GPU environments' pinned sets: an install line resolved by pip against the package index alone.
 
 ``make lock-gpu`` writes ``requirements/server-gpu.txt`` and ``requirements/trainer-gpu.txt`` with
-:func:`main`; the test of README's GPU quick start resolves README's own lines with :func:`resolve`
+:func:`main`; the test of the GPU quick start (docs/quickstart.md) resolves its own lines with :func:`resolve`
 and compares them with these files, so the page, the Makefile and the pins cannot drift apart.
 
 The two environments must run one NCCL (the weight publish is an NCCL broadcast between them, and NCCL

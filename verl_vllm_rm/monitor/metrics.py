@@ -1,6 +1,6 @@
 """Per-step reward metrics from one step's per-sample ``reward_extra_info`` (the reward manager's columns).
 
-Names (README "Reward metrics and alarms" lists each with its meaning):
+Names (docs/metrics.md lists each with its meaning):
 ``reward/<component>/{mean,std,min,max}`` for every numeric component, ``reward/rm_valid_share``,
 ``reward/rm_failures``, ``reward/rm_latency_ms/{p50,p99}``, ``reward/rm_tokens``,
 ``reward/rm_prompt_tokens_dropped``, ``reward/rm_weight_version/{min,max}``, ``reward/rm_failed_over``, and the alarms

@@ -145,7 +145,8 @@ class AttributeAlarmOptions:
 
 @dataclass(frozen=True)
 class ManagerOptions(RewardModelOptions):
-    """All options of ``reward.reward_manager.name=vllm_rm`` (see README, "Configuration")."""
+    """All options of ``reward.reward_manager.name=vllm_rm`` (docs/rewards.md; each one:
+    docs/reference/configuration.md)."""
 
     reward_models: tuple[dict, ...] = ()
     routes: tuple[RouteOptions, ...] = ()

@@ -18,7 +18,7 @@ import requests
 
 from sync_helpers import assert_parity, load_rm, max_diff, reset_server, runtime_version, server_scores
 
-DEFAULT_JOIN_BOUND_S = 30.0  # --weight-update-join-timeout's default (docs/weight_sync.md, README)
+DEFAULT_JOIN_BOUND_S = 30.0  # --weight-update-join-timeout's default (docs/weight_sync.md, docs/security.md)
 
 
 @contextmanager
