@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 import yaml
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
 
 from verl_vllm_rm.cli import build_parser
 from verl_vllm_rm.dev.reference_docs.pages import ENTRY_SECTIONS, subcommands
@@ -89,7 +90,7 @@ def override_problems(word: str) -> list[str]:
     try:
         override = OverridesParser.create().parse_override(word)
         key, value = override.key_or_group, override.value()
-    except Exception:  # a placeholder value (<path>): the key is still checked
+    except HydraException:  # a placeholder value (<path>): the key is still checked
         key, value = word.lstrip("+").split("=", 1)[0], None
     root = match.group(1)
     return [f"unknown key {problem}" for problem in

@@ -21,7 +21,7 @@ from typing import Callable, Iterator
 
 from verl_vllm_rm.dev.reference_docs.flags import Flag, flags_of
 from verl_vllm_rm.dev.reference_docs.raises import LiteralRaise, package_raises
-from verl_vllm_rm.dev.reference_docs.sections import Option, options, value_text
+from verl_vllm_rm.dev.reference_docs.sections import REQUIRED, SECTION_DEFAULTS, options, value_text
 from verl_vllm_rm.dev.reference_docs.server_flags import ServerFlags, read_server_flags
 from verl_vllm_rm.online.config import OnlineRMConfig
 from verl_vllm_rm.protocol.defaults import API_KEY_ENV
@@ -77,9 +77,8 @@ def _home_sections(cls: type, path: str) -> dict[type, str]:
         section, prefix = queue.pop(0)
         for option in options(section, f"{prefix}."):
             if option.section is not None and option.section not in homes:
-                plural = "[]" if option.type.startswith("list[") else ""
                 homes[option.section] = _anchor_id(option.path)
-                queue.append((option.section, f"{option.path}{plural}"))
+                queue.append((option.section, option.section_path))
     return homes
 
 
@@ -93,7 +92,7 @@ def _option_table(cls: type, prefix: str, homes: dict[type, str]) -> list[str]:
             if target == own:
                 anchor = ""  # the section's heading carries the anchor
             meaning += f" Its options: [{target}](#{target})."
-        default = option.default if option.default in ("required", "(section defaults)") else _code(option.default)
+        default = option.default if option.default in (REQUIRED, SECTION_DEFAULTS) else _code(option.default)
         allowed = ", ".join(_code(a) for a in option.allowed)
         lines.append(_row(f"{anchor}`{key}`", option.type, default, allowed, meaning))
     return lines
@@ -111,8 +110,7 @@ def _section(cls: type, path: str, meaning: str, depth: int, homes: dict[type, s
             lines += [f"{'#' * (depth + 1)} `{option.path}[]` {{#{_anchor_id(option.path)}}}", "",
                       f"{_markdown(option.meaning)} An entry takes `name` (required) and any of: {names}.", ""]
         elif option.section is not None and homes[option.section] == _anchor_id(option.path):
-            plural = "[]" if option.type.startswith("list[") else ""
-            lines += _section(option.section, f"{option.path}{plural}", option.meaning, depth + 1, homes)
+            lines += _section(option.section, option.section_path, option.meaning, depth + 1, homes)
     return lines
 
 
@@ -123,7 +121,7 @@ def _flag_table(flags: list[Flag], anchor_prefix: str) -> list[str]:
         if flag.takes_value and not flag.positional and not flag.choices:
             shown += f" {flag.metavar or 'VALUE'}"
         name = flag.names[-1] if flag.positional else "-" + flag.names[-1].lstrip("-")
-        default = "required" if flag.required else ("" if flag.default is None or flag.default is False
+        default = REQUIRED if flag.required else ("" if flag.default is None or flag.default is False
                                                       else _code(value_text(flag.default)))
         allowed = ", ".join(_code(value_text(c)) for c in flag.choices or ())
         lines.append(_row(f"{_anchor(f'{anchor_prefix}-{name}')}`{shown}`", default, allowed, flag.help))

@@ -21,16 +21,26 @@ from functools import cache
 from typing import Any, Literal, Union
 
 
+REQUIRED = "required"  # the default shown for a field that has none
+SECTION_DEFAULTS = "its options' defaults"  # ... for a section whose default is its own dataclass
+
+
 @dataclass(frozen=True)
 class Option:
     """One field of an option section, ready to print."""
 
     path: str  # the dotted key under the root (``judge.mode``; ``routes[].ensemble`` for list entries)
     type: str
-    default: str  # "required" when the field has none
+    default: str  # a value as Hydra writes it, or REQUIRED, or SECTION_DEFAULTS
     allowed: tuple[str, ...]  # empty when any value of the type is allowed
     meaning: str
     section: type | None  # the dataclass of a nested section
+    many: bool  # the field is a list of such sections
+
+    @property
+    def section_path(self) -> str:
+        """The key of the nested section's options: ``routes[]`` for a list of them."""
+        return f"{self.path}[]" if self.many else self.path
 
 
 @cache
@@ -129,8 +139,8 @@ def _default(f: dataclasses.Field) -> str:
     elif f.default_factory is not dataclasses.MISSING:
         value = f.default_factory()
     else:
-        return "required"
-    return "(section defaults)" if dataclasses.is_dataclass(value) else value_text(value)
+        return REQUIRED
+    return SECTION_DEFAULTS if dataclasses.is_dataclass(value) else value_text(value)
 
 
 def _allowed(tp: Any, bound: str | None) -> tuple[str, ...]:
@@ -144,9 +154,8 @@ def options(cls: type, prefix: str = "") -> list[Option]:
     """Every init field of the option dataclass ``cls`` (inherited ones first, as ``dataclasses.fields`` orders
     them), its key prefixed with ``prefix``."""
     hints, meanings, bounds = typing.get_type_hints(cls), field_meanings(cls), _inherited(cls, _own_bounds)
-    return [Option(path=f"{prefix}{f.name}", type=type_name(hints[f.name]), default=_default(f),
-                   allowed=_allowed(hints[f.name], bounds.get(f.name)), meaning=meanings.get(f.name, ""),
-                   section=nested_section(hints[f.name])[0])
+    return [Option(f"{prefix}{f.name}", type_name(hints[f.name]), _default(f),
+                   _allowed(hints[f.name], bounds.get(f.name)), meanings.get(f.name, ""), *nested_section(hints[f.name]))
             for f in dataclasses.fields(cls) if f.init]
 
 
