@@ -103,7 +103,8 @@ def flag_problems(words: list[str], known: Known) -> list[str]:
     for i, word in enumerate(words):
         if PYTHON.fullmatch(word) and words[i + 1:i + 3] == ["-m", "verl_vllm_rm.server"]:
             checked += [(w.replace("_", "-"), known.server, "python -m verl_vllm_rm.server") for w in words[i + 3:]]
-        elif word.rsplit("/", 1)[-1] == "verl-vllm-rm" and i + 1 < len(words) and re.fullmatch(r"[a-z-]+", words[i + 1]):
+        elif (word.rsplit("/", 1)[-1] == "verl-vllm-rm" and i + 1 < len(words)
+              and re.fullmatch(r"[a-z-]+", words[i + 1])):
             sub, rest = words[i + 1], words[i + 2:]
             if sub not in known.cli:
                 return [f"unknown subcommand verl-vllm-rm {sub}"]

@@ -13,17 +13,19 @@ from pathlib import Path
 import pytest
 
 from verl_vllm_rm.cli import build_parser, main
-from verl_vllm_rm.dev.reference_docs.pages import REFERENCE, errors_page, generate, stale_pages
+from verl_vllm_rm.dev.reference_docs.pages import (ENTRY_SECTIONS, REFERENCE, errors_page, generate, section_homes,
+                                                   stale_pages)
 from verl_vllm_rm.dev.reference_docs.raises import LiteralRaise
-from verl_vllm_rm.dev.reference_docs.sections import field_meanings, options, section_classes
+from verl_vllm_rm.dev.reference_docs.sections import field_meanings, options
 from verl_vllm_rm.dev.reference_docs.server_flags import read_server_flags
 from verl_vllm_rm.online.config import OnlineRMConfig
 from verl_vllm_rm.replicas.launcher import SERVER_PYTHON_ENV
-from verl_vllm_rm.scoring.options import ManagerOptions, RewardModelOptions
+from verl_vllm_rm.scoring.options import ManagerOptions
 
 ROOT = Path(__file__).resolve().parents[2]
-#: every option section the configuration reference covers (``reward_models`` entries are RewardModelOptions)
-SECTIONS = [*section_classes(ManagerOptions), RewardModelOptions, *section_classes(OnlineRMConfig)]
+#: every option section the configuration reference prints (and the classes of ``reward_models``' entries)
+SECTIONS = [*section_homes(ManagerOptions, "reward_kwargs"), *section_homes(OnlineRMConfig, "online_rm"),
+            *ENTRY_SECTIONS.values()]
 
 
 @pytest.fixture(scope="module")

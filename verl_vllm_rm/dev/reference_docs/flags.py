@@ -41,7 +41,8 @@ def _help(action: argparse.Action) -> str:
 def flags_of(actions: Iterable[argparse.Action]) -> list[Flag]:
     """Every action but ``--help``, as :class:`Flag`s (JSON-safe: the server's go through a subprocess)."""
     return [Flag(names=tuple(a.option_strings) or (a.dest,), help=_help(a),
-                 default=a.default if a.default is None or isinstance(a.default, (str, int, float, bool)) else repr(a.default),
+                 default=a.default if a.default is None or isinstance(a.default, (str, int, float, bool))
+                 else repr(a.default),
                  choices=tuple(a.choices) if a.choices is not None else None,
                  metavar=a.metavar if isinstance(a.metavar, str) else None,
                  takes_value=a.nargs != 0, required=a.required and a.nargs not in ("*", "?"))

@@ -69,8 +69,8 @@ def _anchor_id(path: str) -> str:
     return path.replace("[]", "")
 
 
-def _home_sections(cls: type, path: str) -> dict[type, str]:
-    """Each section class nested in ``cls`` -> the anchor of the one place it is printed: its shallowest key
+def section_homes(cls: type, path: str) -> dict[type, str]:
+    """``cls`` and each section class nested in it -> the anchor of the one place it is printed: its shallowest key
     (``rewards`` is printed under ``reward_kwargs.rewards``; ``routes[].rewards`` links there)."""
     homes, queue = {cls: _anchor_id(path)}, [(cls, path)]
     while queue:
@@ -140,11 +140,12 @@ def configuration_page(server: ServerFlags) -> str:
     lines += _section(ManagerOptions, "reward_kwargs", "The options of `reward.reward_manager.name=vllm_rm`, "
                       "under `reward.reward_kwargs`: the top-level ones describe the run's one reward model and are "
                       "the defaults of every `reward_models` entry.", 2,
-                      _home_sections(ManagerOptions, "reward_kwargs"), title="reward.reward_kwargs")
+                      section_homes(ManagerOptions, "reward_kwargs"), title="reward.reward_kwargs")
     lines += _section(OnlineRMConfig, "online_rm", "Online RM training: `+online_rm.<option>=<value>` in a run of "
-                      "trainer mode `vllm_rm_online`.", 2, _home_sections(OnlineRMConfig, "online_rm"),
+                      "trainer mode `vllm_rm_online`.", 2, section_homes(OnlineRMConfig, "online_rm"),
                       title="+online_rm")
-    changed = ", ".join(f"`--{dest.replace('_', '-')} {value_text(value)}`" for dest, value in sorted(server.defaults.items()))
+    changed = ", ".join(f"`--{dest.replace('_', '-')} {value_text(value)}`"
+                        for dest, value in sorted(server.defaults.items()))
     lines += ["## `python -m verl_vllm_rm.server` {#server}", "",
               "The reward server takes every flag of vLLM's `vllm serve` and these of its own (`--help` lists them "
               f"under `verl-vllm-rm`). It changes vLLM's defaults to {changed}, and on CPU gives vLLM a 2 GiB KV "
@@ -165,8 +166,8 @@ def subcommands(parser: argparse.ArgumentParser) -> dict[str, tuple[str, argpars
 
 def cli_page(parser: argparse.ArgumentParser) -> str:
     lines = [_header("the parsers of verl_vllm_rm/cli.py"), "# Command line: `verl-vllm-rm`", "",
-             f"{_markdown(' '.join(parser.description.split()))} Installed with the package into the trainer environment (`.venv`); "
-             "`verl-vllm-rm <subcommand> --help` prints what this page says.", ""]
+             f"{_markdown(' '.join(parser.description.split()))} Installed with the package into the trainer "
+             "environment (`.venv`); `verl-vllm-rm <subcommand> --help` prints what this page says.", ""]
     for name, (summary, sub) in subcommands(parser).items():
         lines += [f"## `verl-vllm-rm {name}` {{#{name}}}", "", summary[:1].upper() + summary[1:] + ".", "",
                   *_flag_table(flags_of(sub._actions), name), ""]
@@ -205,7 +206,7 @@ def errors_page(raises: list[LiteralRaise]) -> str:
         lines += [f"## `{room}` {{#{room}}}", "", _markdown(_room_summary(room)), ""]
         for r in sorted(by_room[room], key=lambda r: (r.path, r.where, r.template)):
             module = ".".join(Path(r.path).with_suffix("").parts[1:])
-            lines.append(f"- `{r.exception}` in `{module}.{r.where}`" if r.where else f"- `{r.exception}` in `{module}`")
+            lines.append(f"- `{r.exception}` in `{module}{'.' if r.where else ''}{r.where}`")
             lines.append(f"  {_plain(r.template)}")
         lines.append("")
     return "\n".join(lines)

@@ -155,23 +155,6 @@ def options(cls: type, prefix: str = "") -> list[Option]:
     them), its key prefixed with ``prefix``."""
     hints, meanings, bounds = typing.get_type_hints(cls), field_meanings(cls), _inherited(cls, _own_bounds)
     return [Option(f"{prefix}{f.name}", type_name(hints[f.name]), _default(f),
-                   _allowed(hints[f.name], bounds.get(f.name)), meanings.get(f.name, ""), *nested_section(hints[f.name]))
+                   _allowed(hints[f.name], bounds.get(f.name)), meanings.get(f.name, ""),
+                   *nested_section(hints[f.name]))
             for f in dataclasses.fields(cls) if f.init]
-
-
-def section_classes(root: type) -> list[type]:
-    """``root`` and every dataclass nested in it, each once, in the order they are first met."""
-    found: list[type] = []
-
-    def visit(cls: type) -> None:
-        if cls in found:
-            return
-        found.append(cls)
-        hints = typing.get_type_hints(cls)
-        for f in dataclasses.fields(cls):
-            nested, _ = nested_section(hints[f.name])
-            if nested is not None:
-                visit(nested)
-
-    visit(root)
-    return found
