@@ -36,7 +36,7 @@ NCCL_PIN := requirements/nccl-gpu.txt
 # What a GPU environment gets: the named packages' pins, read from its lock file.
 says_what = @echo "make: $(1) <- $(2): $$(grep -E '^($(3))==' $(2) | tr '\n' ' ')+ this package (editable)"
 
-.PHONY: setup test demo bench clean lock-gpu
+.PHONY: setup test demo bench clean lock-gpu docs docs-serve
 
 setup: $(STAMP) $(STAMP_SERVER)
 
@@ -83,10 +83,27 @@ $(VENV_SERVER)/.installed-gpu: pyproject.toml requirements/server-gpu.txt
 lock-gpu: $(VENV)/.installed-cpu
 	$(VENV)/bin/python -m verl_vllm_rm.dev.gpu_lock
 
+# The documentation site's toolchain (requirements/docs.txt: mkdocs-material) goes into the trainer environment, on
+# either DEVICE: the reference pages are generated from the option dataclasses, which import verl. Its pins equal
+# the trainer locks' where both name a package (tests/docs/test_site.py checks it).
+DOCS_STAMP := $(VENV)/.installed-docs
+$(DOCS_STAMP): requirements/docs.txt $(STAMP)
+	$(VENV)/bin/pip install -q -r requirements/docs.txt
+	touch $@
+
+# The site (mkdocs.yml) into build/site, which git ignores: the generated reference must be current (else
+# `verl-vllm-rm reference-docs` writes it again) and the build strict (a broken link or anchor fails it).
+docs: setup $(DOCS_STAMP)
+	$(VENV)/bin/verl-vllm-rm reference-docs --check
+	$(VENV)/bin/mkdocs build --strict
+
+docs-serve: setup $(DOCS_STAMP)
+	$(VENV)/bin/mkdocs serve
+
 # pytest exits 5 when it collects no test: make treats that as a failure too.
 # TEST_WORKERS pytest-xdist workers (tests/xdist_scheduling.py says how tests are shared); TEST_WORKERS=0 runs in one process.
 TEST_WORKERS ?= 2
-test: setup
+test: setup $(DOCS_STAMP)
 	$(VENV)/bin/python -m pytest -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder $(PYTEST_ARGS)
 
 demo: setup
@@ -96,4 +113,4 @@ bench: setup
 	$(VENV)/bin/verl-vllm-rm bench
 
 clean:
-	rm -rf $(VENV) $(VENV_SERVER) *.egg-info .pytest_cache
+	rm -rf $(VENV) $(VENV_SERVER) *.egg-info .pytest_cache build/site

@@ -12,75 +12,22 @@ string, an f-string, a concatenation or ``.format`` of them) must either
   protocol, a branch the type system already rules out).
 
 A message built only from placeholders (``f"{name}: {why}"``) has no words of its own to look for: the raise that
-composed ``why`` is the one checked.
+composed ``why`` is the one checked. The raises are found by the scanner that also writes docs/reference/errors.md
+(``verl_vllm_rm/dev/reference_docs/raises.py``).
 """
 
 from __future__ import annotations
 
-import ast
 import re
-from dataclasses import dataclass
 from pathlib import Path
+
+from verl_vllm_rm.dev.reference_docs.raises import LiteralRaise, package_raises, words
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "verl_vllm_rm"
 TESTS = ROOT / "tests"
 WINDOW = 4  # consecutive words of a literal piece
 MIN_CHARS = 16  # ... spanning at least this many characters (shorter runs are phrases many messages share)
-MIN_PIECE = 12  # a literal piece shorter than this is punctuation around placeholders, not words to look for
-INTERNAL = re.compile(r"#\s*internal:\s*\S")
-
-
-@dataclass(frozen=True)
-class LiteralRaise:
-    path: str
-    line: int
-    pieces: tuple[str, ...]  # the message's literal text between placeholders
-    internal: bool
-
-    def __str__(self) -> str:
-        return f"{self.path}:{self.line}: {' ... '.join(self.pieces)[:160]!r}"
-
-
-def literal_pieces(node: ast.expr) -> list[str] | None:
-    """The literal text of a message expression, split where values are filled in; None when it has none."""
-    if isinstance(node, ast.Constant) and isinstance(node.value, str):
-        return [node.value]
-    if isinstance(node, ast.JoinedStr):
-        pieces, current = [], ""
-        for value in node.values:
-            if isinstance(value, ast.Constant):
-                current += value.value
-            else:
-                pieces.append(current)
-                current = ""
-        return [*pieces, current]
-    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
-        pieces = (literal_pieces(node.left) or []) + (literal_pieces(node.right) or [])
-        return pieces or None
-    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "format":
-        template = literal_pieces(node.func.value)
-        return None if template is None else [p for t in template for p in re.split(r"\{[^}]*\}", t)]
-    return None
-
-
-def words(text: str) -> str:
-    return re.sub(r"\s+", " ", text).strip()
-
-
-def literal_raises(source: str, path: str) -> list[LiteralRaise]:
-    lines = source.splitlines()
-    found = []
-    for node in ast.walk(ast.parse(source)):
-        if not (isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call) and node.exc.args):
-            continue
-        pieces = literal_pieces(node.exc.args[0])
-        pieces = tuple(p for p in (words(p) for p in pieces or []) if len(p) >= MIN_PIECE)
-        if not pieces:
-            continue
-        marks = lines[max(0, node.lineno - 2):node.end_lineno]
-        found.append(LiteralRaise(path, node.lineno, pieces, any(INTERNAL.search(m) for m in marks)))
-    return sorted(found, key=lambda r: r.line)
 
 
 def text_of_tests(files: list[Path]) -> str:
@@ -101,9 +48,7 @@ def asserted(raise_: LiteralRaise, text: str) -> bool:
 
 def untested(package: Path, test_files: list[Path]) -> list[LiteralRaise]:
     text = text_of_tests(test_files)
-    raises = [r for f in sorted(package.rglob("*.py"))
-              for r in literal_raises(f.read_text(), str(f.relative_to(package.parent)))]
-    return [r for r in raises if not r.internal and not asserted(r, text)]
+    return [r for r in package_raises(package) if not r.internal and not asserted(r, text)]
 
 
 def test_every_raise_with_a_message_is_asserted_by_a_test_or_marked_internal():

@@ -1,4 +1,5 @@
-"""``verl-vllm-rm``: serve, score, check, report, demo, bench, and build the tiny demo reward model."""
+"""``verl-vllm-rm``: serve, score, check, report, demo, bench, build the tiny demo reward model, and write the
+generated reference pages of the docs."""
 
 from __future__ import annotations
 
@@ -113,6 +114,14 @@ def _report(args: argparse.Namespace, rest: list[str]) -> int:
     return 0
 
 
+def _reference_docs(args: argparse.Namespace, rest: list[str]) -> int:
+    from pathlib import Path
+
+    from verl_vllm_rm.dev.reference_docs.pages import write_or_check
+
+    return write_or_check(build_parser, Path(args.root), check=args.check)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="verl-vllm-rm", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -179,6 +188,12 @@ def build_parser() -> argparse.ArgumentParser:
     tiny = sub.add_parser("tiny-rm", help="build the offline tiny reward model used by tests and the demo")
     tiny.add_argument("out", help="output directory")
     tiny.set_defaults(func=_tiny_rm, passthrough=False)
+    docs = sub.add_parser("reference-docs", help="write docs/reference/ (configuration, command line, error messages) "
+                          "from the option dataclasses, the parsers and the raise statements")
+    docs.add_argument("--check", action="store_true",
+                      help="write nothing: exit 1 naming each page that differs from what would be written")
+    docs.add_argument("--root", default=".", help="the repository checkout the pages go under (default: %(default)s)")
+    docs.set_defaults(func=_reference_docs, passthrough=False)
     return parser
 
 

@@ -18,15 +18,29 @@ class JudgeOptions(ClientOptions):
     """A generative judge: where it is served (the client options) and how it judges."""
 
     mode: JudgeMode = "listwise"
+    """``listwise``: one call per group ranks every response; ``pointwise``: a score 1-10 per response, min-max
+    scaled over the group; ``pairwise``: each response against the reference or every pair of members once."""
     principles: list[str] = field(default_factory=lambda: list(DEFAULT_PRINCIPLES))
-    template: str | None = None  # None: the mode's DEFAULT_TEMPLATES entry
+    """The numbered list put in the template's ``{principles}``."""
+    template: str | None = None
+    """A ``str.format`` prompt with ``{prompt}`` and ``{responses}`` (and ``{principles}``, ``{n}`` listwise); unset:
+    the mode's own."""
     pairwise_against: PairwiseAgainst = "reference"
-    aggregation: Aggregation = "winrate"  # pairwise among the group's members
+    """``mode=pairwise``: against the prompt's reference answer (from ``reference_source``) or the ``group``."""
+    aggregation: Aggregation = "winrate"
+    """Pairwise among members: ``winrate`` (wins / comparisons), ``copeland`` (wins - losses) or ``elo``, each scaled
+    to [-1, 1]."""
     max_tokens: int = 128
+    """Most tokens the judge generates per answer."""
     temperature: float = 0.0
-    failure_policy: FailurePolicy = "raise"  # mask: a failed judgement masks its samples (judge_valid 0)
-    group_size: int | None = None  # members per prompt group; None: actor_rollout_ref.rollout.n (val_kwargs.n)
-    group_timeout_s: float = 600.0  # a group not complete this long after its first member fails
+    """The judge's sampling temperature."""
+    failure_policy: FailurePolicy = "raise"
+    """``raise``: the step stops naming the group and the cause; ``mask``: the group's samples get
+    ``judge_valid=0`` and no reward, counted."""
+    group_size: int | None = None
+    """Responses per prompt group; unset: ``actor_rollout_ref.rollout.n`` (``val_kwargs.n`` in validation)."""
+    group_timeout_s: float = 600.0
+    """A group not complete this long (seconds) after its first member arrived fails (``failure_policy``)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()

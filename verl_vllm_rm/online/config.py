@@ -20,56 +20,83 @@ class OnlineRMConfig:
     """Options of online RM training (``+online_rm.*`` in a verl run; see docs/weight_sync.md)."""
 
     model_path: str
-    server_url: str | None = None  # the one server to publish to, or:
-    reward_model: str | None = None  # the managed RM (reward_kwargs.replicas) whose every replica gets each publish
+    """The RM to train (a ``*ForSequenceClassification`` checkpoint)."""
+    server_url: str | None = None
+    """The one server each publish goes to; give this or ``reward_model``."""
+    reward_model: str | None = None
+    """The managed RM (``reward_kwargs.replicas``) whose every replica gets each publish; give this or
+    ``server_url``."""
     training_mode: str = "head_only"
+    """What is trained and published: ``head_only``, ``lora`` or ``full``."""
     publish_every: int = 1
-    # The optimizer: verl's optim.* names
+    """Publish after every N RM steps."""
     lr: float = 1e-5
+    """verl's ``optim.lr`` (AdamW, constant schedule)."""
     weight_decay: float = 0.0
+    """verl's ``optim.weight_decay``."""
     clip_grad: float = 1.0
-    # The model: verl's model.* names (LoRA options apply in training_mode=lora)
+    """verl's ``optim.clip_grad``: the gradient norm clip."""
     lora_rank: int = 8
+    """verl's ``model.lora_rank`` (``training_mode=lora``)."""
     lora_alpha: int = 16
+    """verl's ``model.lora_alpha`` (``training_mode=lora``)."""
     target_modules: Any = "all-linear"
+    """verl's ``model.target_modules``: the modules LoRA adapts (``training_mode=lora``)."""
     enable_gradient_checkpointing: bool = True
-    use_remove_padding: bool = True  # needs flash attention (GPU); False on CPU
-    attn_implementation: str = "flash_attention_2"  # override_config.attn_implementation; sdpa on CPU
-    # The engine: verl's engine.* / fsdp_config names
+    """verl's ``model.enable_gradient_checkpointing``."""
+    use_remove_padding: bool = True
+    """verl's ``model.use_remove_padding``; needs flash attention (GPU): false on CPU."""
+    attn_implementation: str = "flash_attention_2"
+    """verl's ``model.override_config.attn_implementation``; ``sdpa`` on CPU."""
     strategy: Literal["fsdp", "fsdp2"] = "fsdp2"
-    param_dtype: Literal["bf16", "fp16", "fp32"] = "bf16"  # mixed_precision.param_dtype: compute; masters are fp32
+    """verl's ``engine.strategy``."""
+    param_dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
+    """``mixed_precision.param_dtype``: the compute dtype; master weights, gradient reduction and Adam's state are
+    fp32."""
     param_offload: bool = False
+    """verl's parameter offload to CPU between steps."""
     optimizer_offload: bool = False
-    fsdp_size: int = -1  # ranks one copy is sharded over (-1: all of the RM's ranks)
-    micro_batch_size_per_gpu: int = 4  # preference pairs per micro-batch (gradients accumulate over them)
-    use_dynamic_bsz: bool = False  # micro-batches by token count instead (max_token_len_per_gpu); pairs stay whole
+    """verl's optimizer-state offload to CPU between steps."""
+    fsdp_size: int = -1
+    """Ranks one copy is sharded over (-1: all of the RM's ranks)."""
+    micro_batch_size_per_gpu: int = 4
+    """Preference pairs per micro-batch; gradients accumulate over micro-batches."""
+    use_dynamic_bsz: bool = False
+    """Micro-batches by token count (``max_token_len_per_gpu``) instead; a pair is never split."""
     max_token_len_per_gpu: int = 16384
-    # Where the RM's ranks run: their own Ray resource pool of num_workers slots, or the actor's pool
-    # (one RM rank beside each actor rank; num_workers is then the actor's rank count)
+    """Most tokens per micro-batch with ``use_dynamic_bsz``."""
     placement: Literal["separate", "colocated"] = "separate"
-    placement_timeout_s: float = 300.0  # how long the RM's own ranks may wait for Ray to free their resources
+    """``separate``: the RM's ranks on their own Ray resource pool of ``num_workers`` slots; ``colocated``: one RM
+    rank in each slot of the actor's pool."""
+    placement_timeout_s: float = 300.0
+    """How long (seconds) the RM's own ranks may wait for Ray to free their resources."""
     min_reward_gap: float = 0.0
-    # What ranks a group's responses (the pair source): vllm_rm's verifiable score by default; a list is tried in
-    # order, per group (the first with a gap decides). "rm_scores" (the policy's reward) includes the RM's own
-    # score, so the RM would learn from its own judgement there.
+    """Smallest gap between a group's best and worst response on the pair source that makes a preference pair."""
     reward_key: list[str] = field(default_factory=lambda: ["verifiable_score"])
+    """The pair source: what ranks a group's responses; a list is tried in order per group, the first with a gap
+    decides (``rm_scores`` includes the RM's own score: it would learn from its own judgement)."""
     num_workers: int = 1
+    """RM ranks with ``placement=separate``."""
     use_gpu: bool = True
+    """The separate pool on GPUs (false on CPU)."""
     api_key: str | None = None
+    """The reward server's API key, for the weight-sync client."""
     bucket_bytes: int = DEFAULT_BUCKET_BYTES
-    # training_mode lora: what a publish sends (the publisher's lora_wire): the adapters when the server holds the
-    # base weights (auto, else merged weights with a warning), the adapters or a refusal, or merged weights
+    """Bytes of tensors per transfer bucket of a publish (the server's device memory for a receive)."""
     lora_wire: Literal["auto", "adapters", "merged"] = "auto"
+    """``training_mode=lora``: ``auto`` sends the adapters when the server holds the base weights, else merged
+    weights with a warning; ``adapters`` refuses to send merged weights; ``merged`` always sends them."""
     timeout_s: float = 300.0
-    parity_every: int = 0  # run the parity probe after every N publishes (0: never)
+    """The weight-sync client's timeout for a publish's transfer, in seconds (its HTTP calls: at most 60)."""
+    parity_every: int = 0
+    """Run the parity probe after every N publishes (0: never)."""
     parity_threshold: float = 1.05
-    # PPO steps in a row without an RM step (no preference pairs) before the run fails (0: never): a run that asked
-    # for online RM training never silently trains none
+    """The parity probe's bound on ``mean(exp|diff|)`` between the server's and the trainer's scores."""
     max_idle_steps: int = 10
-    # verl's asynchronous trainers only: the RM versions one PPO batch may have been scored by. Finished prompt
-    # groups scored below (newest published version - max_staleness + 1) are evicted and replaced, as verl evicts
-    # groups past trainer.v1.sampler.max_off_policy_threshold (None: no bound)
+    """PPO steps in a row without an RM step (no preference pair) before the run fails (0: never)."""
     max_staleness: int | None = None
+    """Asynchronous trainer modes only: the RM versions one PPO batch may have been scored by; older finished
+    prompt groups are evicted and replaced (unset: no bound)."""
 
     def __post_init__(self) -> None:
         if (self.server_url is None) == (self.reward_model is None):

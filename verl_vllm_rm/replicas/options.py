@@ -16,23 +16,40 @@ class ReplicaOptions:
     """N replicas of ``python -m verl_vllm_rm.server --model <model> <server_args>`` on verl's Ray cluster."""
 
     model: str
+    """The RM checkpoint each replica serves (``--model``)."""
     num_replicas: int = 1
-    # None: as many as the replica's --tensor-parallel-size x --pipeline-parallel-size where Ray has GPUs, else 0
-    # (CPU bundles); a number is taken as given
+    """How many servers."""
     gpus_per_replica: float | None = None
+    """GPUs of each replica's placement-group bundle; unset: its ``server_args``' tensor x pipeline parallelism where
+    Ray has GPUs, else 0 (CPU bundles); a number is taken as given."""
     cpus_per_replica: float = 1.0
-    server_args: tuple[str, ...] = ()  # the server's and vLLM's flags, passed through (e.g. --max-model-len 4096)
-    placement: PlacementStrategy = "SPREAD"  # Ray placement-group strategy over the replicas' bundles
-    host: str | None = None  # None: 127.0.0.1 on a one-node cluster, else the node's IP
-    python: str | None = None  # the server environment's interpreter; None: $VERL_VLLM_RM_SERVER_PYTHON/.venv-server
+    """CPUs of each replica's placement-group bundle."""
+    server_args: tuple[str, ...] = ()
+    """The server's and vLLM's flags, passed through (e.g. ``[--max-model-len, "4096"]``); ``--model``, ``--host``,
+    ``--port`` are the fleet's."""
+    placement: PlacementStrategy = "SPREAD"
+    """Ray placement-group strategy over the replicas' bundles."""
+    host: str | None = None
+    """Bind address; unset: ``127.0.0.1`` on a one-node cluster, else each replica's node IP (then give an
+    ``api_key``)."""
+    python: str | None = None
+    """The server environment's interpreter; unset: ``$VERL_VLLM_RM_SERVER_PYTHON``, else ``.venv-server``."""
     startup_timeout_s: float = 900.0
+    """Placement and start-up limit, in seconds."""
     health_interval_s: float = 1.0
-    health_timeout_s: float = 5.0  # a /health unanswered this long takes the replica out of routing
-    hung_restart_s: float = 60.0  # a replica whose process lives but whose /health fails this long is restarted
-    restart_backoff_s: float = 1.0  # first wait before restarting a dead replica; doubles per failed restart
+    """How often each replica's ``/health`` is read, in seconds."""
+    health_timeout_s: float = 5.0
+    """A ``/health`` unanswered this long (seconds) takes the replica out of routing (hung or down)."""
+    hung_restart_s: float = 60.0
+    """A replica whose process lives but whose ``/health`` has failed this long (seconds) is restarted."""
+    restart_backoff_s: float = 1.0
+    """First wait before restarting a replica, in seconds; doubles after each failed start."""
     max_restart_backoff_s: float = 60.0
-    max_failed_starts: int = 5  # a replica whose start fails this many times in a row is given up
-    min_healthy: int | None = None  # replicas that must start (and not be given up) for the run to go on; None: all
+    """The cap of that doubling wait, in seconds."""
+    max_failed_starts: int = 5
+    """A replica whose start fails this many times in a row is given up."""
+    min_healthy: int | None = None
+    """Replicas that must start for the run to begin, and remain (not given up) for it to go on; unset: all."""
 
     def __post_init__(self) -> None:
         check_ranges(self, {">= 1": ("num_replicas", "max_failed_starts", "min_healthy"),

@@ -63,7 +63,9 @@ class FormatParams:
     """See ``format.py``: ordered ``<tag>...</tag>`` blocks, or a regex that replaces them."""
 
     blocks: tuple[str, ...] = ("think", "answer")
+    """The tags whose ``<tag>...</tag>`` blocks must appear, in this order."""
     pattern: str | None = None
+    """A regex the whole response must match, instead of ``blocks``."""
 
     def __post_init__(self) -> None:
         format_checker(self.blocks, self.pattern)
@@ -75,8 +77,11 @@ class BandParams:
     """Token band ``[min_tokens, max_tokens]`` and the penalty per token outside it."""
 
     min_tokens: int = 0
+    """Fewest tokens without a penalty."""
     max_tokens: int | None = None
+    """Most tokens without a penalty; unset: no upper bound."""
     penalty_per_token: float = 0.01
+    """Penalty per token outside the band."""
 
     def __post_init__(self) -> None:
         check_band(self.min_tokens, self.max_tokens, self.penalty_per_token)
@@ -87,8 +92,11 @@ class LengthParams(BandParams):
     """Total length: band plus DAPO's overlong penalty (off while ``overlong_buffer`` is 0)."""
 
     max_response_tokens: int | None = None
+    """DAPO's overlong penalty: the response length limit it counts back from."""
     overlong_buffer: int = 0
+    """DAPO's overlong penalty: the tokens before ``max_response_tokens`` over which it grows (0: off)."""
     overlong_penalty_factor: float = 1.0
+    """DAPO's overlong penalty: its value at ``max_response_tokens``."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -100,7 +108,9 @@ class ThoughtLengthParams(BandParams):
     """Thought length: band on the tokens between the think tags (see ``spans.py``)."""
 
     open_tag: str = "<think>"
+    """The tag that opens the thought."""
     close_tag: str = "</think>"
+    """The tag that closes the thought."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -114,8 +124,11 @@ class NgramParams:
     """See ``ngram.py`` for the exact formula."""
 
     ngram_size: int = 5
+    """Tokens per n-gram."""
     max_penalty: float = -1.0
+    """The penalty of a response that repeats one n-gram throughout."""
     min_scaling: float = 0.1
+    """Repetition rate below which there is no penalty; the penalty grows linearly from it to 1."""
 
     def __post_init__(self) -> None:
         check_ngram_params(self.ngram_size, self.max_penalty, self.min_scaling)
@@ -157,13 +170,23 @@ class RewardConfig:
     """
 
     components: tuple[str, ...] = DEFAULT_COMPONENTS
+    """The weighted components: ``rubric``, ``verifiable``, ``judge``, ``format``, ``length``, ``thought_length``,
+    ``ngram``, ``gallery:<name>``."""
     weights: Mapping[str, float] = field(default_factory=dict)
+    """Weight per component; a component without one gets its recipe weight (0.95 ``rubric``, 0.05 ``format``, else
+    1.0)."""
     gate: tuple[str, ...] = ()
+    """Components computed but not weighted: each multiplies the weighted sum (e.g. a 0/1 correctness gate)."""
     format: FormatParams = field(default_factory=FormatParams)
+    """Parameters of the ``format`` component."""
     length: LengthParams = field(default_factory=LengthParams)
+    """Parameters of the ``length`` component (total response tokens)."""
     thought_length: ThoughtLengthParams = field(default_factory=ThoughtLengthParams)
+    """Parameters of the ``thought_length`` component (tokens inside the think block)."""
     ngram: NgramParams = field(default_factory=NgramParams)
+    """Parameters of the ``ngram`` repetition penalty (over response token ids)."""
     gallery: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    """Constructor parameters of each ``gallery:<name>`` component, by registry name."""
 
     def __post_init__(self) -> None:
         components, gate = tuple(self.components), tuple(self.gate)

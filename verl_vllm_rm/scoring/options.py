@@ -55,18 +55,39 @@ class RewardModelOptions(ClientOptions):
     """
 
     name: str = DEFAULT_RM_NAME
+    """The RM's name (with ``reward_models``, each entry's; ``[a-z][a-z0-9_]*``), used in routes and in per-RM keys
+    and metrics."""
     input_format: InputFormat = "token_ids"
+    """``token_ids``: the policy's prompt + response ids (the RM shares the policy tokenizer); ``chat_template``: the
+    raw chat + decoded response rendered with the RM tokenizer's template (needs ``data.return_raw_chat=True``)."""
     rm_tokenizer_path: str | None = None
+    """The RM's tokenizer, required for ``input_format=chat_template``."""
     max_length: int | None = None
+    """Longest RM input in tokens; unset: the server's ``max_model_len``, read from ``/health``."""
     overlong_policy: OverlongPolicy = "truncate_prompt_left"
+    """An input past ``max_length``: drop prompt tokens from the left so the whole response is scored, or ``error``."""
     failure_policy: FailurePolicy = "raise"
+    """``raise``: a failed score stops the step naming the server and the cause; ``mask``: the sample gets no reward
+    (0.0) with ``rm_valid=0.0`` and is counted in ``failed``."""
     normalize: bool = False
+    """Sigmoid of the RM logit instead of the raw logit (a two-class head: P(good); a process RM: P(positive) per
+    step)."""
     whiten: Whiten = "none"
+    """``running``: whiten this RM's scores (an attribute RM: each attribute) with its running mean and std before
+    the ensemble."""
     step_reward: StepReward = "none"
+    """Process rewards from a server started with ``--step-tag-id``: ``min``, ``last``, ``mean`` of the step scores,
+    ``prod`` of their sigmoids, or ``token`` (each step's score on its step tag)."""
     rubric_template: str | None = None
+    """Score a rubric text instead: a ``str.format`` template with ``{prompt}``, one ``{response}`` and optional
+    ``{principles}``."""
     rubric_principles: list[str] = field(default_factory=lambda: ["helpfulness", "harmlessness", "honesty"])
-    replicas: ReplicaOptions | None = None  # servers the plugin starts on verl's Ray cluster, instead of server_url
-    attributes: dict[str, float] | None = None  # an attribute head's outputs to use, by name -> weight
+    """The list put in the rubric's ``{principles}``, one ``- item`` per line."""
+    replicas: ReplicaOptions | None = None
+    """Servers the plugin starts and supervises on verl's Ray cluster, instead of ``server_url``."""
+    attributes: dict[str, float] | None = None
+    """An attribute head's outputs to use, each with its weight (e.g. ``{helpfulness: 1.0, verbosity: -0.2}``): the
+    RM's reward is their weighted sum; weight 0 reports one without rewarding it."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -124,11 +145,17 @@ class RewardModelOptions(ClientOptions):
 class RouteOptions:
     """Which scorers a sample gets, by its ``data_source`` (first matching route wins)."""
 
-    data_source: list[str]  # exact names or fnmatch globs ("math/*", "*")
-    reward_models: tuple[str, ...] | None = None  # names from reward_models; None: all of them; []: none
+    data_source: list[str]
+    """Exact names or fnmatch globs (``math/*``; ``"*"`` catches the rest); a data_source no route matches is an
+    error."""
+    reward_models: tuple[str, ...] | None = None
+    """Names from ``reward_models``; unset: all of them; ``[]``: none (rules and ``compute_score`` only)."""
     ensemble: EnsembleMethod = "mean"
-    uncertainty_penalty: float = 1.0  # lambda of ensemble=mean_minus_std
-    rewards: RewardConfig | None = None  # the route's composition; None: the manager's (rewards/combine)
+    """How the route's RMs combine; ``mean_minus_std`` is mean - ``uncertainty_penalty`` x std."""
+    uncertainty_penalty: float = 1.0
+    """The lambda of ``ensemble=mean_minus_std``."""
+    rewards: RewardConfig | None = None
+    """The route's composition (``rubric`` is the ensemble's value); unset: the manager's."""
 
     def __post_init__(self) -> None:
         check_ranges(self, {">= 0": ("uncertainty_penalty",)})
@@ -138,9 +165,12 @@ class RouteOptions:
 class AttributeAlarmOptions:
     """Watch one attribute of an attribute RM against another (``alarm/attribute_rise/<rm>/<watch>_over_<against>``)."""
 
-    watch: str  # e.g. verbosity
-    against: str  # e.g. helpfulness
+    watch: str
+    """The attribute whose rise is watched (e.g. ``verbosity``)."""
+    against: str
+    """The attribute it is compared with (e.g. ``helpfulness``)."""
     reward_model: str = DEFAULT_RM_NAME
+    """The attribute RM's name; both attributes must be in its ``attributes``."""
 
 
 @dataclass(frozen=True)
@@ -149,17 +179,33 @@ class ManagerOptions(RewardModelOptions):
     docs/reference/configuration.md)."""
 
     reward_models: tuple[dict, ...] = ()
+    """Several named RMs, each entry over the top-level options of this section (what it leaves out it takes from
+    them); unset: the top-level options are the one RM, ``rm``."""
     routes: tuple[RouteOptions, ...] = ()
+    """Per-``data_source`` RMs, ensemble and composition (first matching route wins); unset: one route, every RM,
+    ``mean``."""
     combine: CombineMode = "replace"
+    """With verl's ``compute_score``: ``replace`` (RM only), ``add``, ``multiply``, ``weighted``; a shorthand for a
+    ``rewards`` composition."""
     alpha: float = 0.5
+    """``combine=weighted``: ``alpha * rm + (1 - alpha) * verifiable``."""
     coalesce_ms: float = 5.0
+    """How long per-sample calls (``run_single``) arriving over time are collected into one grouped request."""
     num_examine: int = 1
+    """Samples printed per data source (prompt, response, every component)."""
     rewards: RewardConfig | None = None
+    """A weighted composition of reward components, the general form of ``combine``."""
     pairwise: PairwiseMode = "auto"
+    """Compare each response with the prompt's reference answer: ``auto`` (in verl's validation), ``always`` or
+    ``never``."""
     reference_source: str = "ground_truth"
+    """Where the reference answer is: ``ground_truth``, ``extra_info:<key>``, or ``rm_gallery``."""
     missing_reference: MissingReference = "raise"
-    judge: JudgeOptions | None = None  # a generative judge: the 'judge' component of the composition
+    """A sample without a reference: ``raise`` (naming the sample and the source) or ``skip`` (counted)."""
+    judge: JudgeOptions | None = None
+    """A generative judge for the ``judge`` component of the composition."""
     attribute_alarms: tuple[AttributeAlarmOptions, ...] = ()
+    """Watched attribute pairs of an attribute RM: the alarm ``alarm/attribute_rise/<rm>/<watch>_over_<against>``."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
