@@ -61,6 +61,23 @@ def wait_for_failed_update(url: str, version: int, deadline_s: float = 300) -> d
     raise AssertionError(f"/health never reported the failed update to version {version}")
 
 
+class UnreadableTensor(torch.Tensor):
+    """Fault injection: a tensor whose shape and dtype pass every check, and whose data cannot be read when a
+    publish packs it (``detach``, the packing's read, raises), as storage that fails on the trainer mid-publish."""
+
+    MESSAGE = "injected: this tensor's data cannot be read"
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if func is torch.Tensor.detach:
+            raise RuntimeError(cls.MESSAGE)
+        return super().__torch_function__(func, types, args, kwargs)
+
+
+def unreadable(shape) -> torch.Tensor:
+    return torch.zeros(shape).as_subclass(UnreadableTensor)
+
+
 def max_diff(a: list[float], b: list[float]) -> float:
     return max(abs(x - y) for x, y in zip(a, b, strict=True))
 

@@ -12,6 +12,7 @@ import time
 import numpy as np
 import pytest
 
+from verl_vllm_rm.options import ConfigError
 from verl_vllm_rm.protocol.model_shape import HeadKind, ModelShape
 from verl_vllm_rm.scoring.reward_model import Scored
 from verl_vllm_rm.scoring.rm_answers import member_answer, reference_score, rm_info
@@ -184,3 +185,15 @@ def test_a_reference_answer_is_ensembled_per_attribute_on_the_current_scale(load
               for rm, row in zip(route.members, reference)]
     assert got == pytest.approx(float(np.min(scaled, axis=0) @ W))
     assert [w.count for rm in route.members for w in rm.attribute_whitenings] == counts  # a reference never counts
+
+
+def test_reward_model_and_attribute_names_that_join_into_one_key_are_refused(load_manager, verl_config, tokenizer):
+    """RM ``a_b`` with attribute ``c`` and RM ``a`` with attribute ``b_c`` would both write ``rm_attr_a_b_c``."""
+    rms = [{"name": "a_b", "attributes": {"c": 1.0}}, {"name": "a", "attributes": {"b_c": 1.0}}]
+    routes = [{"data_source": "x", "reward_models": ["a_b"]}, {"data_source": "*", "reward_models": ["a"]}]
+    with pytest.raises(ConfigError) as refused:
+        load_manager(verl_config("http://127.0.0.1:1", reward_models=rms, routes=routes), tokenizer)
+    assert str(refused.value).startswith(
+        "the reward_extra_info keys ['rm_attr_a_b_c'] would each hold two values: reward model and attribute names "
+        "are joined with '_'")
+    assert str(refused.value).endswith("rename a reward model (reward_models[].name)")

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import requests
 import torch
-from sync_helpers import (PARITY_ATOL, assert_parity, load_rm, max_diff, perturbed, reset_server, runtime_version,
-                          server_scores, wait_for_failed_update)
+from sync_helpers import (PARITY_ATOL, UnreadableTensor, assert_parity, load_rm, max_diff, perturbed, reset_server,
+                          runtime_version, server_scores, unreadable, wait_for_failed_update)
 
 from verl_vllm_rm.parity.reference import sequence_scores
 from verl_vllm_rm.weight_sync import RewardModelPublisher, WeightSyncError
@@ -143,15 +143,16 @@ def test_a_stalled_trainer_does_not_stall_scoring(ws_server, tiny_rm, probe_ids)
 
 def test_a_transfer_that_breaks_on_the_trainer_fails_the_publish_and_the_server_keeps_its_weights(ws_server, tiny_rm,
                                                                                                probe_ids):
-    """A model whose head was never materialised (on torch's meta device, e.g. built under init_empty_weights and
-    never loaded) passes every metadata check, and packing its first bucket fails after the server accepted the
-    update: the publish raises WeightSyncError naming the version and the cause, the server's receive fails in
-    turn, and the weights it served before keep serving, under their version."""
+    """A head whose data cannot be read on the trainer (a fault injected at the read that packs it) passes every
+    metadata check, and packing its first bucket fails after the server accepted the update: the publish raises
+    WeightSyncError naming the version and the cause, the server's receive fails in turn, and the weights it
+    served before keep serving, under their version. (A head on torch's meta device is refused before anything
+    is sent: test_refusals.)"""
     version, before = runtime_version(ws_server.url), server_scores(ws_server.url, probe_ids)
     with RewardModelPublisher(ws_server.url, timeout_s=TRANSFER_TIMEOUT_S) as pub:
-        with pytest.raises(WeightSyncError, match=rf"^weight transfer for version {version + 1} failed: Cannot copy "
-                                                  r"out of meta tensor"):
-            pub.publish({"score.weight": torch.empty(1, 128, device="meta")}, version + 1, "head_only")
+        with pytest.raises(WeightSyncError, match=rf"^weight transfer for version {version + 1} failed: "
+                                                  f"{UnreadableTensor.MESSAGE}"):
+            pub.publish({"score.weight": unreadable((1, 128))}, version + 1, "head_only")
         assert not pub.connected  # dropped: the server closes its side after a failed update
     health = wait_for_failed_update(ws_server.url, version + 1)
     assert health["last_failed_update"]["serving_version"] == version

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import requests
 import torch
-from sync_helpers import (assert_parity, load_rm, max_diff, reset_server, runtime_version, server_scores,
-                          wait_for_failed_update)
+from sync_helpers import (UnreadableTensor, assert_parity, load_rm, max_diff, reset_server, runtime_version,
+                          server_scores, unreadable, wait_for_failed_update)
 
 from verl_vllm_rm.dev.offline_bt import OfflineBradleyTerry
 from verl_vllm_rm.online.hook import PublishAfterStep
@@ -100,8 +100,8 @@ def test_two_hundred_publishes_do_not_drift(ws_server, tiny_rm, probe_ids):
 
 
 def test_a_publish_failing_mid_transfer_leaves_the_old_weights_serving(ws_server, tiny_rm, probe_ids):
-    """An adapter that cannot be packed (never materialised: torch's meta device) breaks the transfer after the
-    first buckets went; one with a NaN arrives whole and is refused by the worker before the reload. Either way
+    """An adapter whose data cannot be read on the trainer (a fault injected at the read that packs it) breaks the
+    transfer after the first buckets went; one with a NaN arrives whole and is refused by the worker before the reload. Either way
     the old weights and version keep serving, and the next publish merges from the untouched store."""
     reset_server(ws_server.url, tiny_rm)
     model = _lora_model(tiny_rm)
@@ -111,9 +111,9 @@ def test_a_publish_failing_mid_transfer_leaves_the_old_weights_serving(ws_server
         version, before = runtime_version(ws_server.url), server_scores(ws_server.url, probe_ids)
         last_b = "base_model.model.model.layers.1.self_attn.v_proj.lora_B.default.weight"
         broken = dict(model.state_dict())
-        broken[last_b] = torch.empty(broken[last_b].shape, device="meta")
-        with pytest.raises(WeightSyncError, match=rf"^weight transfer for version {version + 1} failed: Cannot copy "
-                                                  "out of meta tensor"):
+        broken[last_b] = unreadable(broken[last_b].shape)
+        with pytest.raises(WeightSyncError, match=rf"^weight transfer for version {version + 1} failed: "
+                                                  f"{UnreadableTensor.MESSAGE}"):
             pub.publish(broken, version + 1, "lora", lora_scaling=lora_scalings(model))
         wait_for_failed_update(ws_server.url, version + 1)
         broken[last_b] = torch.full(broken[last_b].shape, float("nan"))

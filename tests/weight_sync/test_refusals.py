@@ -56,8 +56,11 @@ def _changed(model, *names: str) -> dict[str, torch.Tensor]:
         (lambda m: {"classifier.weight": torch.zeros(1, 128)}, "head_only", "did you mean 'score.weight'"),
         (lambda m: {"model.norm.weight": torch.ones(128)}, "head_only", "update is empty"),
         (lambda m: m.state_dict(), "adapter_only", "unknown training_mode"),
+        (lambda m: {"score.weight": torch.empty(1, 128, device="meta")}, "head_only",
+         "['score.weight'] are on torch's meta device"),
     ],
-    ids=["unknown-name", "wrong-shape", "q-without-kv", "up-without-gate", "wrong-head-name", "no-head", "bad-mode"],
+    ids=["unknown-name", "wrong-shape", "q-without-kv", "up-without-gate", "wrong-head-name", "no-head", "bad-mode",
+         "meta-tensor"],
 )
 def test_publisher_refuses_before_sending(served, ws_server, state_dict_of, training_mode, expected):
     """The publisher's own checks refuse: no metadata reaches the server, no update starts."""

@@ -9,6 +9,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from verl_vllm_rm.monitor.metrics import attribute_key, ensembled_attribute_keys, scaled_attribute_key
 from verl_vllm_rm.rewards.compose import rule_keys
 from verl_vllm_rm.judge.reward import JUDGE_KEYS
+from verl_vllm_rm.options import ConfigError
 from verl_vllm_rm.scoring.reward_model import RewardModel
 from verl_vllm_rm.rows import Sample
 from verl_vllm_rm.scoring.options import RewardModelOptions
@@ -44,6 +45,11 @@ def info_keys(reward_models: Mapping[str, RewardModel], per_member: bool, rule_s
         for name, rm in reward_models.items():
             keys += [f"rm_score_{name}", f"rm_valid_{name}", f"rm_weight_version_{name}"]
             keys += [f"rm_scaled_{name}"] if rm.whitenings else []
+    if clashes := sorted(key for key, count in Counter(keys).items() if count > 1):
+        raise ConfigError(
+            f"the reward_extra_info keys {clashes} would each hold two values: reward model and attribute names are "
+            "joined with '_' (rm_attr_<rm>_<attribute>, rm_attr_scaled_<rm>_<attribute>), and two of them run into "
+            "each other; rename a reward model (reward_models[].name)")
     rule_scorers = list(rule_scorers)
     for rules in rule_scorers:
         keys += [k for k in rule_keys(rules.config) if k not in keys]

@@ -97,6 +97,7 @@ def select_update(
     gathered: set[str] = set()
     meta: dict[str, tuple[tuple[int, ...], str]] = {}
     trained: set[str] = set()
+    never_loaded: set[str] = set()  # on torch's meta device: shapes and dtypes, no data to send
     adapters: dict[str, ParamSpec] = {}
     scalings: dict[str, float] = {}
     for raw, tensor in state_dict.items():
@@ -108,6 +109,8 @@ def select_update(
         if hasattr(tensor, "full_tensor"):
             gathered.add(name)
         meta[name] = (tuple(tensor.shape), dtype_name(tensor.dtype))
+        if tensor.is_meta:
+            never_loaded.add(name)
         if ".modules_to_save." in raw or is_head(name, head_patterns):
             trained.add(name)
     if mode is RewardModelTrainingMode.LORA:
@@ -122,6 +125,8 @@ def select_update(
                     if hasattr(state_dict[raw], "full_tensor"):
                         gathered.add(wire)
                     adapters[wire] = ParamSpec(wire, inventory.params[name].dtype, tuple(state_dict[raw].shape))
+                    if state_dict[raw].is_meta:
+                        never_loaded.add(wire)
                 scalings[server_module] = module.scaling
                 continue
             sources[name] = lambda m=module: m.merged(state_dict)
@@ -144,5 +149,8 @@ def select_update(
         server = inventory.params.get(name)
         items.append(Outgoing(ParamSpec(name, server.dtype if server else dtype, shape), sources[name],
                               name in gathered))
+    if unsent := sorted(never_loaded & {i.spec.name for i in items}):
+        raise WeightUpdateRefused(f"{unsent} are on torch's meta device (never materialised, e.g. built under "
+                                  "init_empty_weights and not loaded): load the model's weights before publishing")
     inventory.check_update([i.spec for i in items], mode, head_patterns, max_update_bytes, scaling=scalings or None)
     return Selection(items, scalings or None, fallback if lora_wire == "auto" else None)
