@@ -9,6 +9,8 @@ runs are checkpointed, ``full`` resumed, both exported; ``head_only`` runs with 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from sync_helpers import PARITY_ATOL, engine_rm_config, max_diff, reset_server, runtime_version, server_scores
 
@@ -99,6 +101,8 @@ def test_a_resumed_two_rank_run_continues_from_the_saved_rm(runs, ray_cluster, w
     reset_server(ws_server.url, tiny_rm)
     assert max_diff(server_scores(ws_server.url, probe_ids), saved) > 1e-3
     resumed = OnlineRewardModel(rm_config(tiny_rm, ws_server.url, "full", 2))
+    ephemeral_low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    assert 10000 <= int(resumed.worker_group.master_port) < ephemeral_low  # never a port handed out as a source
     metrics = resumed.resume(str(runs[1] / "full" / "online_rm"))
     assert metrics["rm/parity_max_abs_diff"] <= PARITY_ATOL
     assert max_diff(server_scores(ws_server.url, probe_ids), saved) <= PARITY_ATOL

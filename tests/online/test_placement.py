@@ -38,3 +38,17 @@ def test_rm_ranks_held_by_other_pools_time_out_naming_them_and_leave_nothing_beh
     group = place_rm_ranks(OnlineRMConfig.from_dict({**BASE, "use_gpu": False, "placement_timeout_s": 120.0}),
                            "rm_fits")  # the refused request left nothing pending in front of this one
     remove_placement_group(group)
+
+
+def test_the_rm_ranks_store_port_window_lies_below_the_ephemeral_range():
+    """The RM ranks' torch.distributed store listens on a port no outgoing connection can be given as its source
+    (a port taken that way failed a worker's start with EADDRINUSE); windows drawn for two groups differ."""
+    import random
+    from pathlib import Path
+
+    from verl_vllm_rm.online.driver import master_port_range
+
+    ephemeral_low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    windows = [master_port_range(random.Random(seed)) for seed in range(50)]
+    assert all(10000 <= low and high == low + 1000 and high <= ephemeral_low for low, high in windows)
+    assert len({low for low, _ in windows}) > 40

@@ -5,9 +5,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
+import random
 import uuid
+from pathlib import Path
 from typing import Any, Hashable, Sequence
 
 from verl_vllm_rm.online.config import OnlineRMConfig
@@ -23,6 +26,23 @@ def mean_of(value: Any) -> float:
         flat = [mean_of(v) for v in value]
         return sum(flat) / len(flat)
     return float(value)
+
+
+def master_port_range(rng: random.Random | None = None) -> list[int]:
+    """Where the RM ranks' torch.distributed store may listen: a random window of 1000 ports below the kernel's
+    ephemeral range.
+
+    verl's default takes a port the kernel hands out for ``bind(0)``, closes it and binds it again in rank 0's
+    ``init_process_group``; in between, any outgoing connection on the node may be given the same port as its
+    source (seen here: EADDRINUSE at the RM worker's start while the other tests' HTTP traffic ran). Ports
+    below the ephemeral range are never handed out as source ports; the random window keeps two groups starting
+    at once apart, and verl tries the window's ports in turn until one binds.
+    """
+    ephemeral_low = 32768  # Linux's default; the node's own setting when it can be read
+    with contextlib.suppress(OSError, ValueError):
+        ephemeral_low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    low = (rng or random).randrange(10000, max(ephemeral_low - 1000, 10001))
+    return [low, low + 1000]
 
 
 class RewardModelPlacementError(RuntimeError):
@@ -115,7 +135,7 @@ class OnlineRewardModel:
             pool.pgs = [place_rm_ranks(config, name)]  # verl's own wait for a placement has no timeout
         worker = RayClassWithInitArgs(cls=ray.remote(RewardModelWorker), config=config.training_worker_config(),
                                       online=dataclasses.asdict(config))
-        self.worker_group = RayWorkerGroup(pool, worker, name_prefix=name)
+        self.worker_group = RayWorkerGroup(pool, worker, name_prefix=name, master_port_range=master_port_range())
         self.worker_group.init_model()
         self.idle_steps = 0  # PPO steps in a row without an RM step
 
