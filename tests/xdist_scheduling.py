@@ -3,7 +3,7 @@ together and first.
 
 Each module goes to one worker whole, so a module-scoped server starts once. The modules that run verl's
 ``main_ppo`` (:data:`MAIN_PPO_MODULES`) form one unit, run one after the other on one worker: no two main_ppo runs
-share CI's 2 cores and 24 GB. They are the longest unit (about 30 of the suite's ~78 worker-minutes), so they
+share CI's 2 cores and 24 GB. They are the longest unit (about 25 of the suite's ~66 worker-minutes), so they
 start first and the other worker works through every other module meanwhile.
 
 xdist's own ``--dist loadgroup`` (groups from ``xdist_group`` marks) does not group under pytest 9: it renames
