@@ -36,8 +36,7 @@ async def health(request: Request) -> JSONResponse:
     }
     if state.weights.inventory is not None and state.weights.inventory.lora_bases is not None:
         bases = state.weights.inventory.lora_bases  # known from the first inventory read on
-        body["lora_bases"] = {"state": bases.state, "where": bases.where, "bytes": bases.bytes,
-                              "reason": bases.reason, "captured": bases.captured}
+        body["lora_bases"] = {k: v for k, v in bases.to_json().items() if k != "modules"}
     if state.weights.pending_update is not None:
         body["pending_update"] = state.weights.pending_update
     if state.weights.staged_update is not None:

@@ -6,10 +6,10 @@ adapt (whole vLLM module groups, biases and unadapted siblings included), read
 from the checkpoint files: vLLM-CPU repacks the live weights, so they cannot be
 read back. The room is checked at the first inventory read and the copy made at
 the first publish that carries adapters (:class:`PendingLoraBases`), so a run that
-publishes the head or full weights never pays for it. A LoRA publish then sends only the adapters, and each publish rebuilds
-every adapted weight from the stored base (:func:`merge_lora_weight`): rounding
-never accumulates, and a failed or aborted publish cannot damage the store,
-because nothing ever writes to it.
+publishes the head or full weights never pays for it. A LoRA publish then sends
+only the adapters, and each publish rebuilds every adapted weight from the stored
+base (:func:`merge_lora_weight`): rounding never accumulates, and a failed or
+aborted publish cannot damage the store, because nothing ever writes to it.
 
 Memory: one copy of the adapted modules' weights per worker, in the served dtype
 (all-linear LoRA on an 8B model in bf16: 13.96 GB; see docs/weight_sync.md).
@@ -30,6 +30,11 @@ from verl_vllm_rm.protocol.lora import LoraBases, merge_lora_weight, split_adapt
 PLACE_FLAG = "--weight-update-lora-bases"
 CAP_FLAG = "--weight-update-lora-bases-max-bytes"
 HOST_MARGIN_BYTES = 1 << 30  # left free on the host (or the device) after the store is allocated
+
+
+def weight_modules(names: Iterable[str]) -> list[str]:
+    """The modules of the ``.weight`` tensors among ``names``, sorted."""
+    return sorted(n.removesuffix(".weight") for n in names if n.endswith(".weight"))
 
 
 class LoraBaseStore:
@@ -57,7 +62,7 @@ class LoraBaseStore:
     @property
     def modules(self) -> list[str]:
         """The modules adapters may target: each held weight's module."""
-        return sorted(n.removesuffix(".weight") for n in self.tensors if n.endswith(".weight"))
+        return weight_modules(self.tensors)
 
     def report(self) -> LoraBases:
         return LoraBases("held", self.place, self.nbytes, tuple(self.modules), captured=True)
@@ -157,7 +162,7 @@ class PendingLoraBases:
         self.model_dir, self.stamp = model_dir, dict(stamp)
 
     def report(self) -> LoraBases:
-        modules = sorted(name.removesuffix(".weight") for name, _, _ in self.specs if name.endswith(".weight"))
+        modules = weight_modules(name for name, _, _ in self.specs)
         return LoraBases("held", self.place, needed_bytes(self.specs), tuple(modules))
 
     def capture(self, read: Callable[[], Iterable[tuple[str, torch.Tensor]]]) -> LoraBaseStore | LoraBases:

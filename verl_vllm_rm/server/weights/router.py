@@ -55,14 +55,16 @@ async def _inventory(request: Request) -> Inventory:
             bases = _fleet_bases([r["lora_bases"] for r in results])
             sync.inventory = Inventory.from_json({**results[0], "lora_bases": bases})
             sync.nccl_version = results[0]["nccl_version"]
-            if bases["state"] == "unavailable":
-                logger.warning("LoRA publishes will send merged weights: %s", bases["reason"])
     return sync.inventory
 
 
 def _fleet_bases(reports: list[dict[str, Any]]) -> dict[str, Any]:
-    """A store is usable only when every worker holds its own: the first report that does not, else the first."""
-    return next((r for r in reports if r["state"] != "held"), reports[0])
+    """A store is usable only when every worker holds its own: the first report that does not, else the first
+    (logged when it leaves LoRA publishes to merged weights)."""
+    bases = next((r for r in reports if r["state"] != "held"), reports[0])
+    if bases["state"] == "unavailable":
+        logger.warning("LoRA publishes will send merged weights: %s", bases["reason"])
+    return bases
 
 
 async def _capture_lora_bases(request: Request, inventory: Inventory) -> None:
@@ -72,7 +74,6 @@ async def _capture_lora_bases(request: Request, inventory: Inventory) -> None:
     bases = LoraBases.from_json(_fleet_bases(results))
     inventory.set_lora_bases(bases)
     if bases.state != "held":
-        logger.warning("LoRA publishes will send merged weights: %s", bases.reason)
         raise RequestError(f"the server could not hold its LoRA bases: {bases.reason}; nothing was sent and the old "
                            "weights serve: publish merged weights (the publisher's lora_wire auto does so by itself)",
                            409)
