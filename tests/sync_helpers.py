@@ -9,6 +9,7 @@ import requests
 import torch
 
 from verl_vllm_rm.parity.reference import sequence_scores
+from verl_vllm_rm.protocol.names import is_head
 from verl_vllm_rm.weight_sync import RewardModelPublisher
 
 PARITY_ATOL = 1e-4
@@ -88,6 +89,29 @@ def assert_parity(url: str, model, probe: list[list[int]]) -> list[float]:
     reference = sequence_scores(model, probe)
     assert max_diff(served, reference) <= PARITY_ATOL, (served, reference)
     return served
+
+
+def inventory_dtypes(url: str) -> tuple[dict[str, dict], tuple[str, ...]]:
+    """The server's ``/weight_inventory``: each parameter's entry by name, and the head's name patterns."""
+    inventory = requests.get(f"{url}/weight_inventory", timeout=30).json()
+    return {p["name"]: p for p in inventory["params"]}, tuple(inventory["head_patterns"])
+
+
+def mixed_precision_breaches(params: dict[str, dict], head_patterns: tuple[str, ...], backbone: str,
+                             head: str = "float32") -> list[str]:
+    """What breaks the mixed-precision promise in an inventory (an empty list when it holds): the head in
+    ``head``, every backbone matrix in the ``backbone`` dtype, and any other parameter either in the backbone's
+    dtype or a bias kept wider by vLLM's kernels (vLLM-CPU's small-GEMM path on AMX CPUs keeps a small linear's
+    bias in float32: ``vllm/model_executor/layers/utils.py:dispatch_cpu_unquantized_gemm``)."""
+    breaches = []
+    for name, entry in sorted(params.items()):
+        dtype, ndim = entry["dtype"], len(entry["shape"])
+        if is_head(name, head_patterns):
+            if dtype != head:
+                breaches.append(f"head {name} is {dtype}, not {head}")
+        elif dtype != backbone and (ndim != 1 or not name.endswith(".bias")):
+            breaches.append(f"backbone {name} ({ndim}-D) is {dtype}, not {backbone}")
+    return breaches
 
 
 def reset_server(url: str, path: str) -> int:

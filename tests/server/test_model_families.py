@@ -26,6 +26,7 @@ import pytest
 import requests
 import torch
 from fault_proxy import FaultProxy
+from sync_helpers import inventory_dtypes, mixed_precision_breaches
 
 from verl_vllm_rm.dev.tiny_judge import build_tiny_judge
 from verl_vllm_rm.dev.tiny_rm import STEP
@@ -223,7 +224,7 @@ def served_fp16(request, tmp_path_factory, server_args):
     args[args.index("--dtype") + 1] = "float16"
     if MIXED_PRECISION[request.param] == "float16":
         args += ["--hf-overrides", '{"head_dtype": "model"}']
-    with serve(request.param, tmp_path_factory, args) as served:
+    with serve(request.param, tmp_path_factory, [*args, "--enable-weight-updates"]) as served:  # its inventory
         yield served
 
 
@@ -278,6 +279,20 @@ def test_each_head_under_an_fp16_backbone_scores_like_the_reference_within_the_d
     assert worst <= bound, (served_fp16.name, worst, bound)
     print(f"PARITY {served_fp16.name}: max |server - reference| = {worst:.2e} (fp16 backbone, {head} head; bound "
           f"{bound:.2e})")
+
+
+#: The weights each fp16 server's ``/weight_inventory`` names float32: the head, where it is kept in fp32
+#: (docs/reward_model_families.md's mixed-precision table lists them).
+FP32_WEIGHTS = {"attributes": {"score.weight"},
+                "qwen2_prm": {"score.0.weight", "score.0.bias", "score.2.weight", "score.2.bias"},
+                "two_class": set()}
+
+
+def test_each_fp16_servers_inventory_names_the_head_in_its_dtype_and_every_backbone_matrix_in_fp16(served_fp16):
+    """What a publish to it must send: each weight in the dtype its inventory entry names."""
+    params, head_patterns = inventory_dtypes(served_fp16.url)
+    assert mixed_precision_breaches(params, head_patterns, "float16", MIXED_PRECISION[served_fp16.name]) == []
+    assert {name for name, entry in params.items() if entry["dtype"] == "float32"} == FP32_WEIGHTS[served_fp16.name]
 
 
 def groups(tokenizer) -> list:
