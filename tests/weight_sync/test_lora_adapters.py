@@ -77,17 +77,24 @@ def test_a_lora_publish_sends_only_the_adapters_and_the_head(ws_server, tiny_rm,
 
 
 def test_two_hundred_publishes_do_not_drift(ws_server, tiny_rm, probe_ids):
-    """Every publish merges from the stored base: after 200 publishes of random adapters the server scores like
-    a fresh merge of the base and the last adapters (exactly the trainer's merge arithmetic, on the same inputs)."""
+    """Every publish merges from the stored base, so the same adapters published again after 200 others give
+    bit-identical served weights, hence bit-identical scores (the same engine, kernels and inputs). A server that
+    added each delta into the weights in place would be off by its rounding (about 2e-6 after 200 fp32 publishes,
+    inside any parity bound, never bitwise). The scores also match a fresh merge in transformers within the bound."""
     reset_server(ws_server.url, tiny_rm)
     model = _lora_model(tiny_rm)
     with RewardModelPublisher(ws_server.url, timeout_s=60) as pub:
+        _random_adapters(model, 0)
+        pub.publish(model, pub.version + 1, "lora")
+        first = server_scores(ws_server.url, probe_ids)
+        assert server_scores(ws_server.url, probe_ids) == first  # the engine scores the same weights bitwise alike
         for k in range(1, 201):
             _random_adapters(model, k)
-            result = pub.publish(model, pub.version + 1, "lora")
-            assert result.lora_adapters
-            if k % 50 == 0:
-                assert_parity(ws_server.url, model, probe_ids)
+            assert pub.publish(model, pub.version + 1, "lora").lora_adapters
+        assert max_diff(server_scores(ws_server.url, probe_ids), first) > 1e-3  # other adapters serve now
+        _random_adapters(model, 0)
+        pub.publish(model, pub.version + 1, "lora")
+    assert server_scores(ws_server.url, probe_ids) == first
     fresh = load_rm(tiny_rm)
     state_dict = model.state_dict()
     with torch.no_grad():

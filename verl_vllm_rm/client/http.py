@@ -186,8 +186,10 @@ async def request_json(
             status = resp.status
     except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError) as e:
         raise HttpError(url, f"connection failed: {type(e).__name__}: {e}", unreachable=True) from None
-    except asyncio.TimeoutError:
-        raise HttpError(url, f"timed out (limits: total {total_s:.3g}s, connect {connect_s:.3g}s, "
+    except asyncio.TimeoutError as e:  # aiohttp's connect and read timeouts are subclasses: name the one that fired
+        which = ("connecting" if isinstance(e, aiohttp.ConnectionTimeoutError) else
+                 "reading" if isinstance(e, aiohttp.SocketTimeoutError) else "on the attempt's total")
+        raise HttpError(url, f"timed out {which} (limits: total {total_s:.3g}s, connect {connect_s:.3g}s, "
                              f"read {read_s:.3g}s)") from None
     except aiohttp.ClientError as e:
         raise HttpError(url, f"{type(e).__name__}: {e}") from None
