@@ -58,7 +58,7 @@ def test_math_shepherd_style_step_tokens_need_the_step_tag():
     got = shape("Qwen2ForCausalLM", SEQ_CLS, num_labels=2, step_tag_id=9, step_tokens=(11, 12))
     assert (got.kind, got.step_tokens, got.per_token) == (HeadKind.STEP_TOKENS, (11, 12), True)
     with pytest.raises(UnsupportedModel, match=r"^--step-tokens reads P\(good\) over the two tokens at each step "
-                                               r"tag: give --step-tag-id too"):
+                                               r"tag: give --step-tag-id \(or --step-tag\) too"):
         shape("Qwen2ForCausalLM", SEQ_CLS, step_tokens=(11, 12))
 
 

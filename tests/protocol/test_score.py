@@ -14,6 +14,7 @@ from verl_vllm_rm.protocol.score import (
     ScoreRequest,
     ScoreResponseError,
     check_token_ids,
+    longest_input,
     parse_score_request,
     parse_score_response,
     score_response,
@@ -243,3 +244,9 @@ def test_bad_answers_are_errors_not_numbers(body, message):
     with pytest.raises(ScoreResponseError) as err:
         parse_score_response(body, 2)
     assert str(err.value) == message
+
+
+def test_the_longest_input_leaves_room_for_the_reward_token_the_server_appends():
+    assert longest_input({"max_model_len": 512, "reward_token": None}) == 512
+    assert longest_input({"max_model_len": 512}) == 512  # a server from before the field
+    assert longest_input({"max_model_len": 512, "reward_token": {"id": 1000, "token": "[UNUSED_TOKEN_130]"}}) == 511

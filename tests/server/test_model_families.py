@@ -18,6 +18,7 @@ backbone, fp32 head) is ``tests/online/test_bf16_parity.py``'s, where the CPU ha
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -115,6 +116,13 @@ def internlm2_v_head_rows(model_dir: Path, ids: list[int], precision: Precision 
     return precision.linear(hidden, weights["v_head.weight"])
 
 
+def internlm2_card_score(model_dir: Path, ids: list[int], precision: Precision = FP32) -> torch.Tensor:
+    """InternLM2-Reward's ``get_score`` on token ids: ``reward_token_id`` (from the config, as the card's model
+    reads it) appended, ``v_head`` read at that last token."""
+    reward_token_id = json.loads((model_dir / "config.json").read_text())["reward_token_id"]
+    return internlm2_v_head_rows(model_dir, [*ids, reward_token_id], precision)[-1]
+
+
 def shepherd_rows(model_dir: Path, ids: list[int], good: int, bad: int,
                   precision: Precision = FP32) -> torch.Tensor:
     """Math-Shepherd: the causal LM's logits of the (good, bad) tokens at every position (``[tokens, 2]``): the LM
@@ -164,12 +172,12 @@ FAMILIES = {
                        lambda d, ids, step, tok, pr: {"score": qwen2_score_mlp_rows(d, ids, pr)[-1]}),
     "internlm2_rm": Family(build_tiny_internlm2_reward_model, ("--trust-remote-code",), "scalar",
                            "InternLM2ForRewardModel", ("score",),
-                           lambda d, ids, step, tok, pr: {"score": internlm2_v_head_rows(d, ids, pr)[-1]}),
+                           lambda d, ids, step, tok, pr: {"score": internlm2_card_score(d, ids, pr)}),
     "qwen2_prm": Family(build_tiny_qwen2_prm, ("--step-tag-id", "{step}"), "step_classifier",
                         "Qwen2ForProcessRewardModel", ("negative", "positive"),
                         lambda d, ids, step, tok, pr: {"step_scores": margin(at_steps(qwen2_score_mlp_rows(d, ids, pr),
                                                                                       ids, step), 1)}),
-    "math_shepherd": Family(build_tiny_judge, ("--step-tag-id", "{step}", "--step-tokens", f"{GOOD},{BAD}"),
+    "math_shepherd": Family(build_tiny_judge, ("--step-tag-id", "{step}", "--step-tokens", "{good},{bad}"),
                             "step_tokens", "Qwen2ForCausalLM", ("good", "bad"), shepherd_steps, (GOOD, BAD)),
 }
 
@@ -196,7 +204,8 @@ def serve(name: str, tmp_path_factory, args: list[str]):
         model_dir = Path(family.build(tmp_path_factory.mktemp(name)))
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
         step = tokenizer.convert_tokens_to_ids(STEP)
-        extra = [a.format(step=step) for a in family.extra]
+        good, bad = tokenizer.convert_tokens_to_ids([GOOD, BAD])
+        extra = [a.format(step=step, good=good, bad=bad) for a in family.extra]
         with running_server(model_dir, [*args, "--runner", "pooling", *extra]) as server:
             yield Served(name, family, model_dir, tokenizer, step, server.url)
 
@@ -265,6 +274,79 @@ def test_each_family_is_served_as_published_and_described_in_health(served):
     worst, _ = parity(served, "float32", "float32")
     assert worst < TOL, (served.name, worst)
     print(f"PARITY {served.name}: max |server - reference| = {worst:.2e} (fp32)")
+
+
+def test_internlm2_reward_is_scored_as_its_card_scores_a_conversation(served):
+    """The card's recipe in plain torch/transformers: the chat template's text, encoded without special tokens,
+    ``reward_token_id`` appended, ``v_head`` read there. The server appends the token to an input without it (and
+    not to one ending with it), says so in ``/health``, and counts it against ``max_model_len``."""
+    if served.name != "internlm2_rm":
+        assert requests.get(f"{served.url}/health", timeout=30).json()["reward_token"] is None
+        return
+    from verl_vllm_rm.dev.tiny_rm_families import INTERNLM2_REWARD_TOKEN
+
+    tokenizer, config = served.tokenizer, json.loads((served.model_dir / "config.json").read_text())
+    token_id = config["reward_token_id"]
+    health = requests.get(f"{served.url}/health", timeout=30).json()
+    assert health["reward_token"] == {"id": token_id, "token": INTERNLM2_REWARD_TOKEN}
+    conversation = [{"role": "user", "content": "What is 3 + 4?"},
+                    {"role": "assistant", "content": "3 plus 4 is 7, so the answer is 7."}]
+    rendered = tokenizer.encode(tokenizer.apply_chat_template(conversation, tokenize=False), add_special_tokens=False)
+    with torch.no_grad():
+        card = float(internlm2_v_head_rows(served.model_dir, [*rendered, token_id])[-1])
+        one_token_early = float(internlm2_v_head_rows(served.model_dir, rendered)[-1])
+    served_scores = [d["score"] for d in requests.post(f"{served.url}/score", json={
+        "input": [rendered, [*rendered, token_id]]}, timeout=60).json()["data"]]
+    assert served_scores == pytest.approx([card, card], abs=TOL)
+    assert abs(served_scores[0] - one_token_early) > 100 * TOL  # a reading one token early is told apart
+    longest = health["max_model_len"] - 1  # what the client fits to (protocol.score.longest_input)
+    assert requests.post(f"{served.url}/score", json={"input": [[5] * longest]}, timeout=60).status_code == 200
+    refused = requests.post(f"{served.url}/score", json={"input": [[5] * (longest + 1)]}, timeout=60)
+    assert refused.status_code == 400 and refused.json()["error"]["message"] == (
+        f"input[0] has {longest + 2} tokens with the reward token {INTERNLM2_REWARD_TOKEN} ({token_id}) appended, "
+        f"longer than max_model_len={health['max_model_len']}; truncate it (the client's overlong policy does "
+        "this) or restart the server with a larger --max-model-len")
+
+
+def test_math_shepherd_is_scored_as_its_card_scores_steps(tmp_path_factory, server_args):
+    """The card's recipe in plain torch/transformers on a tiny Mistral with a Metaspace tokenizer: good and bad are
+    ``encode("+ -")[1:]`` (``▁+``, ``▁-``), the tag ``encode("ки")[-1]``; P(good) over the two at each tag of
+    ``question + " " + output``. The server started as a user writes it (``--step-tag ки --step-tokens ID,ID``)
+    gives those step scores; a bare lookup of ``+`` and ``-`` reads other rows and is told apart."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from verl_vllm_rm.dev.tiny_math_shepherd import BAD as CARD_BAD
+    from verl_vllm_rm.dev.tiny_math_shepherd import GOOD as CARD_GOOD
+    from verl_vllm_rm.dev.tiny_math_shepherd import STEP_TAG, build_tiny_math_shepherd
+
+    model_dir = build_tiny_math_shepherd(tmp_path_factory.mktemp("math_shepherd_card"))
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    candidate_tokens = tokenizer.encode(f"{CARD_GOOD} {CARD_BAD}")[1:]
+    step_tag_id = tokenizer.encode(STEP_TAG)[-1]
+    question, output = "What is 3 + 4?", f"Step 1: 3 + 4 = 7 {STEP_TAG}\nStep 2: The answer is 8 {STEP_TAG}"
+    input_id = torch.tensor([tokenizer.encode(f"{question} {output}")])
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        vocab_logits = model(input_id).logits
+    logits = vocab_logits[:, :, candidate_tokens]
+    card = logits.softmax(dim=-1)[:, :, 0][input_id == step_tag_id]
+    raw = (logits[:, :, 0] - logits[:, :, 1])[input_id == step_tag_id]
+    bare = vocab_logits[:, :, tokenizer.convert_tokens_to_ids([CARD_GOOD, CARD_BAD])].softmax(dim=-1)[:, :, 0]
+    assert len(card) == 2
+    args = [*server_args, "--runner", "pooling", "--step-tag", STEP_TAG,
+            "--step-tokens", f"{candidate_tokens[0]},{candidate_tokens[1]}"]
+    with running_server(model_dir, args) as server:
+        shape = requests.get(f"{server.url}/health", timeout=30).json()["shape"]
+        answers = {normalize: requests.post(f"{server.url}/score", timeout=60, json={
+            "input": input_id.tolist(), "normalize": normalize}).json()["data"][0]["step_scores"]
+            for normalize in (True, False)}
+    assert (shape["kind"], shape["architecture"], shape["step_tag_id"], shape["step_tokens"]) == (
+        "step_tokens", "MistralForCausalLM", step_tag_id, candidate_tokens)
+    assert answers[True] == pytest.approx(card.tolist(), abs=TOL)
+    assert answers[False] == pytest.approx(raw.tolist(), abs=TOL)
+    assert max(abs(a - b) for a, b in zip(answers[True], bare[input_id == step_tag_id].tolist())) > 100 * TOL
+    print(f"PARITY math_shepherd card: max |server - card| = "
+          f"{max(abs(a - b) for a, b in zip(answers[True], card.tolist())):.2e}")
 
 
 def test_each_head_under_an_fp16_backbone_scores_like_the_reference_within_the_derived_bound(served_fp16):

@@ -11,7 +11,8 @@ Each has the published architecture name and config fields, with random weights 
   two outputs [negative, positive], read at each step tag.
 - :func:`build_tiny_internlm2_reward_model`: ``InternLM2ForRewardModel`` (the InternLM2-Reward kind): a Llama-like
   decoder with InternLM2's tensor names (q, k and v packed in one ``wqkv``) and ``v_head = Linear(H, 1)`` (no bias)
-  read at the last token.
+  read at the last token, which is the reward token the card appends (``reward_token_id`` in the config, the
+  special token :data:`INTERNLM2_REWARD_TOKEN` as in the published tokenizer).
 
 transformers has no class for the last three (the published ones ship their modeling code); the Qwen2 ones are
 written as a ``Qwen2Model`` plus the head's tensors under the names vLLM loads (``score.0.*``, ``score.2.*``), the
@@ -197,11 +198,17 @@ class _InternLM2RewardModel:
         (Path(out) / "configuration_internlm2.py").write_text(INTERNLM2_CONFIG_MODULE)
 
 
+#: The published InternLM2-Reward's reward token (id 92527 there), a special token of its tokenizer.
+INTERNLM2_REWARD_TOKEN = "[UNUSED_TOKEN_130]"
+
+
 def build_tiny_internlm2_reward_model(out_dir: str | Path, spec: TinyRMSpec = TinyRMSpec()) -> Path:
     def build():
         import torch
+        from tokenizers import AddedToken
 
         tokenizer = build_tokenizer(spec)
+        tokenizer.add_tokens([AddedToken(INTERNLM2_REWARD_TOKEN, special=True, normalized=False)])
         llama = decoder_config(spec, tokenizer, model_type="llama", tie_word_embeddings=False)
         config = {"architectures": ["InternLM2ForRewardModel"], "model_type": "internlm2",
                   "auto_map": {"AutoConfig": "configuration_internlm2.InternLM2Config"},
@@ -210,7 +217,8 @@ def build_tiny_internlm2_reward_model(out_dir: str | Path, spec: TinyRMSpec = Ti
                   "rms_norm_eps": llama.rms_norm_eps, "rope_theta": llama.rope_parameters["rope_theta"],
                   "rope_scaling": None, "bias": False, "tie_word_embeddings": False,
                   "pad_token_id": tokenizer.pad_token_id, "bos_token_id": tokenizer.bos_token_id,
-                  "eos_token_id": tokenizer.eos_token_id, "torch_dtype": "float32"}
+                  "eos_token_id": tokenizer.eos_token_id, "torch_dtype": "float32",
+                  "reward_token_id": tokenizer.convert_tokens_to_ids(INTERNLM2_REWARD_TOKEN)}
         torch.manual_seed(spec.seed if spec.init_seed is None else spec.init_seed)
         return _InternLM2RewardModel(config, llama, spec.head_std), tokenizer
 

@@ -8,6 +8,7 @@ from typing import Any
 from verl_vllm_rm.client.reward_client import RewardRequestError, VLLMRewardClient
 from verl_vllm_rm.parity.embeddings import embedding_health
 from verl_vllm_rm.parity.report import refit_parity
+from verl_vllm_rm.protocol.score import longest_input
 from verl_vllm_rm.client.length import fit_to_length
 
 
@@ -23,7 +24,7 @@ def check_max_model_len(client_factory, tokenizer_len: int) -> dict[str, Any]:
     async def run():
         client = client_factory()
         try:
-            max_len = int((await client.health())["max_model_len"])
+            max_len = longest_input(await client.health())
             over = [5] * (max_len + 1)
             try:
                 await client.score_batch([over])

@@ -51,8 +51,8 @@ SERVABLE = ("serve a *ForSequenceClassification reward model, Qwen2ForRewardMode
             "GOOD,BAD and --step-tag-id; or a generative judge with --runner generate")
 
 
-STEP_TOKENS_NEED_A_TAG = ("--step-tokens reads P(good) over the two tokens at each step tag: give --step-tag-id too "
-                          "(the tokenizer's id of the step separator)")
+STEP_TOKENS_NEED_A_TAG = ("--step-tokens reads P(good) over the two tokens at each step tag: give --step-tag-id (or "
+                          "--step-tag) too (the tokenizer's id of the step separator)")
 
 
 class UnsupportedModel(ValueError):

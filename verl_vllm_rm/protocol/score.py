@@ -110,14 +110,23 @@ def parse_score_request(body: bytes, served_models: list[str], max_batch_size: i
     )
 
 
-def check_token_ids(token_ids: list[list[int]], vocab_size: int, max_model_len: int) -> None:
-    """Reject ids outside the vocabulary and inputs the engine cannot hold."""
+def longest_input(health: dict[str, Any]) -> int:
+    """The most tokens a client may send to a server whose ``/health`` is ``health``: its ``max_model_len``, less
+    the reward token it appends to every input (``reward_token``, a model whose card reads the score there)."""
+    return int(health["max_model_len"]) - (1 if health.get("reward_token") else 0)
+
+
+def check_token_ids(token_ids: list[list[int]], vocab_size: int, max_model_len: int,
+                    reward_token: tuple[int, str] | None = None) -> None:
+    """Reject ids outside the vocabulary and inputs the engine cannot hold (``reward_token``: the token the server
+    appended, which the input's length counts)."""
+    appended = "" if reward_token is None else f" with the reward token {reward_token[1]} ({reward_token[0]}) appended"
     for i, ids in enumerate(token_ids):
         if not ids:
             raise RequestError(f"input[{i}] tokenizes to no tokens; send non-empty text")
         if len(ids) > max_model_len:
             raise RequestError(
-                f"input[{i}] has {len(ids)} tokens, longer than max_model_len={max_model_len}; "
+                f"input[{i}] has {len(ids)} tokens{appended}, longer than max_model_len={max_model_len}; "
                 "truncate it (the client's overlong policy does this) or restart the server "
                 "with a larger --max-model-len"
             )

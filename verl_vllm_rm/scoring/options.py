@@ -63,7 +63,8 @@ class RewardModelOptions(ClientOptions):
     rm_tokenizer_path: str | None = None
     """The RM's tokenizer, required for ``input_format=chat_template``."""
     max_length: int | None = None
-    """Longest RM input in tokens; unset: the server's ``max_model_len``, read from ``/health``."""
+    """Longest RM input in tokens; unset: the server's ``max_model_len`` (less the reward token it appends, where the
+    model has one), read from ``/health``."""
     overlong_policy: OverlongPolicy = "truncate_prompt_left"
     """An input past ``max_length``: drop prompt tokens from the left so the whole response is scored, or ``error``."""
     failure_policy: FailurePolicy = "raise"

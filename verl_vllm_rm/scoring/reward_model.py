@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from verl_vllm_rm.protocol.model_shape import STEP_KINDS, HeadKind, ModelShape
+from verl_vllm_rm.protocol.score import longest_input
 from verl_vllm_rm.rewards.ensemble import RunningWhitening
 from verl_vllm_rm.rewards.steps import aggregate_steps, response_steps
 from verl_vllm_rm.client.batching import GroupBatcher
@@ -199,7 +200,7 @@ class RewardModel:
                                   "shape), so their outputs are unknown: serve the model with verl-vllm-rm's server "
                                   "(python -m verl_vllm_rm.server), whose /health names them")
         if self._max_length is None:
-            self._max_length = int(health["max_model_len"])
+            self._max_length = longest_input(health)
 
     def check_head(self, shape: ModelShape) -> None:
         """Refuse a served head these options cannot read, before any of its answers counts."""

@@ -29,7 +29,7 @@ from vllm.platforms import current_platform
 
 from verl_vllm_rm.server import auth
 from verl_vllm_rm.server.exposure import OPT_OUT_FLAG, check_exposure
-from verl_vllm_rm.server.reward_head import add_reward_head_args, configure_reward_head, served_shape
+from verl_vllm_rm.server.reward_head import add_reward_head_args, configure_reward_head, reward_token, served_shape
 from verl_vllm_rm.server.runtime_dir import private_tmpdir
 from verl_vllm_rm.server.score.router import install_reward_routes
 from verl_vllm_rm.server.state import RewardServerState
@@ -136,6 +136,7 @@ def _judge_defaults(args: argparse.Namespace, parser) -> None:
     """A judge (``--runner generate``): no RM-only flag, and answers constrained without free whitespace."""
     for flag, given in (("--enable-weight-updates", args.enable_weight_updates),
                         ("--step-tag-id", args.step_tag_id is not None),
+                        ("--step-tag", args.step_tag is not None),
                         ("--step-tokens", args.step_tokens is not None),
                         ("--reward-head", args.reward_head != "auto")):
         if given:
@@ -195,6 +196,7 @@ def _reward_state(args: argparse.Namespace, model_config, shape) -> RewardServer
         vocab_size=model_config.get_vocab_size(),
         world_size=args.tensor_parallel_size * args.pipeline_parallel_size,
         step_tag_id=args.step_tag_id,
+        reward_token=None if args.runner == "generate" else reward_token(args, model_config),
         max_score_batch=args.max_score_batch,
         max_request_bytes=args.max_request_bytes,
     )

@@ -39,6 +39,7 @@ class RewardServerState:
     vocab_size: int
     world_size: int
     step_tag_id: int | None
+    reward_token: tuple[int, str] | None  # (id, token) appended to every input that does not end with it
     max_score_batch: int
     max_request_bytes: int
     weights: WeightSyncState = field(default_factory=WeightSyncState)

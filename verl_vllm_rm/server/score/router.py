@@ -31,6 +31,7 @@ async def health(request: Request) -> JSONResponse:
         "version": state.weights.version,
         "max_model_len": state.max_model_len,
         "step_tag_id": state.step_tag_id,
+        "reward_token": None if state.reward_token is None else dict(zip(("id", "token"), state.reward_token)),
         "shape": None if state.shape is None else state.shape.to_json(),
         "scoring": state.scoring.as_dict(),
     }
@@ -63,7 +64,8 @@ async def score(request: Request) -> JSONResponse:
             await read_body(request, state.max_request_bytes), state.served_models, state.max_score_batch
         )
         token_ids = req.token_ids if req.texts is None else await serving.tokenize(engine, req.texts)
-        check_token_ids(token_ids, state.vocab_size, state.max_model_len)
+        token_ids = serving.with_reward_token(token_ids, state.reward_token)
+        check_token_ids(token_ids, state.vocab_size, state.max_model_len, reward_token=state.reward_token)
     except RequestError as e:
         counters.refused += 1
         return error_response(e.message, e.status)

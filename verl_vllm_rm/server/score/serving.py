@@ -51,6 +51,13 @@ async def score_token_ids(engine, shape: ModelShape, token_ids: list[list[int]],
         *(_score_one(engine, shape, ids, i, normalize, tag) for i, ids in enumerate(token_ids))))
 
 
+def with_reward_token(token_ids: list[list[int]], token: tuple[int, str] | None) -> list[list[int]]:
+    """Each input ending with the model's reward token (appended where it does not already end with it)."""
+    if token is None:
+        return token_ids
+    return [ids if not ids or ids[-1] == token[0] else [*ids, token[0]] for ids in token_ids]
+
+
 def _tokenize(tokenizer, texts: list[str]) -> list[list[int]]:
     return [list(ids) for ids in tokenizer(texts, add_special_tokens=True)["input_ids"]]
 
