@@ -79,8 +79,8 @@ def test_changed_members_are_named_with_what_changed(seams, monkeypatch):
         self._save_checkpoint()
         self._consume_sync_metrics()
 
-    def consume(self):  # _pending_sync_metrics no longer set
-        return {}
+    def consume(self):  # _pending_sync_metrics read, no longer set
+        return self._pending_sync_metrics or {}
 
     monkeypatch.setattr(PPOTrainer, "step", step)
     monkeypatch.setattr(PPOTrainer, "fit", fit)

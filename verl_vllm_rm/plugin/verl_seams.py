@@ -20,7 +20,6 @@ The CPU harness's changes to verl (opt-in, for tests) are listed and checked in
 from __future__ import annotations
 
 import dis
-import functools
 import importlib
 import inspect
 import logging
@@ -68,8 +67,8 @@ class SetIn:
 
 @dataclass(frozen=True)
 class Uses:
-    """The code of ``function`` (the member itself when None) still uses ``names``, attributes or string keys, first
-    in this order: the calls and keys our override relies on."""
+    """The code of ``function`` (the member itself when None) still uses ``names`` (attributes, then string keys),
+    first in this order: the calls and keys our override relies on."""
 
     names: tuple[str, ...]
     function: str | None = None
@@ -164,7 +163,7 @@ SEAMS: tuple[Seam, ...] = (
     _trainer("_save_checkpoint", Takes(), used_by=(METRICS_MODES, ONLINE_MODE)),
     # the rollout dump: our columns are matched to its rows by the trajectory keys it passes as "uid"
     _trainer("_log_rollout_data", Takes(("batch", "timing_raw", "rollout_data_dir")),
-             Uses(("uid", "_dump_generations")), used_by=(METRICS_MODES,)),
+             Uses(("_dump_generations", "uid")), used_by=(METRICS_MODES,)),
     _trainer("_dump_generations", Takes(("inputs", "outputs", "gts", "scores", "reward_extra_infos_dict",
                                          "dump_path")), used_by=(METRICS_MODES,)),
     Seam("verl.trainer.ppo.utils", "Role", "Actor", (Exists(),), (ONLINE_MODE,)),
@@ -241,25 +240,31 @@ def _codes(code: CodeType) -> Iterator[CodeType]:
             yield from _codes(const)
 
 
-#: the instructions naming an attribute, a global or a constant (not a local variable)
-NAME_OPS = frozenset({"LOAD_ATTR", "LOAD_METHOD", "STORE_ATTR", "LOAD_GLOBAL", "LOAD_CONST", "LOAD_SUPER_ATTR"})
-
-
-@functools.lru_cache(maxsize=None)
-def _named(code: CodeType) -> tuple[tuple[str, str], ...]:
-    """(instruction, name) of each instruction of ``code`` and its nested functions that names an attribute, a
-    global or a string constant, in order (read once per function: several seams read ``fit``)."""
-    return tuple((i.opname, i.argval) for c in _codes(code) for i in dis.get_instructions(c)
-                 if i.opname in NAME_OPS and isinstance(i.argval, str))
+STORE_ATTR, EXTENDED_ARG = dis.opmap["STORE_ATTR"], dis.opmap["EXTENDED_ARG"]
 
 
 def _names_used(function: Any) -> list[str]:
-    """The attribute, global and string-constant names ``function``'s code uses, in order of first use."""
-    return list(dict.fromkeys(name for _, name in _named(function.__code__)))
+    """The attribute and global names ``function``'s code uses (nested functions included), in order of first use
+    (the compiler numbers them so), then its string constants."""
+    codes = list(_codes(function.__code__))
+    return list(dict.fromkeys([*(name for code in codes for name in code.co_names),
+                               *(const for code in codes for const in code.co_consts if isinstance(const, str))]))
+
+
+def _stored_attributes(code: CodeType) -> set[str]:
+    """The attributes ``code`` assigns (``x.<name> = ...``), read from its raw bytecode: ``dis`` would cost ten
+    times as much, and STORE_ATTR's argument is an index into ``co_names`` in every CPython since 3.6."""
+    stored, extended, raw = set(), 0, code.co_code
+    for i in range(0, len(raw), 2):
+        op, arg = raw[i], raw[i + 1] | extended
+        extended = arg << 8 if op == EXTENDED_ARG else 0
+        if op == STORE_ATTR:
+            stored.add(code.co_names[arg])
+    return stored
 
 
 def _assigned(function: Any, attribute: str) -> bool:
-    return ("STORE_ATTR", attribute) in _named(function.__code__)
+    return any(attribute in _stored_attributes(code) for code in _codes(function.__code__))
 
 
 def _parameters_problem(function: Any, params: tuple[str, ...]) -> str | None:
