@@ -21,7 +21,7 @@ from verl.utils.reward_score import default_compute_score
 from verl_vllm_rm.judge.reward import SampleJudge
 from verl_vllm_rm.rows import samples_of, samples_of_rows
 from verl_vllm_rm.scoring.extra_info import Examiner, info_keys, per_member_keys
-from verl_vllm_rm.scoring.legacy import warn_misrouted_config
+from verl_vllm_rm.scoring.misrouted_config import warn_misrouted_config
 from verl_vllm_rm.scoring.options import ConfigError, ManagerOptions, parse_options, reward_kwargs_of
 from verl_vllm_rm.scoring.orchestration import Orchestration
 from verl_vllm_rm.scoring.reward_model import RewardModel, refuse_token_level_when_streaming
