@@ -206,6 +206,9 @@ class ManagerOptions(RewardModelOptions):
     """A generative judge for the ``judge`` component of the composition."""
     attribute_alarms: tuple[AttributeAlarmOptions, ...] = ()
     """Watched attribute pairs of an attribute RM: the alarm ``alarm/attribute_rise/<rm>/<watch>_over_<against>``."""
+    compute_score_keys: tuple[str, ...] = ()
+    """The keys of your ``compute_score``'s dict result (besides ``score`` and ``acc``) kept as ``reward_extra_info``
+    columns, on every sample (None where a result lacks one); an undeclared key is left out, with a warning."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
