@@ -71,9 +71,9 @@ class VerifiableScorer:
         self.is_async = inspect.iscoroutinefunction(compute_score)
         self.keys = declared_keys(compute_score, user_keys)
         self._taken = taken
-        clashes = [key for key in self.keys if key in taken]
-        if clashes:
-            raise ConfigError(self._clash_message(clashes[0], "reward_kwargs.compute_score_keys declares"))
+        for key in self.keys:
+            if key in taken:
+                self._refuse(key, "reward_kwargs.compute_score_keys declares")
         self._known = frozenset((*self.keys, "score"))
         self._warned: set[str] = set()
 
@@ -105,7 +105,7 @@ class VerifiableScorer:
 
     def _undeclared(self, key: str) -> None:
         if key in self._taken:
-            raise ConfigError(self._clash_message(key, "compute_score returned"))
+            self._refuse(key, "compute_score returned")
         if key not in self._warned:
             self._warned.add(key)
             logger.warning(
@@ -114,7 +114,8 @@ class VerifiableScorer:
                 "keys, so every sample carries the same ones); add +reward.reward_kwargs.compute_score_keys=[%s] to "
                 "keep it", key, key)
 
-    def _clash_message(self, key: str, where: str) -> str:
-        return (f"{where} the key {key!r}, which collides with vllm_rm's own reward_extra_info column {key!r}: one "
-                f"would overwrite the other; rename {key!r} in your compute_score (docs/metrics.md lists the names "
-                "vllm_rm takes)")
+    @staticmethod
+    def _refuse(key: str, where: str) -> None:
+        raise ConfigError(f"{where} the key {key!r}, which collides with vllm_rm's own reward_extra_info column "
+                          f"{key!r}: one would overwrite the other; rename {key!r} in your compute_score "
+                          "(docs/metrics.md lists the names vllm_rm takes)")
