@@ -31,6 +31,7 @@ from verl_vllm_rm.replicas.launcher import start_server
 
 GROUP = 4  # tiny-ppo's responses per prompt in training
 JUDGE_WEIGHT = 0.5
+MATH_DAPO_EVERY = 4  # a quarter of the prompts are math_dapo ones (verl's DAPO scorer), the rest gsm8k
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +57,9 @@ def plain_run(tmp_path_factory, tiny_rm, tiny_task, server_args, judge_server) -
     try:
         run = tiny_ppo(tmp_path_factory.mktemp("ppo_plain"), tiny_rm, tiny_task["policy"], servers[0].url, steps=2,
                        on_step=kill_and_restart, mode="separate_async", rollout_token_delay_s=ROLLOUT_TOKEN_DELAY_S,
+                       math_dapo_every=MATH_DAPO_EVERY,
                        extra_overrides=[
+                           "algorithm.filter_groups.enable=True", "algorithm.filter_groups.metric=acc",
                            "+reward.reward_kwargs.max_retries=100", "+reward.reward_kwargs.backoff_max_s=2",
                            "++reward.reward_kwargs.rewards.components=[rubric,verifiable,format,judge]",
                            f"++reward.reward_kwargs.rewards.weights.judge={JUDGE_WEIGHT}",
@@ -192,7 +195,29 @@ def test_validation_groups_of_val_kwargs_n_are_judged(plain_run):
     for figures in plain_run["validation"].values():
         valid = [v for k, v in figures.items() if k.endswith("/judge_valid/mean@2")]
         ranks = [v for k, v in figures.items() if k.endswith("/judge_rank/mean@2")]
-        assert valid == [1.0] and ranks == [0.5], sorted(figures)  # groups of two: ranks 0 and 1
+        assert valid == [1.0, 1.0] and ranks == [0.5, 0.5], sorted(figures)  # per data source; ranks 0 and 1
+
+
+@pytest.mark.server
+@pytest.mark.ray
+def test_dapo_filters_groups_on_verls_acc_with_math_dapo_and_gsm8k_prompts(plain_run):
+    """``algorithm.filter_groups.metric=acc`` (DAPO) over mixed data sources: verl's replay buffer read ``acc``
+    from every finished group's reward_extra_info (it raises for a group without it) and evicted the groups whose
+    ``acc`` is uniform, every math_dapo group among them (the tiny policy never writes the "Answer: N" verl's DAPO
+    scorer wants): each trained group's ``acc`` differs between its members, and all are gsm8k (``pred``, the DAPO
+    scorer's column, None). Validation, which is not filtered, assembled math_dapo's ``{score, acc, pred}`` and
+    gsm8k's number in one step: ``acc`` is reported for both data sources."""
+    work = Path(plain_run["rollout_data_dir"]).parent
+    metrics = dict(read_metrics(work))
+    assert sum(metrics[step].get("training/filter_groups/evicted_samples", 0) for step in (1, 2)) > 0
+    for step in (1, 2):
+        groups: dict[str, list[dict]] = {}
+        for row in read_dump(work, step):
+            groups.setdefault(row["group"], []).append(row)
+        assert all(len({m["acc"] for m in members}) > 1 for members in groups.values()), step
+        assert all(m["pred"] is None for members in groups.values() for m in members), step
+    for figures in plain_run["validation"].values():
+        assert {"math_dapo/acc/mean@2", "openai/gsm8k/acc/mean@2"} <= set(figures), sorted(figures)
 
 
 def recomputed(dump: list[dict]) -> dict[str, float]:
