@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 from ray_helpers import start_local_ray
+from tq_helpers import put_trajectories
 from verl_assembly import agent_loop_output, agent_loop_worker
 
 from verl_vllm_rm.dev.grpo_batch import build_batch, last_token_rewards, row_token_ids
@@ -129,3 +130,62 @@ def test_verls_batch_assembly_gets_the_same_keys_from_math_dapo_and_gsm8k_rows_i
         with pytest.raises(KeyError):
             control.compute_rm_score(batches[0])
         assert "pred" not in control.compute_rm_score(batches[1]).meta_info["reward_extra_keys"]
+
+
+def test_dapo_reads_acc_where_verl_reads_it_from_math_dapo_and_gsm8k_groups(queue, verl_config, compose_config,
+                                                                         dead_url, tiny_rm, tokenizer):
+    """``algorithm.filter_groups.metric=acc`` at the place verl 0.9.1 reads it: the v1 replay buffer's
+    ``_dapo_filtered_keys`` (trainer/ppo/v1/replay_buffer.py) reads each finished trajectory's
+    ``extra_fields.reward_extra_info["acc"]`` from the real TransferQueue and filters the groups whose ``acc`` is
+    uniform (a group without it raises ``RuntimeError``). vllm_rm's real results (a math_dapo group, right and
+    wrong; a gsm8k group, right and wrong; a gsm8k group wrong twice) give the filter exactly naive's answer: only
+    the uniform group.
+
+    Why not in a main_ppo run: every run the tests make uses the tiny policy, which is right on about 1% of its
+    gsm8k answers (3 of 281 in a measured separate_async run with math_dapo prompts) and never writes the "Answer:"
+    verl's DAPO scorer wants; almost every group's ``acc`` is uniform, DAPO evicts it, and after 7 minutes the run
+    had not sampled its first batch (2 mixed groups of 71). verl 0.9.1's v1 replay buffer ignores
+    ``filter_groups.max_num_gen_batches`` (trainer_base.py), so nothing bounds such a run. The tiny_ppo run in
+    tests/dev/test_tiny_ppo.py has math_dapo and gsm8k prompts and filters on ``score`` instead."""
+    from verl.trainer.ppo.reward import load_reward_manager
+    from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
+
+    from verl_vllm_rm.dev.grpo_batch import Group, build_batch
+    from verl_vllm_rm.scoring.manager import VLLMRewardManager
+
+    prompt = tokenizer("What is 3 + 4?").input_ids
+    answers = [("math_dapo", ["Answer: 7", "Answer: 9"]), ("openai/gsm8k", ["#### 7", "#### 8"]),
+               ("openai/gsm8k", ["#### 8", "#### 9"])]
+    groups = [Group(prompt, [tokenizer(a).input_ids for a in texts], ground_truth="7", data_source=source)
+              for source, texts in answers]
+    data = build_batch(groups, tokenizer.pad_token_id)
+    rows = [data[i: i + 1] for i in range(len(data))]
+    no_rm = {"routes": [{"data_source": ["*"], "reward_models": []}], "rewards": {"components": ["verifiable"]},
+             "num_examine": 0}
+    ours = VLLMRewardManager(verl_config(dead_url, **no_rm), tokenizer)
+    control = load_reward_manager(compose_config(["reward.reward_manager.name=naive",
+                                                  f"actor_rollout_ref.model.path={tiny_rm}"]), tokenizer)
+
+    def filtered(manager, tag: str) -> set[str]:
+        async def score():
+            return await asyncio.gather(*(manager.run_single(row) for row in rows))
+
+        results = manager.loop.run_until_complete(score())
+        uids = [f"{tag}{g}" for g in range(len(groups))]
+        meta = put_trajectories(queue, {uid: [(prompt, [1], r["reward_score"]) for r in results[2 * g: 2 * g + 2]]
+                                        for g, uid in enumerate(uids)},
+                                {uid: [r["reward_extra_info"] for r in results[2 * g: 2 * g + 2]]
+                                 for g, uid in enumerate(uids)})
+        buffer = ReplayBuffer(trainer_mode="sync", trainer_config={}, max_off_policy_threshold=None,
+                              max_off_policy_strategy="drop", sampler_kwargs={}, refill_fn=lambda n: None,
+                              filter_groups_metric="acc", train_batch_size=len(groups), gen_batch_size=1)
+        # what _sync_metadata_from_transfer_queue finds once the agent loop tags the prompts finished
+        buffer.finished_keys["train"] = set(uids)
+        buffer.partitions["train"] = dict(zip(meta.keys, meta.tags))
+        uids_filtered, _ = buffer._dapo_filtered_keys("train")
+        return {uid[len(tag):] for uid in uids_filtered}
+
+    try:
+        assert filtered(ours, "vllmrm-") == filtered(control, "naive-") == {"2"}  # verl splits keys at "_"
+    finally:
+        ours.close()
