@@ -17,7 +17,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "verl_vllm_rm"
 # From the ground up: each room may import the rooms before it (and itself).
-LAYERS = ["protocol", "options", "rows", "client", "rewards", "monitor", "replicas", "parity", "judge", "scoring",
+LAYERS = ["protocol", "options", "extra_info", "rows", "client", "rewards", "monitor", "replicas", "parity", "judge", "scoring",
           "weight_sync", "online", "plugin", "dev", "cli"]
 SERVER_MAY_IMPORT = {"protocol"}  # nothing imports server/: it runs in its own environment
 VERL_ROOMS = {"scoring", "online", "plugin", "dev"}

@@ -107,7 +107,6 @@ def test_every_reward_is_the_ensemble_of_the_servers_direct_scores(two_rm_run, r
     weighted sum of its two named attributes (each dumped raw), ``prm`` the minimum of the response's step scores,
     masked (never a number) exactly where the response has no step; the reward is the ensemble of the members
     present (``safety`` whitened), plus the rules."""
-    from transformers import AutoTokenizer
 
     from verl_vllm_rm.parity.reference import load_reward_model, sequence_scores
 

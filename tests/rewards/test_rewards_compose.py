@@ -19,7 +19,7 @@ from verl_vllm_rm.rewards import (
     think_tag_ids,
 )
 from verl_vllm_rm.options import ConfigError
-from verl_vllm_rm.scoring.rules import RuleScorer
+from verl_vllm_rm.scoring.composition import Composition, right_padded
 
 
 def test_default_is_the_rm_gallery_recipe():
@@ -133,18 +133,12 @@ def test_gate_multiplies_the_weighted_sum():
         compose({"rubric": [1.0]}, {"rubric": 1.0}, gate=["verifiable"])
 
 
-def test_one_sample_composes_as_numbers_exactly_like_a_batch_row():
-    """The reward loop composes one sample at a time (plain floats, no numpy); same formula, same NaN rule."""
-    weights, gate = {"rubric": 0.5, "format": 0.25}, ["verifiable"]
-    rows = {"rubric": [2.0, -1.0, np.nan, 0.5], "format": [1.0, 1.0, 1.0, 0.0], "verifiable": [1.0, 0.0, 1.0, None]}
-    batch = compose({k: np.asarray(v, dtype=float) for k, v in rows.items()}, weights, gate)
-    for i, expected in enumerate(batch):
-        one = compose({k: v[i] for k, v in rows.items()}, weights, gate)
-        assert isinstance(one, float)
-        assert one == expected or (math.isnan(one) and math.isnan(expected))
-    assert math.isnan(compose({"rubric": None}, {"rubric": 1.0}))  # a missing value is NaN, never 0
-    with pytest.raises(ValueError, match=r"no values for gate component\(s\) \['verifiable'\]"):
-        compose({"rubric": 1.0}, {"rubric": 1.0}, gate=["verifiable"])
+def test_compose_reads_arrays_only_and_a_missing_value_stays_nan():
+    """The pipeline composes a whole list of rows at once: one path, over arrays; None (no value) is NaN, never 0."""
+    total = compose({"rubric": np.array([None, 1.0], dtype=float), "format": [1.0, 1.0]}, {"rubric": 1.0, "format": 1.0})
+    assert math.isnan(total[0]) and total[1] == 2.0
+    with pytest.raises(ValueError, match="1-D arrays of one length"):
+        compose({"rubric": 1.0}, {"rubric": 1.0})
 
 
 def test_gate_components_are_computed_but_not_weighted(padded):
@@ -175,11 +169,12 @@ def test_combine_shorthand_is_a_composition(word_tokenizer, mode, expected, need
     config = RewardConfig.from_combine(mode, alpha=0.25)
     total = compose({"rubric": RUBRIC, "verifiable": VERIFIABLE}, config.weights, config.gate)
     np.testing.assert_allclose(total, expected)
-    rules = RuleScorer(config, word_tokenizer)
+    composition = Composition(config, word_tokenizer)
     # the manager calls compute_score only when needed and adds no rule keys to reward_extra_info
-    assert (rules.needs_verifiable, rules.has_rules) == (needs_verifiable, False)
-    for rm, ver, want in zip(RUBRIC, VERIFIABLE, expected):
-        assert rules.total({}, ver if needs_verifiable else None, None, rm) == pytest.approx(want)
+    assert (composition.needs_verifiable, composition.has_rules, composition.rule_keys) == (needs_verifiable, False, ())
+    verifiable = np.array(VERIFIABLE if needs_verifiable else [None] * len(RUBRIC), dtype=float)
+    got = composition.total({"rubric": np.array(RUBRIC), "verifiable": verifiable})
+    np.testing.assert_allclose(got, expected)
 
 
 def test_combine_shorthand_rejects_an_unknown_mode():
@@ -188,9 +183,9 @@ def test_combine_shorthand_rejects_an_unknown_mode():
 
 
 def test_rule_scorer_needs_verifiable_for_a_verifiable_gate(word_tokenizer):
-    rules = RuleScorer(RewardConfig.from_dict({"components": ["rubric", "ngram"], "gate": ["verifiable"]}),
-                       word_tokenizer)
-    assert (rules.needs_verifiable, rules.has_rules) == (True, True)
+    composition = Composition(RewardConfig.from_dict({"components": ["rubric", "ngram"], "gate": ["verifiable"]}),
+                              word_tokenizer)
+    assert (composition.needs_verifiable, composition.has_rules, composition.rule_keys) == (True, True, ("ngram",))
 
 
 def test_component_stats():
@@ -243,3 +238,11 @@ def test_compute_rule_rewards_input_errors(padded):
         compute_rule_rewards(config, ids, lengths, ["x", "y"])
     with pytest.raises(ValueError, match="3 texts for 2 token rows"):
         compute_rule_rewards(config, ids, lengths, ["x", "y", "z"])
+
+
+def test_rows_are_right_padded_into_one_batch_whatever_their_lengths():
+    ids, lengths = right_padded([np.array([5, 6, 7]), np.array([], dtype=np.int64), np.array([8])])
+    np.testing.assert_array_equal(ids, [[5, 6, 7], [0, 0, 0], [8, 0, 0]])
+    np.testing.assert_array_equal(lengths, [3, 0, 1])
+    ids, lengths = right_padded([np.array([], dtype=np.int64)])  # no token at all: one column of padding
+    assert ids.shape == (1, 1) and lengths.tolist() == [0]

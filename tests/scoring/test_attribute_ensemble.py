@@ -54,8 +54,8 @@ def info_of(mgr, outcomes, *, learn: bool = True) -> dict:
                              attributes=None if row is None else [float(x) for x in row])
         answers.append(member_answer(rm, outcome, rm_input, ensemble=len(route.members) > 1))
     info = rm_info(route, route.members, inputs, answers, time.perf_counter(), learn=learn,
-                   per_member=mgr.per_member)
-    assert set(info) <= set(mgr.info_keys)  # every key a sample gets is one of verl's columns
+                   per_member=mgr.rm_scorer.per_member)
+    assert set(info) <= set(mgr.pipeline.columns)  # every key a sample gets is one of verl's columns
     return info
 
 
@@ -85,7 +85,7 @@ def test_each_attribute_is_whitened_on_its_own_statistics_before_the_weights_app
     assert np.allclose([i["rm_score"] for i in infos], scaled @ W)
     assert np.allclose([i["rm_scaled_rm"] for i in infos], scaled @ W)
     assert np.allclose([i["rm_score_rm"] for i in infos], raw @ W)  # the raw weighted sum
-    assert "rm_attr_scaled_rm_correctness" not in mgr.info_keys  # unweighted: neither read nor whitened
+    assert "rm_attr_scaled_rm_correctness" not in mgr.pipeline.columns  # unweighted: neither read nor whitened
 
     # validation: whitened on the statistics as they are, which it leaves alone
     counts = {key: w.count for key, w in rm.whitenings.items()}

@@ -97,7 +97,7 @@ def test_missing_reference_can_be_skipped_and_counted(load_manager, rm_server, v
     mgr = load_manager(verl_config(rm_server.url, missing_reference="skip"), tokenizer)
     info = mgr(validation_batch(groups, tokenizer.pad_token_id), return_dict=True)["reward_extra_info"]
     assert info["win"][4:] == [None, None] and None not in info["win"][:4]
-    assert mgr.references_missing == 2
+    assert mgr.rm_scorer.references_missing == 2
 
 
 def test_bad_reference_source_is_a_config_error(load_manager, verl_config, tokenizer):

@@ -14,14 +14,13 @@ import logging
 import numbers
 from typing import Any, Callable
 
+from verl_vllm_rm.extra_info import JUDGE_ANSWER, JUDGE_RANK, JUDGE_RAW, JUDGE_SCORE, JUDGE_VALID, JUDGE_VERDICTS
 from verl_vllm_rm.judge.client import VERDICT_SCORE
 from verl_vllm_rm.judge.options import JudgeOptions
 from verl_vllm_rm.judge.rendezvous import JudgeRendezvous, rendezvous_actor
 from verl_vllm_rm.rows import Sample, prompt_text, reference_text
 
 logger = logging.getLogger(__name__)
-#: what every sample's ``reward_extra_info`` gets from the judge (None where its mode gives no such value)
-JUDGE_KEYS = ("judge_score", "judge_valid", "judge_rank", "judge_raw", "judge_verdicts", "judge_answer")
 
 
 class JudgeError(RuntimeError):
@@ -95,19 +94,19 @@ class SampleJudge:
                                  f"samples are told apart only under trainer.v1.trainer_mode=vllm_rm): {e}") from e
             self.failed += 1
             logger.warning("vllm_rm: masking the judge for sample uid=%s: %s", key, e)
-            return None, {"judge_valid": 0.0}
-        info: dict[str, Any] = {"judge_score": judgement.scores[index], "judge_valid": 1.0}
+            return None, {JUDGE_VALID: 0.0}
+        info: dict[str, Any] = {JUDGE_SCORE: judgement.scores[index], JUDGE_VALID: 1.0}
         if judgement.ranking is not None:
-            info["judge_rank"] = float(judgement.ranking.index(index))
+            info[JUDGE_RANK] = float(judgement.ranking.index(index))
         if judgement.raw is not None:
             raw = judgement.raw[index]
-            info["judge_raw"] = float(raw) if isinstance(raw, int) else VERDICT_SCORE[raw]
+            info[JUDGE_RAW] = float(raw) if isinstance(raw, int) else VERDICT_SCORE[raw]
         if judgement.verdicts is not None:
             mine = {f"{i}-{j}": v for (i, j), v in judgement.verdicts.items() if index in (i, j)}
-            info["judge_verdicts"] = json.dumps(mine, separators=(",", ":"))
+            info[JUDGE_VERDICTS] = json.dumps(mine, separators=(",", ":"))
         if key in self.examined or len(self.examined) < self.num_examine:
             self.examined.add(key)
-            info["judge_answer"] = "\n".join(judgement.answers)
+            info[JUDGE_ANSWER] = "\n".join(judgement.answers)
         return judgement.scores[index], info
 
     @property

@@ -14,37 +14,26 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from verl_vllm_rm.extra_info import (
+    BOOKKEEPING,
+    RM_FAILOVERS,
+    RM_LATENCY_MS,
+    RM_PROMPT_TOKENS_DROPPED,
+    RM_SCORE,
+    RM_TOKENS,
+    RM_VALID,
+    RM_WEIGHT_VERSION,
+    SCORE,
+    attribute_key,
+)
 from verl_vllm_rm.monitor import alarms
 from verl_vllm_rm.rewards.compose import component_stats
-
-def attribute_key(rm_name: str, attribute: str) -> str:
-    """``rm_attr_<rm>_<attribute>``: a weighted attribute's raw value, a ``reward_extra_info`` column (and so the
-    metrics ``reward/rm_attr_<rm>_<attribute>/{mean,std,min,max}``)."""
-    return f"rm_attr_{rm_name}_{attribute}"
-
-
-def scaled_attribute_key(rm_name: str, attribute: str) -> str:
-    """``rm_attr_scaled_<rm>_<attribute>``: a whitened attribute's value (``whiten=running``), what its weight
-    multiplies."""
-    return f"rm_attr_scaled_{rm_name}_{attribute}"
-
-
-def ensembled_attribute_keys(attribute: str) -> tuple[str, str]:
-    """``rm_ensemble_attr_<attribute>`` and ``rm_ensemble_std_<attribute>``: a per-attribute ensemble's value of
-    the attribute and the attribute's std across the members (what ``mean_minus_std`` penalises)."""
-    return f"rm_ensemble_attr_{attribute}", f"rm_ensemble_std_{attribute}"
-
 
 def attribute_rises(watches) -> list[alarms.AttributeRise]:
     """One :class:`~verl_vllm_rm.monitor.alarms.AttributeRise` per ``reward_kwargs.attribute_alarms`` entry."""
     return [alarms.AttributeRise(f"{alarms.ATTRIBUTE_RISE}{w.reward_model}/{w.watch}_over_{w.against}",
                                  attribute_key(w.reward_model, w.watch), attribute_key(w.reward_model, w.against))
             for w in watches]
-
-
-#: Columns about the RM request, not reward components: each has its own metric.
-BOOKKEEPING = ("rm_valid", "rm_latency_ms", "rm_tokens", "rm_weight_version", "rm_prompt_tokens_dropped",
-               "rm_failovers")
 
 
 @dataclass
@@ -73,14 +62,14 @@ class StepRewards:
     @property
     def valid(self) -> np.ndarray:
         """Samples with an RM score (a sample whose route has no RM, ``rm_valid`` None, is not one)."""
-        if "rm_valid" not in self.columns:
+        if RM_VALID not in self.columns:
             raise KeyError("no rm_valid column: these rewards are not from reward.reward_manager.name=vllm_rm")
-        return self.columns["rm_valid"] == 1.0
+        return self.columns[RM_VALID] == 1.0
 
     @property
     def failed(self) -> np.ndarray:
         """Samples whose RM score failed and was masked."""
-        return self.columns["rm_valid"] == 0.0
+        return self.columns[RM_VALID] == 0.0
 
 
 def _is_number(v: Any) -> bool:
@@ -91,22 +80,22 @@ def step_metrics(step: StepRewards, normalized: bool, rises: Sequence[alarms.Att
     """Every reward metric and alarm of one step (``normalized``: the RM returns sigmoid probabilities; ``rises``:
     the run's watched attribute pairs, which keep their first step)."""
     cols, valid = step.columns, step.valid
-    kept = {"rm_score": valid, "score": ~step.failed}  # a masked sample has no score to summarise
+    kept = {RM_SCORE: valid, SCORE: ~step.failed}  # a masked sample has no score to summarise
     out = component_stats({name: values[kept[name]] if name in kept else values
                            for name, values in cols.items() if name not in BOOKKEEPING})
     asked = valid | step.failed
     out["reward/rm_valid_share"] = float(valid.sum() / asked.sum()) if asked.any() else 0.0
     out["reward/rm_failures"] = float(step.failed.sum())
-    for name in ("rm_tokens", "rm_prompt_tokens_dropped"):
+    for name in (RM_TOKENS, RM_PROMPT_TOKENS_DROPPED):
         if name in cols:
             out[f"reward/{name}"] = float(np.nansum(cols[name]))
-    if "rm_failovers" in cols:  # samples whose score came from another server after its first one failed
-        out["reward/rm_failed_over"] = float((np.nan_to_num(cols["rm_failovers"]) > 0).sum())
-    if "rm_latency_ms" in cols and asked.any():
-        p50, p99 = np.percentile(cols["rm_latency_ms"][asked], [50, 99])
+    if RM_FAILOVERS in cols:  # samples whose score came from another server after its first one failed
+        out["reward/rm_failed_over"] = float((np.nan_to_num(cols[RM_FAILOVERS]) > 0).sum())
+    if RM_LATENCY_MS in cols and asked.any():
+        p50, p99 = np.percentile(cols[RM_LATENCY_MS][asked], [50, 99])
         out.update({"reward/rm_latency_ms/p50": float(p50), "reward/rm_latency_ms/p99": float(p99)})
-    if "rm_weight_version" in cols and valid.any():
-        versions = cols["rm_weight_version"][valid]
+    if RM_WEIGHT_VERSION in cols and valid.any():
+        versions = cols[RM_WEIGHT_VERSION][valid]
         out.update({"reward/rm_weight_version/min": float(versions.min()),
                     "reward/rm_weight_version/max": float(versions.max())})
     out.update(alarm_metrics(step, normalized))
@@ -120,9 +109,9 @@ def step_metrics(step: StepRewards, normalized: bool, rises: Sequence[alarms.Att
 def alarm_metrics(step: StepRewards, normalized: bool) -> dict[str, float]:
     """The alarms a single step can compute (drift needs the run's probe set: ``alarms.drift``)."""
     cols, valid = step.columns, step.valid
-    values = {"alarm/dead_groups": alarms.dead_groups(step.groups, cols["score"]) if "score" in cols else None}
-    if "rm_score" in cols:  # some sample of the step went to a reward model
-        rm = cols["rm_score"][valid]
+    values = {"alarm/dead_groups": alarms.dead_groups(step.groups, cols[SCORE]) if SCORE in cols else None}
+    if RM_SCORE in cols:  # some sample of the step went to a reward model
+        rm = cols[RM_SCORE][valid]
         values["alarm/length_hacking"] = alarms.length_correlation(rm, step.response_length[valid])
         values["alarm/saturation"] = alarms.saturation(rm, normalized)
         if "verifiable_score" in cols:

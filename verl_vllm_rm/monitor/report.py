@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from verl_vllm_rm.extra_info import RM_SCORE
 from verl_vllm_rm.monitor.alarms import run_alarms
 
 SERIES_KEY = "vllm_rm_series"
@@ -194,12 +195,12 @@ def summary_text(run: Run) -> str:
     if not tripped:
         lines.append("no alarm tripped")
     rows = read_dump(run.rollout_dir, last) if run.rollout_dir else []
-    scored = [r for r in rows if r.get("rm_score") is not None]
+    scored = [r for r in rows if r.get(RM_SCORE) is not None]
     if scored:
-        best = max(scored, key=lambda r: r["rm_score"])
+        best = max(scored, key=lambda r: r[RM_SCORE])
         longest = max(scored, key=lambda r: r.get("response_length") or len(r["output"]))
-        lines.append(f"step {last} best RM score {best['rm_score']:+.3f}: {best['output'][:160]!r}")
-        lines.append(f"step {last} longest response (RM score {longest['rm_score']:+.3f}): {longest['output'][:160]!r}")
+        lines.append(f"step {last} best RM score {best[RM_SCORE]:+.3f}: {best['output'][:160]!r}")
+        lines.append(f"step {last} longest response (RM score {longest[RM_SCORE]:+.3f}): {longest['output'][:160]!r}")
     return "\n".join(lines)
 
 

@@ -23,7 +23,7 @@ from verl.trainer.ppo.v1.replay_buffer import ReplayBufferAsync
 from verl_vllm_rm.online.config import OnlineRMConfig
 from verl_vllm_rm.options import ConfigError
 from verl_vllm_rm.plugin.trainer_modes import reward_extra_info
-from verl_vllm_rm.scoring.extra_info import weight_version_key
+from verl_vllm_rm.extra_info import weight_version_key
 from verl_vllm_rm.scoring.options import RewardModelOptions
 
 #: verl's eviction reasons (past the off-policy threshold, DAPO-filtered, failed, DAPO's value counts), then the
@@ -45,7 +45,8 @@ def trained_rm_version_keys(rm_options: Sequence[RewardModelOptions], online: On
                           f"no reward model of reward.reward_kwargs is served by what online_rm trains ({target}; "
                           f"the manager's: {served or 'none: reward.reward_manager.name is not vllm_rm'}): point "
                           "online_rm at one of them, or drop +online_rm.max_staleness")
-    return tuple(dict.fromkeys(weight_version_key(rm_options, name) for name in trained))
+    per_member = len(rm_options) > 1 or any(o.whiten != "none" for o in rm_options)
+    return tuple(dict.fromkeys(weight_version_key(name, per_member=per_member) for name in trained))
 
 
 def trajectory_versions(infos: Iterable[dict[str, Any]], keys: Sequence[str]) -> np.ndarray:

@@ -28,6 +28,7 @@ from verl.utils import tensordict_utils as tu
 from verl.utils.debug import marked_timer
 
 from verl_vllm_rm.monitor.alarms import warnings
+from verl_vllm_rm.extra_info import RM_VALID
 from verl_vllm_rm.monitor.metrics import StepRewards, attribute_rises, step_metrics
 from verl_vllm_rm.options import ConfigError
 from verl_vllm_rm.replicas.fleet import FleetReadings
@@ -77,7 +78,7 @@ def read_step(batch: KVBatchMeta, fields: list[str]) -> tuple[list[str], dict[st
 def step_rewards(data: dict[str, Any]) -> StepRewards:
     """The step's rewards (group, response length, reward_extra_info columns) from its :data:`STEP_FIELDS`."""
     infos = [reward_extra_info(row) for row in data["extra_fields"]]
-    if not all("rm_valid" in info for info in infos):
+    if not all(RM_VALID in info for info in infos):
         raise ConfigError(f"trainer mode {TRAINER_MODE!r} reads the rewards of reward.reward_manager.name=vllm_rm "
                           "and this run's rollouts have none: set reward.reward_manager.name=vllm_rm, or drop "
                           f"trainer.v1.trainer_mode={TRAINER_MODE}")

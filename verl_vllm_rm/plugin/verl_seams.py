@@ -184,9 +184,9 @@ SEAMS: tuple[Seam, ...] = (
     Seam("verl.experimental.reward_loop.reward_loop", "RewardLoopWorker", "reward_manager",
          (SetIn(("_init_reward_fn",)),), ("plugin/reward_workers.py",)),
     Seam("verl.experimental.reward_loop.reward_manager.base", "RewardManagerBase", "loop", (SetIn(("__init__",)),),
-         ("scoring/manager.py", "scoring/orchestration.py")),
+         ("scoring/manager.py",)),
     Seam("verl.experimental.reward_loop.reward_manager.base", "RewardManagerBase", "tokenizer",
-         (SetIn(("__init__",)),), ("scoring/orchestration.py",)),
+         (SetIn(("__init__",)),), ("scoring/manager.py",)),
     # verl's critic engine, holding the online RM
     _engine("_build_model_optimizer", Takes(), Uses(("_build_module", "_build_lora_module"))),
     _engine("_build_module", Takes()),

@@ -9,11 +9,11 @@ total, so a failed score can never turn into a plausible number here.
 
 from __future__ import annotations
 
-import math
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from verl_vllm_rm.extra_info import RESPONSE_TOKENS, THOUGHT_TOKENS
 from verl_vllm_rm.rewards.config import RewardConfig
 from verl_vllm_rm.rewards.format import format_reward
 from verl_vllm_rm.rewards.gallery import PREFIX as GALLERY_PREFIX
@@ -23,8 +23,6 @@ from verl_vllm_rm.rewards.ngram import ngram_repetition_penalty
 from verl_vllm_rm.rewards.spans import ThinkTagIds
 from verl_vllm_rm.rewards.token_batch import as_token_batch
 
-RESPONSE_TOKENS = "response_tokens"  # raw length keys returned next to the components
-THOUGHT_TOKENS = "thought_tokens"
 
 
 def build_gallery_rewards(config: RewardConfig) -> dict[str, GalleryReward]:
@@ -92,42 +90,27 @@ def compute_rule_rewards(
     return out
 
 
-def compose(values: Mapping[str, Any], weights: Mapping[str, float], gate: Sequence[str] = ()) -> Any:
-    """``sum(weight_i * values[i]) * prod(values[g] for g in gate)``; extra keys in ``values`` are ignored.
-
-    Values are 1-D arrays of one length (a batch; the result is an array) or numbers
-    (one sample; the result is a float, without numpy's per-call cost: the reward loop
-    composes one sample at a time). ``None`` is NaN.
-    """
+def compose(values: Mapping[str, Any], weights: Mapping[str, float], gate: Sequence[str] = ()) -> np.ndarray:
+    """``sum(weight_i * values[i]) * prod(values[g] for g in gate)`` over 1-D arrays of one length (a value per
+    row); extra keys in ``values`` are ignored. NaN stays NaN: a value missing upstream never becomes a number."""
     if not weights:
         raise ValueError("compose needs at least one weighted component")
-    try:
-        weighted = [(weight, values[name]) for name, weight in weights.items()]
-        gates = [values[name] for name in gate]
-    except KeyError:
-        for kind, names in (("weighted", weights), ("gate", gate)):
-            missing = [name for name in names if name not in values]
-            if missing:
-                raise ValueError(f"no values for {kind} component(s) {missing} (have {sorted(values)}); 'rubric' is "
-                                 "the reward model's score and 'verifiable' verl's compute_score: the manager supplies "
-                                 "them") from None
-        raise
-    if all(v is None or isinstance(v, (int, float)) for _, v in weighted) and \
-            all(v is None or isinstance(v, (int, float)) for v in gates):
-        total = 0.0
-        for weight, v in weighted:
-            total += weight * (math.nan if v is None else v)
-        for v in gates:
-            total *= math.nan if v is None else v
-        return float(total)
-    arrays = [np.asarray(v, dtype=np.float64) for _, v in weighted] + [np.asarray(v, dtype=np.float64) for v in gates]
-    shapes = {name: a.shape for name, a in zip((*weights, *gate), arrays)}
+    missing = [(kind, [name for name in names if name not in values]) for kind, names in (("weighted", weights),
+                                                                                       ("gate", gate))]
+    for kind, names in missing:
+        if names:
+            raise ValueError(f"no values for {kind} component(s) {names} (have {sorted(values)}); 'rubric' is "
+                             "the reward model's score and 'verifiable' verl's compute_score: the manager supplies "
+                             "them")
+    names = (*weights, *gate)
+    arrays = [np.asarray(values[name], dtype=np.float64) for name in names]
+    shapes = {name: a.shape for name, a in zip(names, arrays)}
     if len(set(shapes.values())) > 1 or any(len(s) != 1 for s in shapes.values()):
         raise ValueError(f"component values must be 1-D arrays of one length, got shapes {shapes}")
     total = np.zeros(arrays[0].shape)
-    for (weight, _), a in zip(weighted, arrays):
+    for weight, a in zip(weights.values(), arrays):
         total += weight * a
-    for a in arrays[len(weighted):]:
+    for a in arrays[len(weights):]:
         total *= a
     return total
 

@@ -9,7 +9,7 @@ lands on its step tag (token-level rewards, summing to the composed total).
 from __future__ import annotations
 
 import math
-from typing import Callable, Literal, Sequence
+from typing import Literal, Sequence
 
 import numpy as np
 
@@ -46,16 +46,14 @@ def response_steps(steps: Sequence[float], rm_ids: Sequence[int], prompt_len: in
     return list(steps[in_prompt:])
 
 
-def token_rewards(response_ids: Sequence[int], step_tag_id: int, steps: Sequence[float],
-                  total_of: Callable[[float], float]) -> list[float]:
-    """Per-token rewards of one response: ``coef * step_i`` at the i-th step tag and the rest of the reward at the
-    last token, where ``total_of(r)`` is the composed reward with the RM component ``r`` (linear in ``r``:
-    ``coef = total_of(1) - total_of(0)``). They sum to ``total_of(sum(steps))``."""
+def token_rewards(response_ids: Sequence[int], step_tag_id: int, steps: Sequence[float], coef: float,
+                  rest: float) -> list[float]:
+    """Per-token rewards of one response: ``coef * step_i`` at the i-th step tag and ``rest`` at the last token.
+    With the composed reward linear in the RM component ``r`` (``total(r) = rest + coef * r``) they sum to
+    ``total(sum(steps))``."""
     positions = np.flatnonzero(np.asarray(response_ids) == step_tag_id).tolist()
     if len(positions) != len(steps):
         raise ValueError(f"{len(steps)} step scores for {len(positions)} step tags ({step_tag_id}) in the response")
-    rest = total_of(0.0)
-    coef = total_of(1.0) - rest
     out = [0.0] * len(response_ids)
     for position, step in zip(positions, steps):
         out[position] += coef * step

@@ -1,16 +1,14 @@
 """``VLLMRewardManager``, registered in verl's reward loop as ``vllm_rm``.
 
-Thin: it builds the run's reward models, routes, judge and rule scorers from
-``reward.reward_kwargs`` and hands verl's calls to the one orchestration
-(:mod:`verl_vllm_rm.scoring.orchestration`: route each trajectory by its ``data_source``,
-send it to every RM of its route at once, combine their scores, compose the reward).
+Thin: it builds the run's reward models, routes and scorers from ``reward.reward_kwargs`` and hands both of
+verl's entry points to the one scoring pipeline (:mod:`verl_vllm_rm.scoring.pipeline`).
 """
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
+import numpy as np
 import torch
 from omegaconf import DictConfig
 
@@ -18,21 +16,25 @@ from verl import DataProto
 from verl.experimental.reward_loop.reward_manager import register
 from verl.experimental.reward_loop.reward_manager.base import RewardManagerBase
 from verl.utils.reward_score import default_compute_score
+from verl_vllm_rm.extra_info import SCORE, VERIFIABLE_SCORE
 from verl_vllm_rm.judge.reward import SampleJudge
+from verl_vllm_rm.rewards import component_stats
 from verl_vllm_rm.rows import last_output, samples_of, samples_of_rows
-from verl_vllm_rm.scoring.extra_info import Examiner, info_keys, per_member_keys
+from verl_vllm_rm.scoring.examiner import Examiner
+from verl_vllm_rm.scoring.judging import JudgeScorer
 from verl_vllm_rm.scoring.misrouted_config import warn_misrouted_config
 from verl_vllm_rm.scoring.options import ConfigError, ManagerOptions, parse_options, reward_kwargs_of
-from verl_vllm_rm.scoring.orchestration import Orchestration
+from verl_vllm_rm.scoring.pipeline import ScoringPipeline
 from verl_vllm_rm.scoring.reward_model import RewardModel, refuse_token_level_when_streaming
+from verl_vllm_rm.scoring.rm_scorer import RewardModelScorer
 from verl_vllm_rm.scoring.routing import Router
 from verl_vllm_rm.scoring.row_queue import Row, RowQueue
-from verl_vllm_rm.scoring.rules import batch_stats
-from verl_vllm_rm.scoring.verifiable import SCORE_KEY, VerifiableScorer
+from verl_vllm_rm.scoring.rules import RuleScorer
+from verl_vllm_rm.scoring.verifiable import VerifiableScorer
 
 
 @register("vllm_rm")
-class VLLMRewardManager(Orchestration, RewardManagerBase):
+class VLLMRewardManager(RewardManagerBase):
     """Scores trajectories with vLLM-served reward models; options in ``reward.reward_kwargs``."""
 
     def __init__(self, config: DictConfig, tokenizer: Any, compute_score=None,
@@ -52,21 +54,19 @@ class VLLMRewardManager(Orchestration, RewardManagerBase):
                 reference_source=self.options.reference_source)
         except ValueError as e:
             raise ConfigError(str(e)) from e
-        #: per-RM keys in reward_extra_info (per_member_keys)
-        self.per_member = per_member_keys(rm_options)
-        own_keys = info_keys(self.reward_models, self.per_member, self.router.rule_scorers,
-                             judge=self.judge is not None, pairwise=self.options.pairwise != "never",
-                             ensembled_attributes=self.router.ensembled_attributes)
-        self.verifiable = VerifiableScorer(self.compute_score, self.options.compute_score_keys, frozenset(own_keys))
+        compositions = self.router.compositions
+        self.rm_scorer = RewardModelScorer(self.options, self.router, self.reward_models)
+        scorers = [self.rm_scorer, RuleScorer(compositions, tokenizer, self.options.reference_source)]
+        scorers += [] if self.judge is None else [JudgeScorer(self.judge)]
+        taken = frozenset((SCORE, VERIFIABLE_SCORE, *(key for scorer in scorers for key in scorer.columns)))
+        verifiable = VerifiableScorer(self.compute_score, self.options.compute_score_keys, taken,
+                                      used=any(c.needs_verifiable for c in compositions))
+        self.pipeline = ScoringPipeline(self.router, [*scorers, verifiable], tokenizer,
+                                        Examiner(tokenizer, self.options.num_examine))
         #: verl's managers' attribute: ``compute_score`` is a coroutine function (awaited, not run in a thread)
-        self.is_async_reward_score = self.verifiable.is_async
-        verifiable_keys = self.verifiable.keys if SCORE_KEY in own_keys else ()
-        self.info_keys = own_keys + verifiable_keys
+        self.is_async_reward_score = verifiable.is_async
         self.last_batch_stats: dict[str, float] = {}
         self._row_queue = RowQueue(self._score_rows)
-        self.examiner = Examiner(tokenizer, self.options.num_examine)
-        self.failed = 0
-        self.references_missing = 0
 
     # -- verl reward-loop API -----------------------------------------------------------
     async def run_single(self, data: DataProto) -> dict:
@@ -75,35 +75,26 @@ class VLLMRewardManager(Orchestration, RewardManagerBase):
         return await self._row_queue.put(last_output(data))
 
     async def _score_rows(self, rows: list[Row]) -> None:
-        samples = samples_of_rows([data for data, _ in rows])
-        await self.score_samples(samples, [future for _, future in rows], complete=False)
+        results = await self.pipeline.score(samples_of_rows([data for data, _ in rows]), batch_call=False)
+        for (_, future), result in zip(rows, results):
+            if future.done():  # its caller is gone
+                continue
+            if isinstance(result, Exception):
+                future.set_exception(result)
+            else:
+                future.set_result(result)
 
     def __call__(self, data: DataProto, return_dict: bool = False):
         """Legacy batch API: a reward tensor shaped like ``responses`` (score at the last valid token).
-        Every sample is queued before the first is awaited; the first sample's error stops the batch."""
-        async def score_all() -> list[dict]:
-            samples = samples_of([data])
-            futures = [self.loop.create_future() for _ in samples]
-            scoring = asyncio.ensure_future(self.score_samples(samples, futures, complete=True))
-            try:
-                return await asyncio.gather(*futures)
-            finally:  # an error stops the batch: nothing it started is left running
-                if not scoring.done():
-                    scoring.cancel()
-                await asyncio.gather(scoring, return_exceptions=True)
-                for future in futures:
-                    future.cancel()
-
-        outputs = self.loop.run_until_complete(score_all())
-        self.last_batch_stats = batch_stats([o["reward_extra_info"] for o in outputs])
-        reward_tensor = self.assemble_rm_scores(data, [o["reward_score"] for o in outputs])
+        The first row's error fails the batch, and stops what it still had queued."""
+        results = self.loop.run_until_complete(self.pipeline.score(samples_of([data]), batch_call=True))
+        infos = [r["reward_extra_info"] for r in results]
+        self.last_batch_stats = batch_stats(infos)
+        reward_tensor = self.assemble_rm_scores(data, [r["reward_score"] for r in results])
         if not return_dict:
             return reward_tensor
-        keys = outputs[0]["reward_extra_info"].keys() if outputs else []
-        return {
-            "reward_tensor": reward_tensor,
-            "reward_extra_info": {k: [o["reward_extra_info"][k] for o in outputs] for k in keys},
-        }
+        return {"reward_tensor": reward_tensor,
+                "reward_extra_info": {k: [info[k] for info in infos] for k in self.pipeline.columns}}
 
     @classmethod
     def assemble_rm_scores(cls, data: DataProto, scores: list) -> torch.Tensor:
@@ -125,15 +116,34 @@ class VLLMRewardManager(Orchestration, RewardManagerBase):
             raise AttributeError(f"this run has {len(self.reward_models)} reward models: use reward_models[name]")
         return next(iter(self.reward_models.values()))
 
+    @property
+    def failed(self) -> int:
+        """Rows masked so far (their reward 0.0: ``failure_policy=mask``)."""
+        return self.pipeline.failed
+
     async def warm_up(self) -> None:
         """Connect to every RM's server and read its ``max_model_len`` (otherwise done by the first sample)."""
-        await self._probe(self.reward_models.values())
+        await self.rm_scorer.probe(self.reward_models.values())
 
     def close(self) -> None:
         """Close this manager's HTTP sessions (verl keeps managers for the whole run)."""
         async def close_all() -> None:
-            judge = [self.judge.close()] if self.judge is not None else []
             await self._row_queue.close()
-            await asyncio.gather(*(rm.close() for rm in self.reward_models.values()), *judge)
+            await self.pipeline.close()
 
         self.loop.run_until_complete(close_all())
+
+
+def batch_stats(infos: list[dict[str, Any]]) -> dict[str, float]:
+    """Mean/std/min/max of every numeric ``reward_extra_info`` key over a batch, plus the reward std."""
+    if not infos:
+        return {}
+
+    def numeric(key: str) -> bool:  # by its first value that is not None (a failed sample's may be None)
+        return isinstance(next((i[key] for i in infos if i[key] is not None), 0.0), (int, float))
+
+    columns = {k: np.asarray([i[k] if i[k] is not None else np.nan for i in infos], dtype=float)
+               for k in infos[0] if numeric(k)}
+    stats = component_stats(columns)
+    stats["reward/last_step_std"] = float(np.std(columns[SCORE]))
+    return stats

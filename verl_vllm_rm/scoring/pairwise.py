@@ -14,6 +14,8 @@ import asyncio
 from functools import partial
 from typing import Awaitable, Callable, Hashable, Protocol
 
+from verl_vllm_rm.extra_info import WIN_KEYS
+
 
 class MissingReferenceError(KeyError):
     def __str__(self) -> str:  # KeyError would quote the message
@@ -21,10 +23,8 @@ class MissingReferenceError(KeyError):
 
 
 def win_metrics(score: float, reference: float) -> dict[str, float]:
-    return {"win": float(score > reference), "win_and": float(score >= reference), "ref_margin": score - reference}
-
-
-WIN_KEYS = ("win", "win_and", "ref_margin")
+    """The :data:`~verl_vllm_rm.extra_info.WIN_KEYS` of a score against its reference's."""
+    return dict(zip(WIN_KEYS, (float(score > reference), float(score >= reference), score - reference)))
 
 
 class Versioned(Protocol):

@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 from verl_vllm_rm.client.reward_client import RewardServerError
-from verl_vllm_rm.monitor.metrics import attribute_key, ensembled_attribute_keys, scaled_attribute_key
+from verl_vllm_rm import extra_info as keys
 from verl_vllm_rm.scoring.reward_model import RewardModel, Scored
 from verl_vllm_rm.rows import Sample
 from verl_vllm_rm.scoring.rm_inputs import RMInput
@@ -49,39 +49,42 @@ def rm_info(route: Route, members: list[RewardModel], rm_inputs: list[RMInput],
     for rm_input in rm_inputs:  # loops, not generators: this runs once per sample
         dropped += rm_input.prompt_tokens_dropped
         tokens += len(rm_input.token_ids)
-    info: dict[str, Any] = {"rm_prompt_tokens_dropped": float(dropped), "rm_tokens": float(tokens)}
+    info: dict[str, Any] = {keys.RM_PROMPT_TOKENS_DROPPED: float(dropped), keys.RM_TOKENS: float(tokens)}
     if not members:
         return info
     present = [a[0] for a in answers if a is not None]
     scales = [None if a is None else rm.scale(*a, update=learn) for rm, a in zip(members, answers)]
     if present:
         value, std, by_attribute = route.combine(scales)
-        info.update(rm_score=value, rm_valid=1.0, rm_latency_ms=(max([a.done for a in present]) - submitted) * 1000.0,
-                    rm_weight_version=float(min([a.version for a in present])),
-                    rm_failovers=float(max([a.failovers for a in present])))
+        info[keys.RM_SCORE], info[keys.RM_VALID] = value, 1.0
+        info[keys.RM_LATENCY_MS] = (max([a.done for a in present]) - submitted) * 1000.0
+        info[keys.RM_WEIGHT_VERSION] = float(min([a.version for a in present]))
+        info[keys.RM_FAILOVERS] = float(max([a.failovers for a in present]))
     else:
         std = by_attribute = None
-        info.update(rm_score=0.0, rm_valid=0.0, rm_latency_ms=(time.perf_counter() - submitted) * 1000.0,
-                    rm_weight_version=-1.0, rm_failovers=0.0)
+        info[keys.RM_SCORE], info[keys.RM_VALID] = 0.0, 0.0
+        info[keys.RM_LATENCY_MS] = (time.perf_counter() - submitted) * 1000.0
+        info[keys.RM_WEIGHT_VERSION], info[keys.RM_FAILOVERS] = -1.0, 0.0
     for rm, answer, scale in zip(members, answers, scales):
         if rm.attribute_columns is not None:
             for i, (attribute, column) in enumerate(rm.attribute_columns.items()):
-                info[attribute_key(rm.name, attribute)] = None if answer is None else answer[0].attributes[column]
+                info[keys.attribute_key(rm.name, attribute)] = None if answer is None else answer[0].attributes[column]
                 if rm.attribute_whitenings:
-                    info[scaled_attribute_key(rm.name, attribute)] = None if scale is None else scale[1][i]
+                    info[keys.scaled_attribute_key(rm.name, attribute)] = None if scale is None else scale[1][i]
     if route.attributes is not None:
         for i, attribute in enumerate(route.attributes):
-            value_key, std_key = ensembled_attribute_keys(attribute)
+            value_key, std_key = keys.ensembled_attribute_keys(attribute)
             info[value_key] = None if by_attribute is None else float(by_attribute[0][i])
             info[std_key] = None if by_attribute is None else float(by_attribute[1][i])
     if per_member:
-        info["rm_ensemble_std"] = std
+        info[keys.RM_ENSEMBLE_STD] = std
         for rm, answer, scale in zip(members, answers, scales):
-            info[f"rm_score_{rm.name}"] = None if answer is None else answer[1]
-            info[f"rm_valid_{rm.name}"] = float(answer is not None)
-            info[f"rm_weight_version_{rm.name}"] = None if answer is None else float(answer[0].version)
+            score_key, valid_key, version_key = keys.member_keys(rm.name)
+            info[score_key] = None if answer is None else answer[1]
+            info[valid_key] = float(answer is not None)
+            info[version_key] = None if answer is None else float(answer[0].version)
             if rm.whitenings:
-                info[f"rm_scaled_{rm.name}"] = None if scale is None else scale[0]
+                info[keys.member_scaled_key(rm.name)] = None if scale is None else scale[0]
     return info
 
 

@@ -19,7 +19,7 @@ import numpy as np
 from verl_vllm_rm.rewards.ensemble import ensemble
 from verl_vllm_rm.scoring.options import ManagerOptions, RouteOptions
 from verl_vllm_rm.scoring.reward_model import RewardModel
-from verl_vllm_rm.scoring.rules import RuleScorer
+from verl_vllm_rm.scoring.composition import Composition
 
 
 class UnroutedDataSourceError(KeyError):
@@ -29,11 +29,11 @@ class UnroutedDataSourceError(KeyError):
 
 @dataclass
 class Route:
-    """A route as the manager uses it: its RMs (in order), ensemble, and its composition's scorer."""
+    """A route as the manager uses it: its RMs (in order), ensemble, and its reward composition."""
 
     options: RouteOptions
     members: list[RewardModel]
-    rules: RuleScorer
+    composition: Composition
     token_level: bool = False  # its one RM gives token-level step rewards
     #: the attributes (name -> weight) its members share when it ensembles per attribute (:func:`shared_attributes`)
     attributes: dict[str, float] | None = None
@@ -83,20 +83,20 @@ class Router:
 
     def __init__(self, options: ManagerOptions, tokenizer: Any, reward_models: Mapping[str, RewardModel]):
         self.routes: list[Route] = []
-        scorers: list[RuleScorer] = []  # routes with equal compositions share one scorer
+        compositions: list[Composition] = []  # routes with equal compositions share one
         for i, route in enumerate(options.route_options()):
             config = route.rewards or options.reward_config()
-            rules = next((s for s in scorers if s.config == config), None)
-            if rules is None:
+            composition = next((c for c in compositions if c.config == config), None)
+            if composition is None:
                 try:
-                    rules = RuleScorer(config, tokenizer)
+                    composition = Composition(config, tokenizer)
                 except ValueError as e:
                     where = f"routes[{i}].rewards" if route.rewards is not None else "rewards"
                     raise ValueError(f"reward_kwargs.{where}: {e}") from e
-                scorers.append(rules)
+                compositions.append(composition)
             members = [reward_models[name] for name in options.route_models(route)]
             token_level = any(rm.options.step_reward == "token" for rm in members)
-            self.routes.append(Route(route, members, rules, token_level, shared_attributes(members)))
+            self.routes.append(Route(route, members, composition, token_level, shared_attributes(members)))
         self._by_source: dict[str, Route] = {}
 
     def route(self, data_source: str) -> Route:
@@ -118,6 +118,6 @@ class Router:
         return list(dict.fromkeys(a for r in self.routes for a in r.attributes or ()))
 
     @property
-    def rule_scorers(self) -> list[RuleScorer]:
-        """Each distinct composition's scorer once."""
-        return list({id(r.rules): r.rules for r in self.routes}.values())
+    def compositions(self) -> list[Composition]:
+        """Each distinct composition once."""
+        return list({id(r.composition): r.composition for r in self.routes}.values())

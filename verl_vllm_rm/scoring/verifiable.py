@@ -23,16 +23,11 @@ import logging
 from typing import Any, Callable, Mapping
 
 from verl.utils.reward_score import default_compute_score
+from verl_vllm_rm.extra_info import DEFAULT_SCORER_KEYS, NUMBER_KEY, VERIFIABLE_SCORE
 from verl_vllm_rm.options import ConfigError
+from verl_vllm_rm.scoring.scorer import Batch, Scores
 
 logger = logging.getLogger("verl_vllm_rm")
-
-#: The column of a number ``compute_score`` returns, as verl's ``naive`` names it.
-NUMBER_KEY = "acc"
-#: The dict keys verl's default scorer returns besides ``score`` (``math_dapo``: ``{score, acc, pred}``).
-DEFAULT_SCORER_KEYS = (NUMBER_KEY, "pred")
-#: The package's column of the reward ``compute_score`` gave (its ``score``; the package's ``score`` is the total).
-SCORE_KEY = "verifiable_score"
 
 
 def is_verls_default(compute_score: Callable | None) -> bool:
@@ -63,13 +58,15 @@ def extra_info_for(fields: Mapping[str, Any]) -> dict[str, Any]:
 
 
 class VerifiableScorer:
-    """verl's ``compute_score`` (or the user's) with its declared columns; ``taken``: the package's own columns,
-    which a result's key may not name."""
+    """verl's ``compute_score`` (or the user's) with its declared columns, on the rows whose composition uses
+    ``verifiable`` (``used``: some route's does); ``taken``: the package's other columns, which a result's key may
+    not name."""
 
-    def __init__(self, compute_score: Callable, user_keys: tuple[str, ...], taken: frozenset[str]):
+    def __init__(self, compute_score: Callable, user_keys: tuple[str, ...], taken: frozenset[str], *, used: bool):
         self.compute_score = compute_score
         self.is_async = inspect.iscoroutinefunction(compute_score)
         self.keys = declared_keys(compute_score, user_keys)
+        self.columns = (VERIFIABLE_SCORE, *self.keys) if used else ()
         self._taken = taken
         for key in self.keys:
             if key in taken:
@@ -77,19 +74,32 @@ class VerifiableScorer:
         self._known = frozenset((*self.keys, "score"))
         self._warned: set[str] = set()
 
-    async def score(self, loop: asyncio.AbstractEventLoop, fields: Mapping[str, Any], text: str
-                    ) -> tuple[float, dict[str, Any]]:
-        """One sample's reward from ``compute_score`` and its declared columns (None where the result has none);
+    async def score(self, batch: Batch) -> Scores:
+        out = Scores.empty(len(batch), self.columns, ("verifiable",) if self.columns else ())
+        rows = [i for i, route in enumerate(batch.routes) if route.composition.needs_verifiable]
+        calls = (self._score_row(batch.samples[i].fields, batch.texts[i]) for i in rows)
+        for i, (reward, extras) in await out.gather_rows(rows, calls, stop=batch.batch_call):
+            out.components["verifiable"][i] = reward
+            out.columns[VERIFIABLE_SCORE][i] = reward
+            for key, value in extras.items():
+                out.columns[key][i] = value
+        return out
+
+    async def _score_row(self, fields: Mapping[str, Any], text: str) -> tuple[float, dict[str, Any]]:
+        """One row's reward from ``compute_score`` and its declared columns (None where the result has none);
         a sync function runs in a thread (verifiers may be slow)."""
         kwargs = dict(data_source=fields["data_source"], solution_str=text,
                       ground_truth=fields["reward_model"]["ground_truth"], extra_info=extra_info_for(fields))
         if self.is_async:
             result = await self.compute_score(**kwargs)
         else:
-            result = await loop.run_in_executor(None, lambda: self.compute_score(**kwargs))
-        return self.columns(result)
+            result = await asyncio.get_running_loop().run_in_executor(None, lambda: self.compute_score(**kwargs))
+        return self.result_columns(result)
 
-    def columns(self, result: Any) -> tuple[float, dict[str, Any]]:
+    async def close(self) -> None:
+        """Nothing held."""
+
+    def result_columns(self, result: Any) -> tuple[float, dict[str, Any]]:
         """``compute_score``'s reward and the declared columns of its result (a number, or a dict with ``score``)."""
         extras = dict.fromkeys(self.keys)
         if not isinstance(result, dict):
