@@ -45,8 +45,9 @@ def make_batch(rng: np.random.Generator, prompts: int, responses: int, words: in
 async def judge_batch(url: str, batch: list[tuple], options: dict) -> dict:
     from verl_vllm_rm.judge.client import JudgeClient
     from verl_vllm_rm.judge.options import JudgeOptions
+    from verl_vllm_rm.options import build
 
-    client = JudgeClient(JudgeOptions(server_url=[url], **options))
+    client = JudgeClient(build(JudgeOptions, {"server_url": [url], **options}, "judge"))
     try:
         t0 = time.perf_counter()
         judged = await asyncio.gather(*(client.judge_group(q, answers, ref) for q, answers, ref in batch))

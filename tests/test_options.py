@@ -211,8 +211,8 @@ def test_reward_models_inherit_the_top_level_options_and_routes_name_known_ones(
                                                                   "failure_policy": "raise"}],
                           "routes": [{"data_source": "math/*", "reward_models": ["safety"], "ensemble": "min"}]})
     helpful, safety = opts.rm_options
-    assert (helpful.server_url, helpful.failure_policy, helpful.max_retries) == (["http://a:1"], "mask", 1)
-    assert (safety.server_url, safety.failure_policy, safety.max_retries) == (["http://b:1"], "raise", 1)
+    assert (helpful.client.server_url, helpful.failure_policy, helpful.client.max_retries) == (["http://a:1"], "mask", 1)
+    assert (safety.client.server_url, safety.failure_policy, safety.client.max_retries) == (["http://b:1"], "raise", 1)
     assert opts.route_models(opts.routes[0]) == ("safety",)
     single = parse_options({"server_url": "http://a:1"})
     assert [rm.name for rm in single.rm_options] == ["rm"]
@@ -242,11 +242,11 @@ def test_reward_kwargs_defaults_come_from_the_protocol(monkeypatch):
     from verl_vllm_rm.scoring.options import parse_options
 
     monkeypatch.delenv(API_KEY_ENV, raising=False)
-    assert parse_options(None).server_url == [DEFAULT_SERVER_URL]
-    assert parse_options(None).api_key is None
+    assert parse_options(None).rm.client.server_url == [DEFAULT_SERVER_URL]
+    assert parse_options(None).rm.client.api_key is None
     monkeypatch.setenv(API_KEY_ENV, "k-env")
-    assert parse_options({}).api_key == "k-env"
-    assert parse_options({"api_key": "k-own"}).api_key == "k-own"
+    assert parse_options({}).rm.client.api_key == "k-env"
+    assert parse_options({"api_key": "k-own"}).rm.client.api_key == "k-own"
 
 
 def test_online_rm_options_are_checked():

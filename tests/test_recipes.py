@@ -35,7 +35,7 @@ def test_recipe_resolves_to_vllm_rm(recipe, compose_config):
     cfg = compose_config(overrides)
     assert resolve_reward_manager_cls(cfg) is VLLMRewardManager
     options = parse_options(OmegaConf.to_container(cfg.reward.reward_kwargs, resolve=True))
-    assert options.server_url == ["http://127.0.0.1:8001"]
+    assert options.rm.client.server_url == ["http://127.0.0.1:8001"]
     assert not cfg.reward.reward_model.enable  # verl's own RM path would bypass vllm_rm
 
 

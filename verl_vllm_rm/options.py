@@ -20,6 +20,10 @@ Supported annotations: ``bool``, ``int``, ``float`` (``bool`` is not a number; a
 ``dict``/``Mapping[K, V]`` and nested dataclasses (sections, checked
 recursively), with ``S`` a scalar type; ``tuple[X, ...]`` also takes a list of
 sections (``X`` a dataclass) or of plain mappings (``X`` is ``dict``).
+
+Sections nest; no option class extends another. A section whose keys the user gives at its parent's level is
+declared with :func:`inline` (``reward_kwargs.server_url`` fills the client section of the reward model's
+options, which fills the manager's): a section for the code, flat keys for the user.
 """
 
 from __future__ import annotations
@@ -47,6 +51,47 @@ class ConfigError(ValueError):
     """A bad config entry; the message names the option's path and the fix."""
 
 
+#: the metadata key of a field made by :func:`inline`
+INLINE = "verl_vllm_rm_inline"
+
+
+def inline(section: type) -> Any:
+    """A field holding a ``section`` dataclass whose options are keys of its parent's own mapping (defaults: the
+    section's)."""
+    return dataclasses.field(default_factory=section, metadata={INLINE: True})
+
+
+def option_fields(cls: type) -> list[tuple[dataclasses.Field, type]]:
+    """Every option key of ``cls``, in order: each field it declares, an :func:`inline` section's in its place;
+    each with the class that declares it (for its annotation and docstring)."""
+    out: list[tuple[dataclasses.Field, type]] = []
+    for f in dataclasses.fields(cls):
+        if f.init and f.metadata.get(INLINE):
+            out += option_fields(typing.get_type_hints(cls)[f.name])
+        elif f.init:
+            out.append((f, cls))
+    return out
+
+
+def flat_values(section: Any) -> dict[str, Any]:
+    """A built section as the mapping it is built from: its :func:`inline` sections' keys at its own level, nested
+    sections as mappings (``build(type(section), flat_values(section), path)`` builds it again)."""
+    def raw(value: Any) -> Any:
+        if dataclasses.is_dataclass(value):
+            return flat_values(value)
+        if isinstance(value, tuple) and value and dataclasses.is_dataclass(value[0]):
+            return [flat_values(v) for v in value]
+        return value
+
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(section):
+        if f.init and f.metadata.get(INLINE):
+            out.update(flat_values(getattr(section, f.name)))
+        elif f.init:
+            out[f.name] = raw(getattr(section, f.name))
+    return out
+
+
 def build(cls: type[T], raw: Mapping[str, Any] | None, path: str) -> T:
     """``cls(**raw)`` after checking every key and value of ``raw`` against ``cls``'s fields.
 
@@ -60,18 +105,22 @@ def build(cls: type[T], raw: Mapping[str, Any] | None, path: str) -> T:
         raw = {}
     if not isinstance(raw, Mapping):
         raise ConfigError(f"{path} must be {_describe(cls)}, got {raw!r}")
-    fields = [f for f in dataclasses.fields(cls) if f.init]
-    valid = [f.name for f in fields]
+    valid = [f.name for f, _ in option_fields(cls)]
     unknown = sorted(str(k) for k in raw if k not in valid)
     if unknown:
         raise ConfigError(f"unknown {path} option(s) {unknown}; valid options are: {', '.join(valid)}"
                           f"{_suggestions(unknown, valid)}")
-    missing = [f.name for f in fields if f.name not in raw
+    own = [f for f in dataclasses.fields(cls) if f.init and not f.metadata.get(INLINE)]
+    missing = [f.name for f in own if f.name not in raw
                and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
     if missing:
         raise ConfigError(f"missing required {path} option(s) {missing}; valid options are: {', '.join(valid)}")
     hints = typing.get_type_hints(cls)
-    values = {name: _check(value, hints[name], f"{path}.{name}") for name, value in raw.items()}
+    values = {f.name: _check(raw[f.name], hints[f.name], f"{path}.{f.name}") for f in own if f.name in raw}
+    for f in dataclasses.fields(cls):
+        if f.init and f.metadata.get(INLINE):
+            keys = {g.name for g, _ in option_fields(hints[f.name])}
+            values[f.name] = build(hints[f.name], {k: v for k, v in raw.items() if k in keys}, path)
     try:
         return cls(**values)
     except ValueError as exc:

@@ -10,7 +10,6 @@ the keys under ``reward: reward_kwargs:`` and ``online_rm:``. Other programs' fl
 
 from __future__ import annotations
 
-import dataclasses
 import re
 import shlex
 import typing
@@ -28,6 +27,7 @@ from verl_vllm_rm.dev.reference_docs.pages import ENTRY_SECTIONS, subcommands
 from verl_vllm_rm.dev.reference_docs.sections import nested_section
 from verl_vllm_rm.dev.reference_docs.server_flags import read_server_flags
 from verl_vllm_rm.online.config import OnlineRMConfig
+from verl_vllm_rm.options import option_fields
 from verl_vllm_rm.scoring.options import ManagerOptions
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -66,12 +66,11 @@ def code_blocks(markdown: str) -> list[tuple[int, str, str]]:
 
 def key_problems(cls: type, parts: list[str], value: Any, path: str) -> list[str]:
     """The keys of ``parts`` (a dotted override key) and of ``value`` below it that ``cls``'s options lack."""
-    hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls) if f.init]
+    owners = {f.name: owner for f, owner in option_fields(cls)}  # an inline section's keys at its parent's level
     head, rest = parts[0], parts[1:]
-    if head not in names:
+    if head not in owners:
         return [f"{path}.{head}"]
-    section, many = nested_section(hints[head])
+    section, many = nested_section(typing.get_type_hints(owners[head])[head])
     if (cls, head) in ENTRY_SECTIONS:
         section, many = ENTRY_SECTIONS[cls, head], True
     if section is None or (rest and many):  # a mapping of free keys (weights, attributes), or a list index

@@ -53,7 +53,7 @@ def test_check_exits_1_naming_the_stale_page_and_writes_nothing(pages, tmp_path,
 
 def test_every_field_of_every_option_section_has_its_meaning():
     missing = [f"{cls.__name__}.{f.name}" for cls in SECTIONS for f in dataclasses.fields(cls)
-               if f.init and not field_meanings(cls).get(f.name)]
+               if f.init and not field_meanings(cls).get(f.name)]  # an inline section's field too: its docstring
     assert not missing, f"give each a docstring line right after the field (its meaning in the reference): {missing}"
     assert len(SECTIONS) >= 12, [c.__name__ for c in SECTIONS]  # the walk reached the nested sections
 

@@ -16,6 +16,7 @@ from verl_vllm_rm.rewards.judge import JudgeAnswerError
 from verl_vllm_rm.client.reward_client import RewardRequestError, RewardServerError, VLLMRewardClient
 from verl_vllm_rm.judge.client import JudgeClient
 from verl_vllm_rm.judge.options import JudgeOptions
+from verl_vllm_rm.options import build
 
 PROMPT = "What is 12 + 30?"
 RESPONSES = ["42.", "It is 42 because 12 + 30 = 42.", "41", "I cannot say.", "Forty-two.", "12 + 30 = 43"]
@@ -23,7 +24,7 @@ RESPONSES = ["42.", "It is 42 because 12 + 30 = 42.", "41", "I cannot say.", "Fo
 
 def judge(url: str, prompt: str = PROMPT, responses=RESPONSES, reference: str | None = "42", **options):
     async def go():
-        client = JudgeClient(JudgeOptions(server_url=[url], **options))
+        client = JudgeClient(build(JudgeOptions, {"server_url": [url], **options}, "judge"))
         try:
             return await client.judge_group(prompt, responses, reference)
         finally:

@@ -146,9 +146,10 @@ def test_rewards_without_the_version_are_named(fake_queue):
 
 
 def rm(name: str, **kwargs):
+    from verl_vllm_rm.options import build
     from verl_vllm_rm.scoring.options import RewardModelOptions
 
-    return RewardModelOptions(name=name, **kwargs)
+    return build(RewardModelOptions, {"name": name, **kwargs}, "reward_models[0]")
 
 
 @pytest.mark.parametrize(("rms", "online", "keys"), [

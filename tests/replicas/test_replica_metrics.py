@@ -101,9 +101,9 @@ def test_each_rm_entry_has_its_own_servers_or_replicas():
     opts = parse_options({"server_url": "http://a:1", "reward_models": [
         {"name": "helpful"}, {"name": "safety", "replicas": {"model": "/rm", "num_replicas": 2}}]})
     helpful, safety = opts.rm_options
-    assert helpful.server_url == ["http://a:1"] and helpful.replicas is None
+    assert helpful.client.server_url == ["http://a:1"] and helpful.replicas is None
     assert safety.replicas.num_replicas == 2  # the top level's server_url belongs to the other RM
     top = parse_options({"replicas": {"model": "/rm"}, "reward_models": [
         {"name": "a"}, {"name": "b", "server_url": "http://b:1"}]})
     a, b = top.rm_options
-    assert a.replicas.model == "/rm" and b.replicas is None and b.server_url == ["http://b:1"]
+    assert a.replicas.model == "/rm" and b.replicas is None and b.client.server_url == ["http://b:1"]

@@ -71,7 +71,7 @@ def test_the_batch_call_sends_its_samples_at_once_not_after_the_coalescing_windo
     it still returns (without the flush it would wait out the window, and this test its timeout)."""
     mgr = load_manager(verl_config(fault_proxy.url, coalesce_ms=3_600_000, max_length=512), tokenizer)
     data = build_batch(grpo_groups, tokenizer.pad_token_id)
-    assert len(data) < mgr.rm.options.max_batch_seqs  # the batch alone never fills a request
+    assert len(data) < mgr.rm.options.client.max_batch_seqs  # the batch alone never fills a request
     picked = last_token_rewards(mgr(data), data)
     assert torch.allclose(picked, torch.tensor(expected_scores(hf_model, grpo_groups)), atol=1e-4)
     assert [r["path"] for r in fault_proxy.requests] == ["/score"] and mgr.rm.batcher.requests_sent == 1

@@ -1,12 +1,11 @@
 """How the trainer side talks to a server: the options every client section shares.
 
-``reward_kwargs`` (each reward model) and its ``judge`` section extend :class:`ClientOptions`;
-:func:`verl_vllm_rm.options.build` validates them.
+Each reward model's options (``reward_kwargs``, each ``reward_models`` entry) and the ``judge`` section hold one
+:class:`ClientOptions`, its keys given at their own level (:func:`verl_vllm_rm.options.inline`).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from dataclasses import dataclass, field
 
@@ -61,7 +60,3 @@ class ClientOptions:
         for url in self.server_url:
             if not url.startswith(("http://", "https://")):
                 raise ValueError(f"server_url entry {url!r} must start with http:// or https://")
-
-    def client_options(self) -> "ClientOptions":
-        """The client part of a section that extends this one."""
-        return ClientOptions(**{f.name: getattr(self, f.name) for f in dataclasses.fields(ClientOptions)})

@@ -58,7 +58,7 @@ class JudgeClient:
     def __init__(self, options: JudgeOptions) -> None:
         self.options = options
         self.template = options.template or DEFAULT_TEMPLATES[options.mode]
-        self.client = VLLMRewardClient(options=options.client_options())
+        self.client = VLLMRewardClient(options=options.client)
 
     async def judge_group(self, prompt: str, responses: Sequence[str], reference: str | None = None) -> Judgement:
         """Scores for the responses of one prompt (all of them: listwise and pairwise among members need the
@@ -106,8 +106,8 @@ class JudgeClient:
             "messages": [{"role": "user", "content": text}], "max_tokens": opts.max_tokens,
             "temperature": opts.temperature, "structured_outputs": answer_constraint(opts.mode, n),
         }
-        if opts.model:
-            payload["model"] = opts.model
+        if opts.client.model:
+            payload["model"] = opts.client.model
         answer, prompt_tokens = await self.client.post(CHAT_PATH, payload, validate=_completion)
         return _Answer(parse_answer(opts.mode, answer, n), answer, prompt_tokens)
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from verl_vllm_rm.client.options import ClientOptions
-from verl_vllm_rm.options import check_ranges
+from verl_vllm_rm.options import check_ranges, inline
 from verl_vllm_rm.rewards.judge import DEFAULT_PRINCIPLES, Aggregation, JudgeMode, check_template
 
 FailurePolicy = Literal["raise", "mask"]
@@ -14,9 +14,11 @@ PairwiseAgainst = Literal["reference", "group"]
 
 
 @dataclass(frozen=True)
-class JudgeOptions(ClientOptions):
-    """A generative judge: where it is served (the client options) and how it judges."""
+class JudgeOptions:
+    """A generative judge: where it is served (its client options) and how it judges."""
 
+    client: ClientOptions = inline(ClientOptions)
+    """Where the judge is served and how it is asked: ``judge.server_url``, ``judge.read_timeout_s``, ..."""
     mode: JudgeMode = "listwise"
     """``listwise``: one call per group ranks every response; ``pointwise``: a score 1-10 per response, min-max
     scaled over the group; ``pairwise``: each response against the reference or every pair of members once."""
@@ -43,7 +45,6 @@ class JudgeOptions(ClientOptions):
     """A group not complete this long (seconds) after its first member arrived fails (``failure_policy``)."""
 
     def __post_init__(self) -> None:
-        super().__post_init__()
         if self.template is not None:
             check_template(self.mode, self.template)
         check_ranges(self, {"> 0": ("max_tokens",), ">= 0": ("temperature",), ">= 1": ("group_size",)},

@@ -36,11 +36,12 @@ def trained_rm_version_keys(rm_options: Sequence[RewardModelOptions], online: On
     of the manager served by what ``online_rm`` publishes to (two names can read one server, e.g. two weightings of
     one attribute RM)."""
     trained = [o.name for o in rm_options if o.name == online.reward_model
-               or (o.replicas is None and online.server_url in o.server_url)]
+               or (o.replicas is None and online.server_url in o.client.server_url)]
     if not trained:
         target = (f"online_rm.reward_model={online.reward_model!r}" if online.reward_model is not None
                   else f"online_rm.server_url={online.server_url!r}")
-        served = {o.name: "managed replicas" if o.replicas is not None else list(o.server_url) for o in rm_options}
+        served = {o.name: "managed replicas" if o.replicas is not None else list(o.client.server_url)
+                  for o in rm_options}
         raise ConfigError(f"online_rm.max_staleness bounds the versions of the trained RM that scored each batch, and "
                           f"no reward model of reward.reward_kwargs is served by what online_rm trains ({target}; "
                           f"the manager's: {served or 'none: reward.reward_manager.name is not vllm_rm'}): point "

@@ -146,7 +146,7 @@ class RewardMetrics:
         # every managed RM's replicas up before anything is scored or published (a resumed online RM publishes next)
         options = run_options(self.config)  # None unless the reward manager is vllm_rm
         reward_models = options.rm_options if options is not None else ()
-        self.fleets = FleetReadings({o.name: (o.replicas, o.api_key) for o in reward_models if o.replicas is not None})
+        self.fleets = FleetReadings({o.name: (o.replicas, o.client.api_key) for o in reward_models if o.replicas is not None})
         whitened = whitening_keys(reward_models)
         self.whitening = WhiteningCheckpoint(whitened, self.get_reward_handles()) if whitened else None
         if self.whitening is not None and self.global_steps > 0:

@@ -8,7 +8,6 @@ start-up instead of silently using a default.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import re
 from dataclasses import dataclass, field
@@ -17,7 +16,7 @@ from typing import Any, Literal, Mapping
 
 from verl_vllm_rm.client.options import ClientOptions
 from verl_vllm_rm.judge.options import FailurePolicy, JudgeOptions
-from verl_vllm_rm.options import ConfigError, build, check_ranges
+from verl_vllm_rm.options import ConfigError, build, check_ranges, flat_values, inline
 from verl_vllm_rm.protocol.defaults import DEFAULT_SERVER_URL
 from verl_vllm_rm.replicas.options import ReplicaOptions
 from verl_vllm_rm.rewards.config import CombineMode, RewardConfig
@@ -47,13 +46,15 @@ def attribute_whitening_key(rm_name: str, attribute: str) -> str:
 
 
 @dataclass(frozen=True)
-class RewardModelOptions(ClientOptions):
+class RewardModelOptions:
     """One reward model: where it is served, how its input is built, how its score is read.
 
     The top-level ``reward_kwargs`` options of these names describe the one RM of a single-RM
     run and are the defaults of every entry of ``reward_kwargs.reward_models``.
     """
 
+    client: ClientOptions = inline(ClientOptions)
+    """Where the RM is served and how it is asked: ``server_url``, ``api_key``, the timeouts, retries, batches."""
     name: str = DEFAULT_RM_NAME
     """The RM's name (with ``reward_models``, each entry's; ``[a-z][a-z0-9_]*``), used in routes and in per-RM keys
     and metrics."""
@@ -91,11 +92,10 @@ class RewardModelOptions(ClientOptions):
     RM's reward is their weighted sum; weight 0 reports one without rewarding it."""
 
     def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.replicas is not None and list(self.server_url) != [DEFAULT_SERVER_URL]:
-            raise ValueError(f"reward model {self.name!r} has both server_url {list(self.server_url)} and replicas: "
-                             "managed replicas replace server_url; drop one of them (an RM either has servers you "
-                             "started or replicas the plugin starts)")
+        if self.replicas is not None and list(self.client.server_url) != [DEFAULT_SERVER_URL]:
+            raise ValueError(f"reward model {self.name!r} has both server_url {list(self.client.server_url)} and "
+                             "replicas: managed replicas replace server_url; drop one of them (an RM either has "
+                             "servers you started or replicas the plugin starts)")
         if not RM_NAME.fullmatch(self.name):
             raise ValueError(f"reward model name {self.name!r} must match {RM_NAME.pattern} (it names metrics)")
         check_ranges(self, {"> 0": ("max_length",)})
@@ -175,10 +175,12 @@ class AttributeAlarmOptions:
 
 
 @dataclass(frozen=True)
-class ManagerOptions(RewardModelOptions):
+class ManagerOptions:
     """All options of ``reward.reward_manager.name=vllm_rm`` (docs/rewards.md; each one:
     docs/reference/configuration.md)."""
 
+    rm: RewardModelOptions = inline(RewardModelOptions)
+    """The run's one reward model, or the defaults of every ``reward_models`` entry (keys at the top level)."""
     reward_models: tuple[dict, ...] = ()
     """Several named RMs, each entry over the top-level options of this section (what it leaves out it takes from
     them); unset: the top-level options are the one RM, ``rm``."""
@@ -213,7 +215,6 @@ class ManagerOptions(RewardModelOptions):
     columns, on every sample (None where a result lacks one); an undeclared key is left out, with a warning."""
 
     def __post_init__(self) -> None:
-        super().__post_init__()
         check_ranges(self, {">= 0": ("coalesce_ms", "num_examine"), "in [0, 1]": ("alpha",)})
         validate_reference_source(self.reference_source)
         if self.rewards is not None and self.combine != "replace":
@@ -261,11 +262,9 @@ class ManagerOptions(RewardModelOptions):
     def rm_options(self) -> tuple[RewardModelOptions, ...]:
         """The run's reward models: each ``reward_models`` entry over the top-level options, or the top-level
         options alone (one RM named ``rm``). Resolved and validated once, on first use (``__post_init__``)."""
-        inherited = {f.name: getattr(self, f.name) for f in dataclasses.fields(RewardModelOptions)}
         if not self.reward_models:
-            return (RewardModelOptions(**inherited),)
-        if self.replicas is not None:  # a section is validated again as the entry's own mapping
-            inherited["replicas"] = dataclasses.asdict(self.replicas)
+            return (self.rm,)
+        inherited = flat_values(self.rm)
         out = []
         for i, entry in enumerate(self.reward_models):
             if "name" not in entry:

@@ -54,18 +54,18 @@ class RewardModel:
         self.options = options
         self.name = options.name
         self.tokenizer = tokenizer  # the policy's
-        self.client = VLLMRewardClient(options=options.client_options())
+        self.client = VLLMRewardClient(options=options.client)
         if options.replicas is not None:  # the run's fleet of this RM, started by the first worker that asks
             from verl_vllm_rm.replicas.fleet import fleet_for
 
-            fleet = fleet_for(options.name, options.replicas, options.api_key)
+            fleet = fleet_for(options.name, options.replicas, options.client.api_key)
 
             async def replica_urls() -> list[str]:
                 return await fleet.urls.remote()
 
             self.client.follow(replica_urls)
-        self.batcher = GroupBatcher(self._score_chunk, coalesce_s=coalesce_s, max_seqs=options.max_batch_seqs,
-                                    max_tokens=options.max_batch_tokens)
+        self.batcher = GroupBatcher(self._score_chunk, coalesce_s=coalesce_s, max_seqs=options.client.max_batch_seqs,
+                                    max_tokens=options.client.max_batch_tokens)
         self.rm_tokenizer = None
         if options.rm_tokenizer_path:
             from transformers import AutoTokenizer

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any, Literal, Union
 
+from verl_vllm_rm.options import option_fields
+
 
 REQUIRED = "required"  # the default shown for a field that has none
 SECTION_DEFAULTS = "its options' defaults"  # ... for a section whose default is its own dataclass
@@ -151,10 +153,11 @@ def _allowed(tp: Any, bound: str | None) -> tuple[str, ...]:
 
 
 def options(cls: type, prefix: str = "") -> list[Option]:
-    """Every init field of the option dataclass ``cls`` (inherited ones first, as ``dataclasses.fields`` orders
-    them), its key prefixed with ``prefix``."""
-    hints, meanings, bounds = typing.get_type_hints(cls), field_meanings(cls), _inherited(cls, _own_bounds)
-    return [Option(f"{prefix}{f.name}", type_name(hints[f.name]), _default(f),
-                   _allowed(hints[f.name], bounds.get(f.name)), meanings.get(f.name, ""),
-                   *nested_section(hints[f.name]))
-            for f in dataclasses.fields(cls) if f.init]
+    """Every option key of the option dataclass ``cls`` (:func:`~verl_vllm_rm.options.option_fields`: an inline
+    section's keys in its place), its key prefixed with ``prefix``."""
+    out = []
+    for f, owner in option_fields(cls):
+        hint = typing.get_type_hints(owner)[f.name]
+        out.append(Option(f"{prefix}{f.name}", type_name(hint), _default(f), _allowed(hint, _inherited(
+            owner, _own_bounds).get(f.name)), field_meanings(owner).get(f.name, ""), *nested_section(hint)))
+    return out
