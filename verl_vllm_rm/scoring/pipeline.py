@@ -40,8 +40,7 @@ class ScoringPipeline:
         #: every row's ``reward_extra_info`` keys, in order: the reward, then each scorer's columns
         self.columns = (SCORE, *(key for scorer in self.scorers for key in scorer.columns))
         if clashes := sorted(k for k, n in Counter(self.columns).items() if n > 1):
-            # the scorers' columns are disjoint by construction (the RM and verifiable scorers refuse the names users
-            # internal: choose that would clash); this stops a new scorer that breaks that at start-up
+            # internal: the scorers refuse the clashing names users choose; this stops a new scorer whose columns clash
             raise RuntimeError(f"two reward sources both write the reward_extra_info columns {clashes}")
         self.failed = 0  # rows masked (their reward 0.0)
 
