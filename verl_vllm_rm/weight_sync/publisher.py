@@ -25,7 +25,7 @@ from verl_vllm_rm.parity.probe import UNIT_ROUNDOFF, ParityProbe, coarsest
 from verl_vllm_rm.protocol.inventory import Inventory, WeightUpdateRefused
 from verl_vllm_rm.protocol.lora import LoraBases
 from verl_vllm_rm.protocol.names import RewardModelTrainingMode
-from verl_vllm_rm.protocol.wire import DEFAULT_BUCKET_BYTES, nccl_version, plan_buckets, transport_mismatch
+from verl_vllm_rm.protocol.wire import DEFAULT_BUCKET_BYTES, Bucket, nccl_version, plan_buckets, transport_mismatch
 from verl_vllm_rm.weight_sync.lora_wire import LoraWire
 from verl_vllm_rm.weight_sync.outgoing import Selection, StateDictLike
 from verl_vllm_rm.weight_sync.selection import select_update
@@ -177,13 +177,12 @@ class RewardModelPublisher(ClosedOnExit):
         def plan() -> Selection:
             return self.plan(state_dict, mode, lora_scaling=lora_scaling, adapter=adapter)
 
-        def announce(selection: Selection) -> Iterator[dict[str, Any]] | None:
+        def announce(selection: Selection) -> tuple[list[Bucket], Iterator[dict[str, Any]] | None]:
             return self._announce(selection, mode, version, commit)
 
         # adapters refused by a server whose base store failed since it was read: one more offer, merged
-        selection, lines = self.lora.offer(plan, announce, self._lora_bases_now, leader=self.rank == 0)
+        selection, (buckets, lines) = self.lora.offer(plan, announce, self._lora_bases_now, leader=self.rank == 0)
         items = selection.items
-        buckets = plan_buckets([item.spec for item in items], self.bucket_bytes)
         server: dict[str, Any] = {}
         try:
             peak = self.session.stream(items, buckets)
@@ -210,18 +209,21 @@ class RewardModelPublisher(ClosedOnExit):
                              time.monotonic() - t0, server, parity, peak, selection.lora_scaling is not None)
 
     def _announce(self, selection: Selection, mode: RewardModelTrainingMode, version: int,
-                  commit: bool) -> Iterator[dict[str, Any]] | None:
-        """Send the update's metadata (rank 0); the server's remaining answer lines there, ``None`` elsewhere.
-        Every rank raises rank 0's refusal or failure."""
+                  commit: bool) -> tuple[list[Bucket], Iterator[dict[str, Any]] | None]:
+        """Plan the buckets (a bad bucket size is refused before anything is sent), then send the update's metadata
+        (rank 0); the buckets, and the server's remaining answer lines on rank 0 (``None`` elsewhere). Every rank
+        raises rank 0's refusal or failure."""
+        specs = [item.spec for item in selection.items]
+        buckets = plan_buckets(specs, self.bucket_bytes)
         error, lines = None, None
         if self.rank == 0:
             try:
-                lines = self.session.announce([item.spec for item in selection.items], mode, version,
-                                              "now" if commit else "deferred", selection.lora_scaling)
+                lines = self.session.announce(specs, mode, version, "now" if commit else "deferred",
+                                              selection.lora_scaling)
             except Exception as e:  # every rank learns it through agree
                 error = e
         self.agree(error)
-        return lines
+        return buckets, lines
 
     def _lora_bases_now(self) -> LoraBases:
         """The LoRA base store as the server reports it now (rank 0 asks; every rank records the answer)."""
