@@ -112,6 +112,11 @@ class RewardModelPublisher(ClosedOnExit):
             master_address=master_address or local_address_towards(server_url),
         )
 
+    @property
+    def lora_wire(self) -> str:
+        """What a LoRA publish may send: ``auto``, ``adapters`` or ``merged`` (see :class:`.lora_wire.LoraWire`)."""
+        return self.lora.wire
+
     # -- session ---------------------------------------------------------------------------
 
     @property
@@ -139,7 +144,7 @@ class RewardModelPublisher(ClosedOnExit):
         """The checked, sorted tensors a publish would send (nothing is gathered yet)."""
         return select_update(self.inventory, state_dict, RewardModelTrainingMode.parse(training_mode),
                              self.head_patterns, self.max_update_bytes, lora_scaling=lora_scaling, adapter=adapter,
-                             lora_wire=self.lora.wire)
+                             lora_wire=self.lora_wire)
 
     def publish(
         self,
