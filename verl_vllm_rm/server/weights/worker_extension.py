@@ -13,8 +13,8 @@ touched in ``finish_weight_update`` through vLLM's layerwise reload (plain
 ``load_weights`` fails on repacked CPU weights), scoped to the modules the
 update touches. A transfer that dies halfway therefore leaves the old weights
 serving, never a mix. An update carrying LoRA adapters is merged there too, each
-adapted weight from the worker's immutable base store (:mod:`.lora_bases`),
-after the received adapters were checked finite.
+adapted weight from the worker's immutable base store, after the received
+adapters were checked finite (:mod:`.lora_merge`).
 
 Memory: an update is received one bucket at a time into a single buffer on the
 worker's device, and each bucket is copied out to host memory (pinned with
@@ -47,10 +47,9 @@ from vllm.distributed.weight_transfer import WeightTransferEngine, WeightTransfe
 from vllm.distributed.weight_transfer.base import WeightTransferInitInfo, WeightTransferUpdateInfo
 
 from verl_vllm_rm.protocol.inventory import ParamSpec, module_key
-from verl_vllm_rm.protocol.lora import LoraBases, split_adapter_name
 from verl_vllm_rm.protocol.wire import BufferPool, TransferGroup, open_group, plan_buckets, unpack
 from verl_vllm_rm.server.weights.join import PendingJoin
-from verl_vllm_rm.server.weights.lora_bases import LoraBaseStore, PendingLoraBases, plan_lora_bases
+from verl_vllm_rm.server.weights.lora_merge import LoraMerge
 
 ENGINE_BACKENDS = {"gloo": "gloo", "torch_nccl": "nccl"}
 
@@ -107,10 +106,7 @@ class ProcessGroupWeightTransferEngine(WeightTransferEngine[ProcessGroupInitInfo
         self.receiver: threading.Thread | None = None
         self.receive_error: BaseException | None = None
         self.pending_join: PendingJoin | None = None
-        # planned at the first inventory read, captured at the first update that carries adapters
-        self.lora_bases: LoraBaseStore | PendingLoraBases | LoraBases | None = None
-        self.lora_scaling: dict[str, float] | None = None  # the staged update's, when it carries adapters
-        self.loaded_at_ns = time.time_ns()  # vLLM makes this engine right after loading the model's weights
+        self.lora = LoraMerge(time.time_ns())  # vLLM makes this engine right after loading the model's weights
 
     def init_transfer_engine(self, init_info: ProcessGroupInitInfo) -> None:
         _run_phase("init", init_info.phase, {"begin": lambda: self.begin_join(init_info), "finish": self.finish_join})
@@ -155,7 +151,7 @@ class ProcessGroupWeightTransferEngine(WeightTransferEngine[ProcessGroupInitInfo
         alone, and a trainer that stalls or dies mid-transfer does not stall it at all.
         """
         if update_info.get("phase") == ABORT_PHASE:  # drop a staged update; raising makes vLLM close the session
-            self.staged, self.lora_scaling = [], None
+            self.staged, self.lora.scaling = [], None
             # internal: raised on purpose for /abort_update, whose apply.abort_update catches it (status "aborted")
             raise UpdateAborted("update aborted: the staged weights were dropped, the serving ones never changed")
         info = self.parse_update_info(update_info)
@@ -169,7 +165,7 @@ class ProcessGroupWeightTransferEngine(WeightTransferEngine[ProcessGroupInitInfo
             # internal: an update's task waits for all receives to end (rm_receive_done), and blocks others (409)
             raise RuntimeError("a weight transfer is still being received")
         self.staged, self.receive_error = [], None
-        self.lora_scaling = update_info.lora_scaling
+        self.lora.scaling = update_info.lora_scaling
         device = self.group.device
 
         def receive() -> None:
@@ -212,8 +208,7 @@ class ProcessGroupWeightTransferEngine(WeightTransferEngine[ProcessGroupInitInfo
             host = self.staging.get(i, bucket.nbytes)
             host.copy_(landing)  # blocking: the landing buffer is free for the next bucket when this returns
             staged.extend(unpack(bucket, host))
-        if update_info.lora_scaling:
-            _check_adapters(staged)
+        self.lora.check_received(staged)
         self.staged = staged
 
     def receive_memory(self) -> dict[str, int]:
@@ -228,18 +223,10 @@ class ProcessGroupWeightTransferEngine(WeightTransferEngine[ProcessGroupInitInfo
         )
 
         staged, self.staged = self.staged, []
-        scaling, self.lora_scaling = self.lora_scaling, None
+        names, weights = self.lora.to_load(staged, self.device)  # adapters merged from the base store
         if not staged:
             # internal: a reload follows a receive that staged a non-empty update; a staged one blocks other updates
             raise RuntimeError("finish_weight_update without received weights")
-        names = [name for name, _ in staged]
-        weights: Iterable[tuple[str, torch.Tensor]] = staged
-        if scaling:
-            if not isinstance(self.lora_bases, LoraBaseStore):
-                # internal: the router refuses adapters unless the inventory reports the store held
-                raise RuntimeError("an update with LoRA adapters reached a worker without a LoRA base store")
-            names = [f"{split[0]}.weight" if (split := split_adapter_name(n)) else n for n in names]
-            weights = self.lora_bases.merged_update(staged, scaling, self.device)
         targets = self._reload_targets(names)
         with torch.no_grad():
             for module in targets:
@@ -275,16 +262,7 @@ class ProcessGroupWeightTransferEngine(WeightTransferEngine[ProcessGroupInitInfo
         if pending is not None:
             pending.abandon()
         self.group = None
-        self.staged, self.lora_scaling = [], None
-
-
-def _check_adapters(staged: list[tuple[str, torch.Tensor]]) -> None:
-    """Refuse adapters that are not finite, before the reload: the old weights keep serving. (The scalings were
-    checked with the metadata: JSON carries no NaN or inf.)"""
-    bad = sorted(name for name, tensor in staged
-                 if split_adapter_name(name) and tensor.is_floating_point() and not torch.isfinite(tensor).all())
-    if bad:
-        raise ValueError(f"the update's LoRA adapters are not finite (NaN or inf) in {bad}; nothing was loaded")
+        self.staged, self.lora.scaling = [], None
 
 
 class NcclProcessGroupWeightTransferEngine(ProcessGroupWeightTransferEngine):
@@ -321,7 +299,7 @@ class WeightSyncWorkerExtension:
         and a head published in bf16 would lose what the trainer's fp32 head has.
 
         The first call also plans the LoRA base store (``lora_bases``: ``host``,
-        ``device`` or ``off``; see :mod:`.lora_bases`): every weight and bias of the
+        ``device`` or ``off``; see :mod:`.lora_merge`): every weight and bias of the
         linear modules outside the head, in its served dtype. Only the room for it is
         checked here; :meth:`rm_capture_lora_bases` copies it.
         """
@@ -348,34 +326,22 @@ class WeightSyncWorkerExtension:
                     bases.append((name, tuple(tensor.shape), dtype))
             params.append({"name": name, "dtype": dtype_name(dtype), "shape": list(tensor.shape)})
         engine = self.weight_transfer_engine
-        if engine.lora_bases is None and lora_bases != "off" and model_config.quantization is not None:
-            # not testable on vLLM-CPU here (no quantized checkpoint is built for the tests)
-            engine.lora_bases = LoraBases("unavailable", lora_bases, reason=(
-                f"the server's weights are quantized ({model_config.quantization}): adapters cannot be merged "
-                "into them without re-quantizing"))
-        if engine.lora_bases is None:
-            engine.lora_bases = plan_lora_bases(lora_bases, engine.device, fused, bases, lora_bases_max_bytes,
-                                                model_config.model, engine.loaded_at_ns)
+        engine.lora.plan(lora_bases, engine.device, fused, bases, lora_bases_max_bytes, model_config.model,
+                         model_config.quantization)
         return {"params": params, "fused_modules": {k: list(v) for k, v in fused.items()},
                 "nccl_version": nccl_version(), "lora_bases": self.rm_lora_bases()}
 
     def rm_lora_bases(self) -> dict[str, Any]:
         """The LoRA base store as ``/weight_inventory`` reports it."""
-        store = self.weight_transfer_engine.lora_bases
-        if store is None:
-            # internal: the router reads the inventory (which plans the store) before it asks for the store
-            raise RuntimeError("the LoRA base store is reported only after the first inventory read")
-        return (store if isinstance(store, LoraBases) else store.report()).to_json()
+        return self.weight_transfer_engine.lora.report()
 
     def rm_capture_lora_bases(self) -> dict[str, Any]:
         """Copy the planned LoRA base store from the model's weight files (a second read of them), once; its
         report, ``unavailable`` with the reason when the copy could not be made."""
         from vllm.model_executor.model_loader import get_model_loader
 
-        engine = self.weight_transfer_engine
-        if isinstance(engine.lora_bases, PendingLoraBases):
-            model = self.model_runner.get_model()
+        def read() -> Iterable[tuple[str, torch.Tensor]]:
             loader = get_model_loader(self.vllm_config.load_config)
-            engine.lora_bases = engine.lora_bases.capture(
-                lambda: loader.get_all_weights(self.vllm_config.model_config, model))
-        return self.rm_lora_bases()
+            return loader.get_all_weights(self.vllm_config.model_config, self.model_runner.get_model())
+
+        return self.weight_transfer_engine.lora.capture(read)
