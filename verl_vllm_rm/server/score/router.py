@@ -24,6 +24,10 @@ async def health(request: Request) -> JSONResponse:
         await request.app.state.engine_client.check_health()
     except Exception as e:  # the engine is dead: say so, with the cause
         return JSONResponse({"status": "error", "type": state.kind, "error": str(e)}, status_code=503)
+    if state.weights.lost is not None:  # a reload failed and could not be undone: nothing it scores is right
+        return JSONResponse({"status": "error", "type": state.kind, "error": state.weights.lost_message(),
+                             "version": None, "last_failed_update": state.weights.last_failed_update},
+                            status_code=503)
     body = {
         "status": "ok",
         "type": state.kind,
@@ -54,6 +58,9 @@ async def score(request: Request) -> JSONResponse:
     state: RewardServerState = request.app.state.reward
     engine = request.app.state.engine_client
     counters, t0 = state.scoring, time.perf_counter()
+    if state.weights.lost is not None:
+        counters.failed += 1
+        return error_response(state.weights.lost_message(), 503)
     if state.kind != "reward_model":
         counters.refused += 1
         return error_response(f"this server serves {state.served_models[0]} as a generative judge (--runner "
@@ -83,7 +90,7 @@ async def score(request: Request) -> JSONResponse:
 
 @router.get("/runtime_version")
 async def runtime_version(request: Request) -> JSONResponse:
-    return JSONResponse({"version": request.app.state.reward.weights.version})
+    return JSONResponse({"version": request.app.state.reward.weights.serving_version})
 
 
 @router.get("/get_world_size")

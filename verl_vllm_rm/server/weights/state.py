@@ -32,12 +32,23 @@ class WeightSyncState:
     max_update_bytes: int | None = None
     lora_bases: str = "off"  # --weight-update-lora-bases: where the workers keep the LoRA base store
     lora_bases_max_bytes: int | None = None  # --weight-update-lora-bases-max-bytes
+    rollback_max_bytes: int | None = None  # --weight-update-rollback-max-bytes
+    lost: str | None = None  # why the serving weights are lost (a reload failed with no copy): nothing scores
     join_timeout_s: float = DEFAULT_JOIN_TIMEOUT_S
     inventory: Inventory | None = None
     inventory_lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one engine read, however many ask at once
     session: str | None = None
     update_task: asyncio.Task | None = None
     control: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    @property
+    def serving_version(self) -> int | None:
+        """The version the server serves, None while its weights are lost."""
+        return None if self.lost is not None else self.version
+
+    def lost_message(self) -> str:
+        return (f"this server's weights are lost: {self.lost}; it scores nothing until a full publish (training_mode "
+                "full) succeeds or it restarts")
 
     def busy(self) -> str | None:
         """Why no other update or communicator change may start now (None: nothing is in the way)."""

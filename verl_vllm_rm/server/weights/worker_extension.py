@@ -51,6 +51,7 @@ from verl_vllm_rm.protocol.lora import LoraBases, split_adapter_name
 from verl_vllm_rm.protocol.wire import BufferPool, TransferGroup, open_group, plan_buckets, unpack
 from verl_vllm_rm.server.weights.join import PendingJoin
 from verl_vllm_rm.server.weights.lora_bases import LoraBaseStore, PendingLoraBases, plan_lora_bases
+from verl_vllm_rm.server.weights.rollback import copy_modules, roll_back, with_test_fault
 
 ENGINE_BACKENDS = {"gloo": "gloo", "torch_nccl": "nccl"}
 
@@ -73,6 +74,7 @@ class ProcessGroupUpdateInfo(WeightTransferUpdateInfo):
     bucket_bytes: int
     phase: str = "begin"  # "begin": start receiving in the background; "join": wait for it, raise its error
     lora_scaling: dict[str, float] | None = None  # with LoRA adapters: merge them into the base store's weights
+    rollback_max_bytes: int | None = None  # --weight-update-rollback-max-bytes: the host copy of touched modules
 
 
 ABORT_PHASE = "abort"  # the update_weights phase that drops what was staged (``/abort_update``)
@@ -110,6 +112,8 @@ class ProcessGroupWeightTransferEngine(WeightTransferEngine[ProcessGroupInitInfo
         # planned at the first inventory read, captured at the first update that carries adapters
         self.lora_bases: LoraBaseStore | PendingLoraBases | LoraBases | None = None
         self.lora_scaling: dict[str, float] | None = None  # the staged update's, when it carries adapters
+        self.rollback_max_bytes: int | None = None  # the staged update's
+        self.reload_lost: str | None = None  # why the last failed reload could not be undone
         self.loaded_at_ns = time.time_ns()  # vLLM makes this engine right after loading the model's weights
 
     def init_transfer_engine(self, init_info: ProcessGroupInitInfo) -> None:
@@ -169,7 +173,7 @@ class ProcessGroupWeightTransferEngine(WeightTransferEngine[ProcessGroupInitInfo
             # internal: an update's task waits for all receives to end (rm_receive_done), and blocks others (409)
             raise RuntimeError("a weight transfer is still being received")
         self.staged, self.receive_error = [], None
-        self.lora_scaling = update_info.lora_scaling
+        self.lora_scaling, self.rollback_max_bytes = update_info.lora_scaling, update_info.rollback_max_bytes
         device = self.group.device
 
         def receive() -> None:
@@ -241,12 +245,17 @@ class ProcessGroupWeightTransferEngine(WeightTransferEngine[ProcessGroupInitInfo
             names = [f"{split[0]}.weight" if (split := split_adapter_name(n)) else n for n in names]
             weights = self.lora_bases.merged_update(staged, scaling, self.device)
         targets = self._reload_targets(names)
-        with torch.no_grad():
-            for module in targets:
-                initialize_layerwise_reload(module)
-            self.model.load_weights(weights)
-            for module in targets:
-                finalize_layerwise_reload(module, self.model_config)
+        saved = copy_modules(targets, self.rollback_max_bytes)  # what a failure half-way is undone from
+        try:
+            with torch.no_grad():
+                for module in targets:
+                    initialize_layerwise_reload(module)
+                self.model.load_weights(with_test_fault(weights))
+                for module in targets:
+                    finalize_layerwise_reload(module, self.model_config)
+        except BaseException:
+            self.reload_lost = roll_back(self.model, saved)
+            raise
         if self.staging is not None and self._model_aliases(self.staging):
             self.staging = None  # a loader kept a received tensor as is: never overwrite it in place
 
@@ -305,6 +314,16 @@ class WeightSyncWorkerExtension:
     def rm_receive_done(self) -> bool:
         """Whether the background receive of the current update has ended (polled by the server)."""
         return self.weight_transfer_engine.receive_done()
+
+    def rm_close_failed_reload(self) -> str | None:
+        """After ``finish_weight_update`` raised: close vLLM's update session, which it leaves open then (its
+        worker's ``_weight_update_active``); why this worker's weights are lost, None when the reload was undone
+        exactly (or never began)."""
+        self._weight_update_active = False
+        engine = self.weight_transfer_engine
+        engine.reset_weight_update_target()
+        lost, engine.reload_lost = engine.reload_lost, None
+        return lost
 
     def rm_receive_memory(self) -> dict[str, int]:
         """Bytes held for weight updates, on the worker's device and on the host (see ``receive_weights``)."""
