@@ -38,9 +38,7 @@ says_what = @echo "make: $(1) <- $(2): $$(grep -E '^($(3))==' $(2) | tr '\n' ' '
 
 .PHONY: setup test demo bench clean lock-gpu docs docs-serve
 
-# The docs toolchain too: make test builds the site (tests/docs), so a checkout set up by `make setup` alone runs it.
-DOCS_STAMP := $(VENV)/.installed-docs
-setup: $(STAMP) $(STAMP_SERVER) $(DOCS_STAMP)
+setup: $(STAMP) $(STAMP_SERVER)
 
 $(VENV)/.installed-cpu: pyproject.toml requirements/trainer.txt requirements/gallery.txt
 	$(call other_device,$(VENV))
@@ -88,23 +86,24 @@ lock-gpu: $(VENV)/.installed-cpu
 # The documentation site's toolchain (requirements/docs.txt: mkdocs-material) goes into the trainer environment, on
 # either DEVICE: the reference pages are generated from the option dataclasses, which import verl. Its pins equal
 # the trainer locks' where both name a package (tests/docs/test_site.py checks it).
+DOCS_STAMP := $(VENV)/.installed-docs
 $(DOCS_STAMP): requirements/docs.txt $(STAMP)
 	$(VENV)/bin/pip install -q -r requirements/docs.txt
 	touch $@
 
 # The site (mkdocs.yml) into build/site, which git ignores: the generated reference must be current (else
 # `verl-vllm-rm reference-docs` writes it again) and the build strict (a broken link or anchor fails it).
-docs: setup
+docs: setup $(DOCS_STAMP)
 	$(VENV)/bin/verl-vllm-rm reference-docs --check
 	$(VENV)/bin/mkdocs build --strict
 
-docs-serve: setup
+docs-serve: setup $(DOCS_STAMP)
 	$(VENV)/bin/mkdocs serve
 
 # pytest exits 5 when it collects no test: make treats that as a failure too.
 # TEST_WORKERS pytest-xdist workers (tests/xdist_scheduling.py says how tests are shared); TEST_WORKERS=0 runs in one process.
 TEST_WORKERS ?= 2
-test: setup
+test: setup $(DOCS_STAMP)
 	$(VENV)/bin/python -m pytest -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder $(PYTEST_ARGS)
 
 demo: setup

@@ -42,7 +42,7 @@ def step_rows(n: int, group: int, rng: np.random.Generator) -> tuple[list[str], 
              "rm_prompt_tokens_dropped": 0.0, "rm_tokens": float(lengths[i] + 200), "rm_latency_ms": 30.0 + i % 7,
              "rm_weight_version": 3.0, "verifiable_score": float(verifiable[i]), "format": float(i % 2),
              "length": -0.001 * float(lengths[i]), "response_tokens": float(lengths[i]),
-             "ngram": -0.01 * (i % 5), "verifiable_pred": str(i)}
+             "ngram": -0.01 * (i % 5), "pred": str(i)}
             for i in range(n)]
     return [f"uid-{i // group}" for i in range(n)], lengths, rows
 

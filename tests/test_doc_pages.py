@@ -14,6 +14,22 @@ def _section(page: str, heading: str) -> str:
     return text[start : end if end != -1 else len(text)]
 
 
+def test_every_verl_seam_is_documented():
+    """docs/development.md's table of verl's private seams lists exactly the members of ``SEAMS``, each in its verl
+    class's row, with the modules that use it."""
+    from verl_vllm_rm.plugin.verl_seams import SEAMS
+
+    section = _section("development.md", "## verl's private seams")
+    rows = {m["owner"]: m for m in re.finditer(r"^\| `(?P<owner>\w+)` \(`(?P<file>[\w/.]+)`\) \| (?P<members>.+?) \| "
+                                              r"(?P<used_by>.+?) \|$", section, re.M)}
+    assert set(rows) == {seam.owner for seam in SEAMS}
+    for owner, row in rows.items():
+        seams = [seam for seam in SEAMS if seam.owner == owner]
+        assert {f"verl/{row['file']}"} == {seam.verl_file for seam in seams}
+        assert re.findall(r"`(\w+)`", row["members"]) == [seam.member for seam in seams]
+        assert set(re.findall(r"`([\w/.]+)`", row["used_by"])) == {path for seam in seams for path in seam.used_by}
+
+
 def test_every_cpu_harness_patch_is_documented():
     """docs/development.md's table of the CPU harness's patches is exactly the patches the harness applies."""
     from verl_vllm_rm.dev.cpu_harness.patches import PATCHES

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from verl_vllm_rm.dev.grpo_batch import Group, build_batch
-from verl_vllm_rm.rows import VALIDATION_FIELD, Sample, samples_of, samples_of_rows, unpadded
+from verl_vllm_rm.rows import VALIDATION_FIELD, Sample, last_output, samples_of, samples_of_rows, unpadded
 
 PAD = 0
 
@@ -99,3 +99,46 @@ def test_jagged_rows_read_like_their_padded_batch():
     assert [[a.tolist() for a in side] for side in jagged] == [[a.tolist() for a in side] for side in padded]
     with pytest.raises(ValueError, match="padded prompts and responses need their attention_mask"):
         unpadded(data.batch["prompts"], data.batch["responses"])
+
+
+def _trajectory(outputs: list[tuple[list[int], list[int]]]):
+    """One trajectory's outputs laid out as verl 0.9.1's ``AgentLoopWorker._compute_score`` hands them to
+    ``run_single`` (agent_loop.py, around line 985): one row per output, prompts, responses and a mask of ones over
+    prompt + response each RIGHT-padded to the longest, every row's ``prompt_len``/``response_len`` beside them.
+    (The whole call, through verl's own code and a real Ray reward worker: tests/scoring/test_reward_loop_ray.py.)"""
+    from torch.nn.utils.rnn import pad_sequence
+
+    from verl import DataProto
+
+    def padded(rows):
+        return pad_sequence([torch.tensor(r, dtype=torch.int64) for r in rows], batch_first=True, padding_value=0)
+
+    n = len(outputs)
+    return DataProto.from_dict(
+        tensors={"prompts": padded([p for p, _ in outputs]), "responses": padded([r for _, r in outputs]),
+                 "attention_mask": padded([[1] * (len(p) + len(r)) for p, r in outputs])},
+        non_tensors={"data_source": np.array(["d"] * n, dtype=object),
+                     "prompt_len": np.array([len(p) for p, _ in outputs]),
+                     "response_len": np.array([len(r) for _, r in outputs])})
+
+
+def test_a_trajectory_of_several_outputs_is_read_at_its_last_and_each_output_exactly():
+    """``run_single`` scores a trajectory's last output (``last_output``, as verl's own managers do); each output's
+    ids are read with verl's lengths beside them (the right-padded mask does not split prompt from response)."""
+    outputs = [([5, 6], [7, 8, 9, 10]), ([11, 12, 13, 14, 15], [16]), ([17, 18, 19], [20, 21, 22, 23, 24, 25])]
+    data = _trajectory(outputs)
+    (last,) = samples_of([last_output(data)])
+    assert (last.prompt_ids.tolist(), last.response_ids.tolist()) == outputs[-1]
+    assert [(s.prompt_ids.tolist(), s.response_ids.tolist()) for s in samples_of([data])] == outputs
+    single = data[2:3]
+    assert last_output(single) is single
+
+
+def test_zero_width_prompts_are_read_as_empty_prompts():
+    """A trajectory without prompt tokens (verl's agent loop builds a zero-width ``prompts`` tensor) and a padded
+    batch whose prompts are all empty: empty prompts, the responses exact (numpy's argmax has no empty search)."""
+    (sample,) = samples_of([_trajectory([([], [3, 4, 5])])])
+    assert (sample.prompt_ids.tolist(), sample.response_ids.tolist()) == ([], [3, 4, 5])
+    batch = build_batch([Group([], [[1, 2], [3]])], PAD)
+    assert batch.batch["prompts"].shape[1] == 0
+    assert [(s.prompt_ids.tolist(), s.response_ids.tolist()) for s in samples_of([batch])] == [([], [1, 2]), ([], [3])]

@@ -48,15 +48,28 @@ def unpadded(prompts: Any, responses: Any, attention_mask: Any = None) -> tuple[
         return [p.numpy() for p in prompts.unbind()], [r.numpy() for r in responses.unbind()]
     prompts, responses, mask = (np.asarray(t) for t in (prompts, responses, attention_mask))
     n = prompts.shape[-1]
+    if n == 0:  # zero-width prompts (argmax has nothing to search): every prompt is empty
+        return [prompts[i] for i in range(len(prompts))], _responses(responses, mask[:, n:])
     valid = mask[:, :n] != 0
     prompt_lens = np.count_nonzero(valid, axis=1)
-    response_lens = np.count_nonzero(mask[:, n:], axis=1).tolist()
     # verl left-pads prompts: the valid ids are the last prompt_len ones, unless the mask has holes (read by it)
     contiguous = (((n - np.argmax(valid, axis=1)) == prompt_lens) | (prompt_lens == 0)).tolist()
     starts = (n - prompt_lens).tolist()
     prompt_rows = [prompts[i, start:] if whole else prompts[i][valid[i]]
                    for i, (start, whole) in enumerate(zip(starts, contiguous))]
-    return prompt_rows, [responses[i, :length] for i, length in enumerate(response_lens)]
+    return prompt_rows, _responses(responses, mask[:, n:])
+
+
+def _responses(responses: np.ndarray, response_mask: np.ndarray) -> list[np.ndarray]:
+    """Right-padded responses: each row's first ``count(mask)`` ids."""
+    return [responses[i, :length] for i, length in enumerate(np.count_nonzero(response_mask, axis=1).tolist())]
+
+
+def last_output(data: Any) -> Any:
+    """The row verl's reward loop scores of one trajectory: its last output. verl 0.9.1's
+    ``AgentLoopWorker._compute_score`` hands ``run_single`` one row per output of a trajectory (an agent loop may
+    return several) and gives the reward to the last; its own managers score ``data[-1:]``."""
+    return data if len(data) == 1 else data[-1:]
 
 
 #: A validation row: verl 0.9.1's agent loop drops its ``validate`` flag before the reward call, so the trainer
@@ -85,6 +98,10 @@ def samples_of(datas: Sequence[Any]) -> list[Sample]:
         batch_validates = bool(data.meta_info.get("validate", False))
         validates.extend(batch_validates or bool(row.get(VALIDATION_FIELD, False)) for row in rows)
     prompt_rows, response_rows = unpadded(prompts, responses, mask)
+    for i, row in enumerate(fields):
+        if "prompt_len" in row:  # verl's agent-loop reward call: right-padded rows, their lengths beside them
+            prompt_rows[i] = prompts[i, : int(row["prompt_len"])]
+            response_rows[i] = responses[i, : int(row["response_len"])]
     return [Sample(*row) for row in zip(prompt_rows, response_rows, fields, validates)]
 
 

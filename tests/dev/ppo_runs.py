@@ -86,12 +86,14 @@ def direct_scores(url: str, sequences: list[list[int]]) -> list[float]:
 def expected_totals(dump: list[dict], gens: list[dict], tokenizer, url: str | Callable[[list[list[int]]], list[float]]
                     ) -> list[tuple[dict, list[float], float]]:
     """For each dump row: the candidate RM scores (direct /score on ``url``, or ``url(sequences)``, of every
-    generation that decodes to the row's text) and the rule part of tiny-ppo's composition (gsm8k correctness +
-    FORM_WEIGHT * form)."""
+    generation that decodes to the row's text) and the rule part of tiny-ppo's composition (verl's correctness
+    score + FORM_WEIGHT * form). The dump has no data_source: a row of a math_dapo prompt is one whose
+    ``verifiable_score`` is -1 (verl's DAPO scorer's wrong answer; its gsm8k scorer gives 0 or 1, and the tiny policy
+    never writes the "Answer: N" DAPO's scorer rewards)."""
     from verl.utils.reward_score import default_compute_score
 
     from verl_vllm_rm.dev.tiny_ppo import FORM_PATTERN, FORM_WEIGHT
-    from verl_vllm_rm.dev.tiny_task import DATA_SOURCE
+    from verl_vllm_rm.dev.tiny_task import DATA_SOURCE, MATH_DAPO
 
     by_text: dict[tuple[str, str], list[list[int]]] = {}
     for g in gens:
@@ -103,7 +105,9 @@ def expected_totals(dump: list[dict], gens: list[dict], tokenizer, url: str | Ca
         sequences = by_text.get((row["input"], row["output"]))
         assert sequences, f"no generation decodes to the dumped rollout {row['output']!r}"
         text = row["output"]
-        rules = float(default_compute_score(DATA_SOURCE, text, row["gts"])) + FORM_WEIGHT * float(
+        source = MATH_DAPO if row.get("verifiable_score") == -1.0 else DATA_SOURCE
+        correct = default_compute_score(source, text, row["gts"])
+        rules = float(correct["score"] if isinstance(correct, dict) else correct) + FORM_WEIGHT * float(
             re.search(FORM_PATTERN, text, re.DOTALL) is not None)
         out.append((row, url(sequences) if callable(url) else direct_scores(url, sequences), rules))
     return out

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -304,3 +305,28 @@ def test_a_rejecting_abort_answers_new_requests_at_once_until_the_resume(long_ge
     rejected, calls, served = asyncio.run(scenario())
     assert (rejected.token_ids, rejected.stop_reason, calls) == ([], "aborted", 0)
     assert served.stop_reason == "completed" and len(served.token_ids) >= 1
+
+
+def test_every_worker_group_gets_a_port_window_below_the_ephemeral_range():
+    """The harness gives a RayWorkerGroup made without a master_port_range (verl's trainer never passes one) a
+    random window below the kernel's ephemeral ports; one given a range keeps it. (The group's workers are not
+    started: the probe records the range where verl's __init__ would place them.)"""
+    out = _python("\n".join([
+        "import json, verl_vllm_rm.dev.cpu_harness.activate",
+        "from verl.single_controller.base.worker_group import WorkerGroup",
+        "from verl.single_controller.ray.base import RayWorkerGroup",
+        "def base_init(self, resource_pool=None, **kw):",
+        "    self._is_init_with_detached_workers = False",
+        "WorkerGroup.__init__ = base_init",
+        "seen = []",
+        "class Probe(RayWorkerGroup):",
+        "    def _init_with_resource_pool(self, **kw):",
+        "        seen.append(self._ray_master_port_range)",
+        "from types import SimpleNamespace as Pool",
+        "Probe(resource_pool=Pool(use_gpu=False))",
+        "Probe(resource_pool=Pool(use_gpu=False), master_port_range=[40000, 40010])",
+        "print(json.dumps(seen))"]))
+    window, given = json.loads(out)
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    assert 10000 <= window[0] and window[1] == window[0] + 1000 <= low, window
+    assert given == [40000, 40010]

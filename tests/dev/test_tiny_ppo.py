@@ -31,6 +31,7 @@ from verl_vllm_rm.replicas.launcher import start_server
 
 GROUP = 4  # tiny-ppo's responses per prompt in training
 JUDGE_WEIGHT = 0.5
+MATH_DAPO_EVERY = 2  # half the prompts are math_dapo ones (verl's DAPO scorer), the rest gsm8k
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +39,8 @@ def plain_run(tmp_path_factory, tiny_rm, tiny_task, server_args, judge_server) -
     """vllm_rm in main_ppo: 2 GRPO steps, validation before and after, against a server of this module that is
     SIGKILLed right after step 1 and restarted on its port only once a step-2 request has met the dead port (its
     connection reset); retries cover the restart (~25 s). The restarted server stays up for the module's checks. tiny-ppo's
-    composition gains the listwise judge (weight JUDGE_WEIGHT); validation samples 2 responses a prompt."""
+    composition gains the listwise judge (weight JUDGE_WEIGHT); validation samples 2 responses a prompt. Half the
+    prompts are math_dapo ones, and DAPO's group filter runs on ``score`` (verl's ``algorithm.filter_groups``)."""
     from fault_proxy import FaultProxy
 
     port = free_port()
@@ -56,7 +58,9 @@ def plain_run(tmp_path_factory, tiny_rm, tiny_task, server_args, judge_server) -
     try:
         run = tiny_ppo(tmp_path_factory.mktemp("ppo_plain"), tiny_rm, tiny_task["policy"], servers[0].url, steps=2,
                        on_step=kill_and_restart, mode="separate_async", rollout_token_delay_s=ROLLOUT_TOKEN_DELAY_S,
+                       math_dapo_every=MATH_DAPO_EVERY,
                        extra_overrides=[
+                           "algorithm.filter_groups.enable=True", "algorithm.filter_groups.metric=score",
                            "+reward.reward_kwargs.max_retries=100", "+reward.reward_kwargs.backoff_max_s=2",
                            "++reward.reward_kwargs.rewards.components=[rubric,verifiable,format,judge]",
                            f"++reward.reward_kwargs.rewards.weights.judge={JUDGE_WEIGHT}",
@@ -192,7 +196,29 @@ def test_validation_groups_of_val_kwargs_n_are_judged(plain_run):
     for figures in plain_run["validation"].values():
         valid = [v for k, v in figures.items() if k.endswith("/judge_valid/mean@2")]
         ranks = [v for k, v in figures.items() if k.endswith("/judge_rank/mean@2")]
-        assert valid == [1.0] and ranks == [0.5], sorted(figures)  # groups of two: ranks 0 and 1
+        assert valid == [1.0, 1.0] and ranks == [0.5, 0.5], sorted(figures)  # per data source; ranks 0 and 1
+
+
+@pytest.mark.server
+@pytest.mark.ray
+def test_mixed_data_sources_carry_the_same_keys_and_dapo_reads_score(plain_run):
+    """math_dapo and gsm8k prompts in one run (verl's DAPO scorer returns ``{score, acc, pred}``, its gsm8k scorer a
+    number) with ``algorithm.filter_groups.metric=score``: verl's replay buffer read ``score`` from every finished
+    group's reward_extra_info (it raises for a group without it) and the run trained on both data sources; every
+    trained row carries verl's ``acc`` (the dump keeps numeric columns: ``pred``, text, is not in it), and
+    validation, where verl assembles the step's columns, reports ``acc`` for both. A math_dapo row is one whose
+    ``verifiable_score`` is -1 (ppo_runs.expected_totals). ``metric=acc`` is checked where verl reads it
+    (tests/scoring/test_reward_loop_ray.py says why not here)."""
+    work = Path(plain_run["rollout_data_dir"]).parent
+    sources = set()
+    for step in (1, 2):
+        for row in read_dump(work, step):
+            dapo = row["verifiable_score"] == -1.0
+            sources.add("math_dapo" if dapo else "openai/gsm8k")
+            assert row["acc"] == (0.0 if dapo else row["verifiable_score"]), row
+    assert sources == {"math_dapo", "openai/gsm8k"}
+    for figures in plain_run["validation"].values():
+        assert {"math_dapo/acc/mean@2", "openai/gsm8k/acc/mean@2"} <= set(figures), sorted(figures)
 
 
 def recomputed(dump: list[dict]) -> dict[str, float]:

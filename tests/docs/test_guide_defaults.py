@@ -111,3 +111,21 @@ def test_a_default_that_drifted_is_named(row, needle):
     defaults = defaults_of(ManagerOptions)
     problems = [p for key, written in table_defaults(text) if (p := disagreement(key, written, defaults.get(key)))]
     assert any(p.startswith(needle) for p in problems), problems
+
+
+def test_without_rewards_and_combine_the_reward_is_the_rm_score_alone_in_code_guide_and_reference():
+    """The code's default composition (no ``rewards``, no ``combine``) is ``combine=replace``: the RM score alone
+    (test_manager.py's first test scores such a manager: its rewards are the RM's); an empty ``rewards: {}`` is
+    RM-Gallery's recipe. docs/rewards.md and the generated reference say the same."""
+    from verl_vllm_rm.rewards import RewardConfig
+    from verl_vllm_rm.scoring.options import parse_options
+
+    default = parse_options({"server_url": "http://127.0.0.1:1"}).reward_config()
+    assert (default.components, dict(default.weights), default.gate) == (("rubric",), {"rubric": 1.0}, ())
+    assert RewardConfig.from_dict({}).components == ("rubric", "format", "length", "ngram")
+    guide = " ".join((DOCS / "rewards.md").read_text().split())
+    assert ("Without `rewards` and `combine` the reward is the RM score alone (`combine=replace`, the default); an "
+            "empty composition, `rewards: {}`, gives RM-Gallery's post-training recipe") in guide
+    assert "the default mirrors RM-Gallery" not in guide
+    reference = (DOCS / "reference" / "configuration.md").read_text()
+    assert "unset: `combine` decides (`replace`: the RM score alone); `{}`: RM-Gallery's recipe" in reference

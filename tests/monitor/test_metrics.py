@@ -12,13 +12,13 @@ def rows():
     """Four samples of two prompts; the third's RM score failed (masked)."""
     return [
         {"score": 1.5, "rm_score": 0.5, "rm_valid": 1.0, "rm_latency_ms": 10.0, "rm_tokens": 30.0,
-         "rm_weight_version": 2.0, "rm_prompt_tokens_dropped": 0.0, "format": 1.0, "verifiable_pred": "42"},
+         "rm_weight_version": 2.0, "rm_prompt_tokens_dropped": 0.0, "format": 1.0, "pred": "42"},
         {"score": -0.5, "rm_score": -1.5, "rm_valid": 1.0, "rm_latency_ms": 20.0, "rm_tokens": 40.0,
-         "rm_weight_version": 3.0, "rm_prompt_tokens_dropped": 4.0, "format": 1.0, "verifiable_pred": "7"},
+         "rm_weight_version": 3.0, "rm_prompt_tokens_dropped": 4.0, "format": 1.0, "pred": "7"},
         {"score": 0.0, "rm_score": 0.0, "rm_valid": 0.0, "rm_latency_ms": 900.0, "rm_tokens": 50.0,
-         "rm_weight_version": -1.0, "rm_prompt_tokens_dropped": 0.0, "format": 0.0, "verifiable_pred": "1"},
+         "rm_weight_version": -1.0, "rm_prompt_tokens_dropped": 0.0, "format": 0.0, "pred": "1"},
         {"score": 2.0, "rm_score": 2.0, "rm_valid": 1.0, "rm_latency_ms": 30.0, "rm_tokens": 60.0,
-         "rm_weight_version": 3.0, "rm_prompt_tokens_dropped": 0.0, "format": 0.0, "verifiable_pred": "3"},
+         "rm_weight_version": 3.0, "rm_prompt_tokens_dropped": 0.0, "format": 0.0, "pred": "3"},
     ]
 
 
@@ -35,7 +35,7 @@ def test_every_metric_of_a_step():
     assert m["reward/rm_latency_ms/p99"] == pytest.approx(np.percentile([10, 20, 900, 30], 99))
     assert m["reward/rm_tokens"] == 180.0 and m["reward/rm_prompt_tokens_dropped"] == 4.0
     assert (m["reward/rm_weight_version/min"], m["reward/rm_weight_version/max"]) == (2.0, 3.0)
-    assert not [k for k in m if "verifiable_pred" in k or k.startswith(("reward/rm_valid/", "reward/rm_tokens/"))]
+    assert not [k for k in m if "pred" in k or k.startswith(("reward/rm_valid/", "reward/rm_tokens/"))]
     assert m["alarm/saturation"] == 0.0 and "alarm/length_hacking" not in m  # 3 valid samples: too few
 
 
@@ -67,7 +67,7 @@ def test_a_step_whose_every_rm_score_failed_still_reports():
 def test_samples_routed_to_no_reward_model_are_neither_valid_nor_failed():
     """A route without RMs (rm_valid None): its samples count in score and rule stats, not in the RM's health."""
     no_rm = {"score": 1.0, "rm_score": None, "rm_valid": None, "rm_latency_ms": None, "rm_tokens": 0.0,
-             "rm_weight_version": None, "rm_prompt_tokens_dropped": 0.0, "format": 1.0, "verifiable_pred": "0"}
+             "rm_weight_version": None, "rm_prompt_tokens_dropped": 0.0, "format": 1.0, "pred": "0"}
     step = StepRewards.from_rows(["a", "a", "b", "b", "c", "c"], [5, 6, 7, 8, 9, 9], rows() + [no_rm, no_rm])
     m = step_metrics(step, normalized=False)
     assert m["reward/rm_valid_share"] == 0.75 and m["reward/rm_failures"] == 1.0

@@ -64,28 +64,38 @@ def test_a_wider_matrix_a_wider_norm_or_a_narrow_head_breaks_the_promise(name, d
     assert mixed_precision_breaches(params, HEAD_PATTERNS, "bfloat16") == [breach]
 
 
-def test_the_trainers_bf16_forward_scores_the_fp32_servers_weights_within_the_bf16_bound(ray_cluster, ws_server,
-                                                                                           tiny_rm, rollout,
-                                                                                           probe_ids):
-    """Runs on every CPU: verl's engine with ``param_dtype=bf16`` (full mode, 2 RM steps) publishes its fp32 master
-    weights to the fp32 server; the parity probe applies the bf16 bound (the trainer is the coarser side)."""
+def trained_in_bf16(url: str, tiny_rm: str, rollout, probe_ids, mode: str) -> float:
+    """verl's engine with ``param_dtype=bf16`` trains 2 RM steps in ``mode`` from the on-disk RM, publishing each to
+    the server at ``url``: every step's version serves, and the parity probe (it raises above the bound) and the
+    direct spread stay within the bf16 bound. The last step's spread."""
     from verl_vllm_rm.online.driver import OnlineRewardModel
 
-    rm = OnlineRewardModel(engine_rm_config(tiny_rm, ws_server.url, "full", 1, param_dtype="bf16"))
+    rm = OnlineRewardModel(engine_rm_config(tiny_rm, url, mode, 1, param_dtype="bf16"))
     try:
-        rm.resume(None)  # the on-disk RM, published
+        rm.resume(None)  # the on-disk RM, published: each run starts from the same weights
         uids, sequences, rewards, _ = rollout
         for step in (1, 2):
-            metrics = rm.train_on_rollout(uids, sequences, rewards, step=step)  # the probe raises above the bound
-            assert metrics["rm/published_version"] == runtime_version(ws_server.url)
+            metrics = rm.train_on_rollout(uids, sequences, rewards, step=step)
+            assert metrics["rm/published_version"] == runtime_version(url)
+            if mode == "lora":  # the adapters travel in the server's dtype and the server merges them
+                assert metrics["rm/publish_lora_adapters"] == 1.0
             trainer = rm.worker_group.reference_scores(probe_ids)[0]
-            spread = max_diff(server_scores(ws_server.url, probe_ids), trainer)
+            spread = max_diff(server_scores(url, probe_ids), trainer)
             assert spread <= max_abs_bound("bfloat16", trainer)
             assert metrics["rm/parity_max_abs_diff"] <= max_abs_bound("bfloat16", trainer)
-            print(f"PARITY bf16 trainer, fp32 server, step {step}: {spread:.3g} (bound "
+            print(f"PARITY bf16 trainer, {mode}, step {step}: {spread:.3g} (bound "
                   f"{max_abs_bound('bfloat16', trainer):.3g})")
     finally:
         rm.close()
+    return spread
+
+
+def test_the_trainers_bf16_forward_scores_the_fp32_servers_weights_within_the_bf16_bound(ray_cluster, ws_server,
+                                                                                           tiny_rm, rollout,
+                                                                                           probe_ids):
+    """Runs on every CPU: the bf16 trainer publishes its fp32 master weights to the fp32 server; the parity probe
+    applies the bf16 bound (the trainer is the coarser side)."""
+    spread = trained_in_bf16(ws_server.url, tiny_rm, rollout, probe_ids, "full")
     assert spread > FP32_MAX_ABS_DIFF  # the trainer really computes in bf16 (an fp32 forward agrees to 1e-6)
 
 
@@ -113,23 +123,5 @@ def test_a_bf16_server_scores_like_the_trainers_bf16_forward_within_the_bound(ra
                                                                              rollout, probe_ids, mode):
     """Each weight travels in the dtype the inventory names (the server refuses any other), whatever the CPU kept
     wider."""
-    from verl_vllm_rm.online.driver import OnlineRewardModel
-
-    rm = OnlineRewardModel(engine_rm_config(tiny_rm, bf16_server.url, mode, 1, param_dtype="bf16"))
-    try:
-        rm.resume(None)  # the on-disk RM, published: each mode starts from the same weights
-        uids, sequences, rewards, _ = rollout
-        for step in (1, 2):
-            metrics = rm.train_on_rollout(uids, sequences, rewards, step=step)  # the probe raises above the bound
-            assert metrics["rm/published_version"] == runtime_version(bf16_server.url)
-            if mode == "lora":  # the adapters travel in the server's dtype and the server merges them
-                assert metrics["rm/publish_lora_adapters"] == 1.0
-            trainer = rm.worker_group.reference_scores(probe_ids)[0]
-            spread = max_diff(server_scores(bf16_server.url, probe_ids), trainer)
-            assert spread <= max_abs_bound("bfloat16", trainer)
-            assert metrics["rm/parity_max_abs_diff"] <= max_abs_bound("bfloat16", trainer)
-            print(f"PARITY bf16 server, {mode}, step {step}: {spread:.3g} (bound "
-                  f"{max_abs_bound('bfloat16', trainer):.3g})")
-    finally:
-        rm.close()
+    spread = trained_in_bf16(bf16_server.url, tiny_rm, rollout, probe_ids, mode)
     assert spread > FP32_MAX_ABS_DIFF  # both sides really compute in bf16 (an fp32 side would agree to 1e-5)

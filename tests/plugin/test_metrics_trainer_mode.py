@@ -64,12 +64,15 @@ def test_stock_verl_finds_the_trainer_mode_and_it_behaves_as_its_base(ray_cluste
 def test_every_mode_of_verls_is_covered():
     from verl.trainer.ppo.v1 import get_trainer_cls
 
-    from verl_vllm_rm.plugin.trainer_modes import TRAINER_MODES, RewardMetrics
+    from verl_vllm_rm.plugin.trainer_modes import RewardMetrics
+    from verl_vllm_rm.plugin.trainer_registry import TRAINER_MODES
 
-    assert sorted(TRAINER_MODES.values()) == ["colocate_async", "separate_async", "sync"]
-    for name, base in TRAINER_MODES.items():
-        cls = get_trainer_cls(name)
-        assert cls.__mro__[1:3] == (RewardMetrics, get_trainer_cls(base)) and cls.base_mode == base
+    metrics_modes = {name: cls for name, cls in TRAINER_MODES.items() if "online" not in name}
+    assert sorted(cls.base_mode for cls in metrics_modes.values()) == ["colocate_async", "separate_async", "sync"]
+    for name, cls in metrics_modes.items():
+        assert get_trainer_cls(name) is cls and name == "vllm_rm" + ("" if cls.base_mode == "sync" else
+                                                                      f"_{cls.base_mode}")
+        assert cls.__mro__[1:3] == (RewardMetrics, get_trainer_cls(cls.base_mode))
 
 
 def manager_info(score: float, valid: float = 1.0) -> dict:

@@ -171,7 +171,8 @@ def test_rm_step_trains_on_a_queued_rollout_and_publishes(step_rollout, compose_
     runs here): one pair per prompt group, padding rows skipped, a publish per call with parity, and the
     server's scores moved. That this runs after every real PPO step is
     ``tests/dev/test_tiny_ppo_online.py::test_every_step_trains_publishes_and_matches_the_trainer``."""
-    from verl_vllm_rm.plugin.online_mode import OnlineRewardModelTrainer, build_online_rm
+    from verl_vllm_rm.plugin.online_mode import build_online_rm
+    from verl_vllm_rm.plugin.trainer_registry import OnlineRewardModelTrainer
     from verl_vllm_rm.plugin.trainer_modes import read_step
 
     reset_server(ws_server.url, tiny_rm)

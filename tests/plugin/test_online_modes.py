@@ -35,15 +35,15 @@ def build(compose_config, mode: str, *overrides: str):
 def test_every_mode_of_verls_has_an_online_one():
     from verl.trainer.ppo.v1 import get_trainer_cls
 
-    from verl_vllm_rm.plugin.online_mode import (ONLINE_MODES, OnlineRewardModelTraining, RMStepAfterStepEnd,
-                                                 RMStepInStep)
-    from verl_vllm_rm.plugin.trainer_modes import TRAINER_MODES
+    from verl_vllm_rm.plugin.online_mode import OnlineRewardModelTraining, RMStepAfterStepEnd, RMStepInStep
+    from verl_vllm_rm.plugin.trainer_registry import TRAINER_MODES
 
-    metrics_mode = {base: name for name, base in TRAINER_MODES.items()}
-    for name, base in ONLINE_MODES.items():
+    for base in ("sync", "colocate_async", "separate_async"):
+        suffix = "" if base == "sync" else f"_{base}"
         timing = RMStepInStep if base == "sync" else RMStepAfterStepEnd
-        assert get_trainer_cls(name).__mro__[1:4] == (timing, OnlineRewardModelTraining,
-                                                      get_trainer_cls(metrics_mode[base]))
+        online = get_trainer_cls(f"vllm_rm_online{suffix}")
+        assert online is TRAINER_MODES[f"vllm_rm_online{suffix}"] and online.base_mode == base
+        assert online.__mro__[1:4] == (timing, OnlineRewardModelTraining, get_trainer_cls(f"vllm_rm{suffix}"))
 
 
 @pytest.mark.parametrize("mode", ["vllm_rm_online_colocate_async", "vllm_rm_online_separate_async"])

@@ -295,11 +295,3 @@ def test_misrouting_configs_are_reported(load_manager, verl_config, tokenizer):
     messages = " ".join(str(w.message) for w in record)
     assert "legacy key" in messages and "reward.reward_manager.name=vllm_rm" in messages
     assert "never call vllm_rm" in messages
-
-
-def test_legacy_override_on_the_command_line_is_reported():
-    from verl_vllm_rm.scoring.legacy import warn_legacy_argv
-
-    with pytest.warns(UserWarning, match="main_ppo ignores"):
-        assert warn_legacy_argv(["main_ppo.py", "reward_model.reward_manager=vllm_rm"])
-    assert not warn_legacy_argv(["main_ppo.py", "reward.reward_manager.name=vllm_rm"])

@@ -52,12 +52,14 @@ def test_total_is_the_weighted_sum_of_components(load_manager, rm_server, verl_c
 
 @pytest.mark.parametrize("mode", ["replace", "add", "multiply", "weighted"])
 def test_combine_shorthand_adds_only_the_verifiable_keys(load_manager, rm_server, verl_config, tokenizer, grpo_groups, mode):
-    """``combine`` is a composition of rubric and verifiable: no rule keys, verifiable ones unless replace."""
+    """``combine`` is a composition of rubric and verifiable: no rule keys, verifiable ones unless replace (verl's
+    ``acc`` and, with its default scorer, ``pred``), the win keys (``pairwise=auto``: None outside validation)."""
     mgr = load_manager(verl_config(rm_server.url, combine=mode), tokenizer)
     info = mgr(build_batch(grpo_groups, tokenizer.pad_token_id), return_dict=True)["reward_extra_info"]
     keys = {"score", "rm_score", "rm_valid", "rm_prompt_tokens_dropped", "rm_tokens", "rm_latency_ms",
-            "rm_weight_version", "rm_failovers"}
-    assert set(info) == (keys if mode == "replace" else keys | {"verifiable_score"})
+            "rm_weight_version", "rm_failovers", "win", "win_and", "ref_margin"}
+    assert set(info) == (keys if mode == "replace" else keys | {"verifiable_score", "acc", "pred"})
+    assert info["win"] == [None] * len(info["score"])
 
 
 @pytest.mark.parametrize(

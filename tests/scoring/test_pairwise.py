@@ -68,9 +68,13 @@ def test_response_identical_to_reference_ties(load_manager, rm_server, verl_conf
 
 
 def test_no_win_metrics_outside_validation(load_manager, rm_server, verl_config, tokenizer, ref_groups):
+    """Outside validation (``pairwise=auto``) no reference is scored and the win keys are None (present: verl builds
+    a step's columns from its first sample, and validation samples may be in it); ``never``: no win keys."""
     mgr = load_manager(verl_config(rm_server.url), tokenizer)
     info = mgr(build_batch(ref_groups, tokenizer.pad_token_id), return_dict=True)["reward_extra_info"]
-    assert "win" not in info and mgr.rm.references.scored == 0
+    assert set(info["win"]) == {None} and mgr.rm.references.scored == 0
+    never = load_manager(verl_config(rm_server.url, pairwise="never"), tokenizer)
+    assert "win" not in never(build_batch(ref_groups, tokenizer.pad_token_id), return_dict=True)["reward_extra_info"]
     forced = load_manager(verl_config(rm_server.url, pairwise="always"), tokenizer)
     assert "win" in forced(build_batch(ref_groups, tokenizer.pad_token_id), return_dict=True)["reward_extra_info"]
 

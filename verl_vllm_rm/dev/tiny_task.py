@@ -18,6 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 DATA_SOURCE = "openai/gsm8k"  # verl's default_compute_score grades "#### N" answers for this source
+#: verl's DAPO scorer (``{score, acc, pred}``), which wants "Answer: N": the tiny policy never writes it, so its
+#: groups' ``acc`` is uniform (False) and DAPO's filter (``algorithm.filter_groups``) evicts every one of them
+MATH_DAPO = "math_dapo"
 MAX_OPERAND = 20
 
 
@@ -58,12 +61,14 @@ def preference_pairs(n: int, seed: int = 0, max_operand: int = MAX_OPERAND) -> l
     return pairs
 
 
-def write_dataset(out_dir: str | Path, n_train: int = 64, n_val: int = 8, seed: int = 0) -> tuple[Path, Path]:
+def write_dataset(out_dir: str | Path, n_train: int = 64, n_val: int = 8, seed: int = 0,
+                  math_dapo_every: int = 0) -> tuple[Path, Path]:
     """``train.parquet`` and ``val.parquet`` in verl's RLHF format.
 
     Each row: the chat in ``prompt``, gsm8k's ``ground_truth`` (the sum) for the
     verifiable reward, and the preferred answer in ``extra_info.reference`` for the
-    pairwise validation (``reference_source=extra_info:reference``).
+    pairwise validation (``reference_source=extra_info:reference``). ``math_dapo_every``:
+    every such row (from the first) is a ``math_dapo`` one (mixed data sources; 0: none).
     """
     import pandas as pd
 
@@ -76,7 +81,7 @@ def write_dataset(out_dir: str | Path, n_train: int = 64, n_val: int = 8, seed: 
         for index in range(n):
             a, b = rng.randint(0, MAX_OPERAND), rng.randint(0, MAX_OPERAND)
             rows.append({
-                "data_source": DATA_SOURCE,
+                "data_source": MATH_DAPO if math_dapo_every and index % math_dapo_every == 0 else DATA_SOURCE,
                 "prompt": [{"role": "user", "content": question(a, b)}],
                 "ability": "math",
                 "reward_model": {"style": "rule", "ground_truth": str(a + b)},

@@ -4,7 +4,7 @@ verl 0.9.1 trains a scalar-head model as its critic: ``FSDPEngineWithValueHead``
 loads the checkpoint as ``*ForTokenClassification`` (a value at every token) and
 gives sharding, mixed precision, micro-batching, gradient checkpointing, offload and
 checkpoints. :class:`RewardModelEngine` is that engine with the three things it cannot
-express for an RM, and nothing else:
+express for an RM, and nothing else (in the two builders verl's ``_build_model_optimizer`` calls):
 
 - **loading.** verl's ``load_valuehead_model`` (``verl/utils/model.py``) hard-codes
   ``attn_implementation="flash_attention_2"`` and reports nothing about which weights

@@ -19,9 +19,9 @@ after verl's ``on_step_end`` (the policy's weights synced, generation resumed), 
 ``+online_rm.max_staleness=K`` bounds the RM versions one batch was scored by
 (:mod:`~verl_vllm_rm.plugin.rm_staleness`).
 
-The package's ``verl.plugins`` entry point registers it in every process (no
-environment variable). Needs verl's v1 trainer dependencies (``transfer_queue``,
-installed by ``make setup``).
+The trainer classes are :mod:`~verl_vllm_rm.plugin.trainer_registry`'s, which the package's
+``verl.plugins`` entry point registers in every process (no environment variable). Needs verl's
+v1 trainer dependencies (``transfer_queue``, installed by ``make setup``).
 """
 
 from __future__ import annotations
@@ -33,19 +33,18 @@ from typing import TYPE_CHECKING, Any, Hashable
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 from transfer_queue import KVBatchMeta
-from verl.trainer.ppo.v1 import get_trainer_cls, register_trainer
 from verl.utils.debug import marked_timer
 
 from verl_vllm_rm.options import ConfigError
 from verl_vllm_rm.protocol.defaults import DEFAULT_SERVER_URL
-from verl_vllm_rm.plugin.trainer_modes import TRAINER_MODES, resumed_folder, reward_extra_info, step_folder
+from verl_vllm_rm.plugin.trainer_modes import resumed_folder, reward_extra_info, step_folder
 from verl_vllm_rm.rows import unpadded
 from verl_vllm_rm.scoring.options import DEFAULT_RM_NAME, run_reward_models
 
 # ``verl_vllm_rm.online.driver`` is imported where it is used: it starts Ray worker groups, which the many
 # processes that register this trainer mode (every process that imports verl's trainer) never need. So is
-# ``plugin.rm_staleness``: it imports verl's trainer package, whose import registers this module (a cycle when
-# it is imported first).
+# ``plugin.rm_staleness``: it imports verl's trainer package, whose first import registers the trainer modes,
+# which import this module (a cycle when it is imported first).
 
 if TYPE_CHECKING:
     from verl_vllm_rm.online.config import OnlineRMConfig
@@ -163,7 +162,8 @@ def rollout_of(data: dict[str, Any], reward_keys: list[str]) -> Rollout:
 class OnlineRewardModelTraining:
     """Online RM training on top of trainer mode ``vllm_rm[_<mode>]`` (one of verl's v1 trainers with the reward
     metrics): the RM's worker group, checkpoint and resume, what an RM step reads and the step itself; when it
-    runs is :class:`RMStepInStep`'s or :class:`RMStepAfterStepEnd`'s. The whitening statistics are saved with
+    runs is :class:`RMStepInStep`'s or :class:`RMStepAfterStepEnd`'s (the six trainer classes are
+    :mod:`~verl_vllm_rm.plugin.trainer_registry`'s). The whitening statistics are saved with
     the RM's state."""
 
     state_dir = RM_CHECKPOINT_DIR
@@ -318,24 +318,6 @@ def staleness_buffer(trainer: Any, max_staleness: int, version_keys: tuple[str, 
         refill_fn=trainer._add_prompts_to_generate, filter_groups_metric=trainer._resolve_filter_groups_metric(),
         sync_refill_failed_groups=bool(sampler.get("sync_refill_failed_groups", False)),
         max_staleness=max_staleness, version_keys=version_keys)
-
-
-def with_online_rm(base_mode: str) -> type:
-    """Trainer mode ``vllm_rm[_<base_mode>]`` with online RM training (the class registered as
-    ``vllm_rm_online[_<base_mode>]``)."""
-    metrics_cls = next(get_trainer_cls(name) for name, base in TRAINER_MODES.items() if base == base_mode)
-    timing = RMStepInStep if base_mode == "sync" else RMStepAfterStepEnd
-    name = "OnlineRewardModelTrainer" + ("" if base_mode == "sync" else base_mode.title().replace("_", ""))
-    doc = f"verl's {base_mode} v1 trainer with the reward metrics and one RM step (and publish) per PPO step."
-    return type(name, (timing, OnlineRewardModelTraining, metrics_cls), {"__doc__": doc})
-
-
-#: ``trainer.v1.trainer_mode`` -> verl's mode it adds online RM training to.
-ONLINE_MODES = {TRAINER_MODE: "sync", f"{TRAINER_MODE}_colocate_async": "colocate_async",
-                f"{TRAINER_MODE}_separate_async": "separate_async"}
-for _name, _base in ONLINE_MODES.items():
-    register_trainer(_name)(with_online_rm(_base))
-OnlineRewardModelTrainer = get_trainer_cls(TRAINER_MODE)  # the sync one
 
 
 def make_drift_probe(config: "OnlineRMConfig", sequences: list[list[int]]) -> "DriftProbe":

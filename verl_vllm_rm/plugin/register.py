@@ -9,7 +9,9 @@ is imported, by whichever code imports it first, not here: importing verl's trai
 costs about a second and asks verl for its platform, which the dozen Ray workers that
 never build a trainer (reward and agent loops, rollout replicas) should not pay or fix
 early. Nothing of verl is changed: the registry module is imported as usual, then
-each module of ``TRAINER_MODE_MODULES`` registers itself with verl's ``register_trainer``.
+:data:`TRAINER_MODES_MODULE` is imported, which checks the verl members the package stands on
+(:mod:`~verl_vllm_rm.plugin.verl_seams`) and registers every trainer mode with verl's
+``register_trainer``.
 
 verl logs a failing plugin import only at DEBUG, so failures are reported here
 loudly before being re-raised.
@@ -21,21 +23,17 @@ import importlib.util
 import logging
 import sys
 
-from verl_vllm_rm.scoring.legacy import warn_legacy_argv
+from verl_vllm_rm.scoring.misrouted_config import warn_legacy_argv
 
 log = logging.getLogger("verl_vllm_rm")
 TRAINER_REGISTRY_MODULE = "verl.trainer.ppo.v1"
-#: each registers its trainer modes when imported
-TRAINER_MODE_MODULES = {
-    "verl_vllm_rm.plugin.trainer_modes": "'vllm_rm' trainer modes (trainer.v1.trainer_mode=vllm_rm[_<async mode>])",
-    "verl_vllm_rm.plugin.online_mode":
-        "'vllm_rm_online' trainer modes (trainer.v1.trainer_mode=vllm_rm_online[_<async mode>])",
-}
+#: registers every trainer mode (trainer.v1.trainer_mode=vllm_rm[_online][_<async mode>]) when imported
+TRAINER_MODES_MODULE = "verl_vllm_rm.plugin.trainer_registry"
 
 
 def _register(module: str, what: str) -> None:
     # A module already in sys.modules is registering itself (the user imported it first, it imported verl,
-    # verl loaded this plugin while it was half-initialised) or has done so: its decorator registers it.
+    # verl loaded this plugin while it was half-initialised) or has done so: its last line registers.
     if module in sys.modules:
         return
     try:
@@ -76,11 +74,6 @@ class AfterImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
             sys.meta_path.insert(0, self)
 
 
-def _register_trainer_modes() -> None:
-    for module, what in TRAINER_MODE_MODULES.items():
-        _register(module, what)
-
-
 _register("verl_vllm_rm.scoring.manager", "'vllm_rm' reward manager")
-AfterImport(TRAINER_REGISTRY_MODULE, _register_trainer_modes).install()
+AfterImport(TRAINER_REGISTRY_MODULE, lambda: _register(TRAINER_MODES_MODULE, "trainer modes")).install()
 warn_legacy_argv()

@@ -9,8 +9,9 @@ file, wandb, tensorboard), warns once per crossed alarm, and gives the rollout d
     python -m verl.trainer.main_ppo ... reward.reward_manager.name=vllm_rm trainer.v1.trainer_mode=vllm_rm
 
 ``vllm_rm`` is verl's ``sync`` mode; ``vllm_rm_colocate_async`` and ``vllm_rm_separate_async`` are
-verl's asynchronous modes with the same additions. They are registered by this package's
-``verl.plugins`` entry point, so stock ``main_ppo`` finds them with no other setting.
+verl's asynchronous modes with the same additions. :class:`RewardMetrics` is what they add; the trainer
+classes themselves, and their registration (by this package's ``verl.plugins`` entry point, so stock
+``main_ppo`` finds them with no other setting), are :mod:`verl_vllm_rm.plugin.trainer_registry`'s.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ import numpy as np
 import transfer_queue as tq
 from omegaconf import DictConfig, OmegaConf
 from transfer_queue import KVBatchMeta
-from verl.trainer.ppo.v1 import get_trainer_cls, register_trainer
 from verl.utils import tensordict_utils as tu
 from verl.utils.debug import marked_timer
 
@@ -104,7 +104,8 @@ class ValidationTagging:
     """verl's agent-loop manager, tagging each validation prompt with :data:`~verl_vllm_rm.rows.VALIDATION_FIELD`.
 
     verl 0.9.1 calls reward managers once per trajectory and its agent loop drops the batch's ``validate`` flag on
-    the way (``AgentLoopWorkerTQ.generate_sequences``); the prompt's own fields reach the reward manager. A tag per
+    the way (``AgentLoopWorkerTQ.generate_sequences``); the prompt's own fields reach the reward manager. verl's
+    ``_validate`` generates through the manager ``fit`` was given, so wrapping it there reaches every one. A tag per
     prompt holds in every mode, also where the async modes roll out training batches during validation. Tagged,
     the samples use ``val_kwargs.n`` groups, compare with the reference under ``pairwise=auto`` and leave the
     whitening statistics alone."""
@@ -122,7 +123,8 @@ class ValidationTagging:
 
 
 class RewardMetrics:
-    """The reward metrics and alarms, on top of one of verl's v1 trainers (``base_mode``)."""
+    """The reward metrics and alarms, on top of one of verl's v1 trainers (``base_mode``; the classes are
+    :mod:`~verl_vllm_rm.plugin.trainer_registry`'s)."""
 
     base_mode = "sync"
     #: where in each ``global_step_N`` folder this trainer keeps its state (the whitening statistics)
@@ -197,18 +199,3 @@ class RewardMetrics:
             reward_extra_infos_dict = {**dump_columns(list(reward_extra_infos_dict["uid"]), keys, rewards),
                                        **reward_extra_infos_dict}
         return super()._dump_generations(inputs, outputs, gts, scores, reward_extra_infos_dict, dump_path)
-
-
-def with_reward_metrics(base_mode: str) -> type:
-    """verl's v1 trainer ``base_mode`` with :class:`RewardMetrics` (the class registered as ``vllm_rm[_<mode>]``)."""
-    base = get_trainer_cls(base_mode)
-    doc = f"verl's {base_mode} v1 trainer; each step also logs the reward metrics and alarms."
-    return type(f"RewardMetrics{base.__name__}", (RewardMetrics, base), {"base_mode": base_mode, "__doc__": doc})
-
-
-#: ``trainer.v1.trainer_mode`` -> verl's mode it adds the metrics to.
-TRAINER_MODES = {TRAINER_MODE: "sync", f"{TRAINER_MODE}_colocate_async": "colocate_async",
-                 f"{TRAINER_MODE}_separate_async": "separate_async"}
-for _name, _base in TRAINER_MODES.items():
-    register_trainer(_name)(with_reward_metrics(_base))
-RewardMetricsTrainer = get_trainer_cls(TRAINER_MODE)  # the sync one, which vllm_rm_online extends

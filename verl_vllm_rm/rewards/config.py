@@ -20,13 +20,14 @@ Components:
 ``gate`` component is computed but not weighted; it multiplies the weighted sum
 (e.g. a 0/1 correctness gate on the reward model's score).
 
-The default mirrors RM-Gallery's post-training recipe (docs/tutorial/
+An empty composition (``rewards: {}``) mirrors RM-Gallery's post-training recipe (docs/tutorial/
 rm_application/post_training.md: ``0.95 * rubric + 0.05 * format +
 total_length + ngram``, n-gram penalty with ``ngram_size=5, max_penalty=-1.0,
 min_scaling=0.1``; the recipe computes the thought-length reward for logging
 only, so ``thought_length`` is off by default). An enabled component without an
 explicit weight gets its recipe weight: 0.95 for ``rubric``, 0.05 for
-``format``, 1.0 for every other one.
+``format``, 1.0 for every other one. Without ``rewards`` at all, the manager's
+``combine`` decides, and its default ``replace`` is the RM score alone.
 
 Example::
 

@@ -13,7 +13,9 @@ from verl_vllm_rm.options import ConfigError
 from verl_vllm_rm.scoring.reward_model import RewardModel
 from verl_vllm_rm.rows import Sample
 from verl_vllm_rm.scoring.options import RewardModelOptions
+from verl_vllm_rm.scoring.pairwise import WIN_KEYS
 from verl_vllm_rm.scoring.rules import RuleScorer
+from verl_vllm_rm.scoring.verifiable import SCORE_KEY
 
 
 def per_member_keys(rm_options: Sequence[RewardModelOptions]) -> bool:
@@ -28,10 +30,12 @@ def weight_version_key(rm_options: Sequence[RewardModelOptions], name: str) -> s
 
 
 def info_keys(reward_models: Mapping[str, RewardModel], per_member: bool, rule_scorers: Iterable[RuleScorer],
-              judge: bool, ensembled_attributes: Iterable[str] = ()) -> tuple[str, ...]:
-    """Every ``reward_extra_info`` key a sample can get: each sample gets all of them (None where its route
-    has no such value), because verl builds its columns from the first sample's keys. ``ensembled_attributes``:
-    those some route ensembles per attribute."""
+              judge: bool, pairwise: bool, ensembled_attributes: Iterable[str] = ()) -> tuple[str, ...]:
+    """The package's own ``reward_extra_info`` keys: each sample gets all of them (None where its route or mode
+    has no such value), because verl builds its columns from the first sample's keys. ``pairwise``: the win
+    metrics (validation and training samples meet in one step); ``ensembled_attributes``: those some route
+    ensembles per attribute. The verifiable scorer's keys (verl's names) come after these
+    (:mod:`verl_vllm_rm.scoring.verifiable`)."""
     keys = ["score", "rm_score", "rm_valid", "rm_prompt_tokens_dropped", "rm_tokens", "rm_latency_ms",
             "rm_weight_version", "rm_failovers"]
     for name, rm in reward_models.items():
@@ -54,9 +58,11 @@ def info_keys(reward_models: Mapping[str, RewardModel], per_member: bool, rule_s
     for rules in rule_scorers:
         keys += [k for k in rule_keys(rules.config) if k not in keys]
     if any(rules.needs_verifiable for rules in rule_scorers):
-        keys.append("verifiable_score")
+        keys.append(SCORE_KEY)
     if judge:
         keys += JUDGE_KEYS
+    if pairwise:
+        keys += WIN_KEYS
     return tuple(keys)
 
 

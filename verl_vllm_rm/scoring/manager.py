@@ -19,15 +19,16 @@ from verl.experimental.reward_loop.reward_manager import register
 from verl.experimental.reward_loop.reward_manager.base import RewardManagerBase
 from verl.utils.reward_score import default_compute_score
 from verl_vllm_rm.judge.reward import SampleJudge
-from verl_vllm_rm.rows import samples_of, samples_of_rows
+from verl_vllm_rm.rows import last_output, samples_of, samples_of_rows
 from verl_vllm_rm.scoring.extra_info import Examiner, info_keys, per_member_keys
-from verl_vllm_rm.scoring.legacy import warn_misrouted_config
+from verl_vllm_rm.scoring.misrouted_config import warn_misrouted_config
 from verl_vllm_rm.scoring.options import ConfigError, ManagerOptions, parse_options, reward_kwargs_of
 from verl_vllm_rm.scoring.orchestration import Orchestration
 from verl_vllm_rm.scoring.reward_model import RewardModel, refuse_token_level_when_streaming
 from verl_vllm_rm.scoring.routing import Router
 from verl_vllm_rm.scoring.row_queue import Row, RowQueue
 from verl_vllm_rm.scoring.rules import batch_stats
+from verl_vllm_rm.scoring.verifiable import SCORE_KEY, VerifiableScorer
 
 
 @register("vllm_rm")
@@ -53,9 +54,14 @@ class VLLMRewardManager(Orchestration, RewardManagerBase):
             raise ConfigError(str(e)) from e
         #: per-RM keys in reward_extra_info (per_member_keys)
         self.per_member = per_member_keys(rm_options)
-        self.info_keys = info_keys(self.reward_models, self.per_member, self.router.rule_scorers,
-                                   judge=self.judge is not None,
-                                   ensembled_attributes=self.router.ensembled_attributes)
+        own_keys = info_keys(self.reward_models, self.per_member, self.router.rule_scorers,
+                             judge=self.judge is not None, pairwise=self.options.pairwise != "never",
+                             ensembled_attributes=self.router.ensembled_attributes)
+        self.verifiable = VerifiableScorer(self.compute_score, self.options.compute_score_keys, frozenset(own_keys))
+        #: verl's managers' attribute: ``compute_score`` is a coroutine function (awaited, not run in a thread)
+        self.is_async_reward_score = self.verifiable.is_async
+        verifiable_keys = self.verifiable.keys if SCORE_KEY in own_keys else ()
+        self.info_keys = own_keys + verifiable_keys
         self.last_batch_stats: dict[str, float] = {}
         self._row_queue = RowQueue(self._score_rows)
         self.examiner = Examiner(tokenizer, self.options.num_examine)
@@ -64,8 +70,9 @@ class VLLMRewardManager(Orchestration, RewardManagerBase):
 
     # -- verl reward-loop API -----------------------------------------------------------
     async def run_single(self, data: DataProto) -> dict:
-        """One row's reward: the rows verl hands over in one loop iteration are scored together (RowQueue)."""
-        return await self._row_queue.put(data)
+        """One trajectory's reward, of its last output (:func:`last_output`, as verl's own managers score it); the
+        trajectories verl hands over in one loop iteration are scored together (RowQueue)."""
+        return await self._row_queue.put(last_output(data))
 
     async def _score_rows(self, rows: list[Row]) -> None:
         samples = samples_of_rows([data for data, _ in rows])

@@ -186,8 +186,8 @@ class ManagerOptions(RewardModelOptions):
     """Per-``data_source`` RMs, ensemble and composition (first matching route wins); unset: one route, every RM,
     ``mean``."""
     combine: CombineMode = "replace"
-    """With verl's ``compute_score``: ``replace`` (RM only), ``add``, ``multiply``, ``weighted``; a shorthand for a
-    ``rewards`` composition."""
+    """With verl's ``compute_score``: ``replace`` (RM only: the default without ``rewards``), ``add``, ``multiply``,
+    ``weighted``; a shorthand for a ``rewards`` composition."""
     alpha: float = 0.5
     """``combine=weighted``: ``alpha * rm + (1 - alpha) * verifiable``."""
     coalesce_ms: float = 5.0
@@ -195,7 +195,8 @@ class ManagerOptions(RewardModelOptions):
     num_examine: int = 1
     """Samples printed per data source (prompt, response, every component)."""
     rewards: RewardConfig | None = None
-    """A weighted composition of reward components, the general form of ``combine``."""
+    """A weighted composition of reward components, the general form of ``combine``; unset: ``combine`` decides
+    (``replace``: the RM score alone); ``{}``: RM-Gallery's recipe (0.95 rubric + 0.05 format + length + ngram)."""
     pairwise: PairwiseMode = "auto"
     """Compare each response with the prompt's reference answer: ``auto`` (in verl's validation), ``always`` or
     ``never``."""
@@ -207,6 +208,9 @@ class ManagerOptions(RewardModelOptions):
     """A generative judge for the ``judge`` component of the composition."""
     attribute_alarms: tuple[AttributeAlarmOptions, ...] = ()
     """Watched attribute pairs of an attribute RM: the alarm ``alarm/attribute_rise/<rm>/<watch>_over_<against>``."""
+    compute_score_keys: tuple[str, ...] = ()
+    """The keys of your ``compute_score``'s dict result (besides ``score`` and ``acc``) kept as ``reward_extra_info``
+    columns, on every sample (None where a result lacks one); an undeclared key is left out, with a warning."""
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -30,12 +30,12 @@ from typing import Any, Iterable
 from verl_vllm_rm.client.batching import fail, fail_all
 from verl_vllm_rm.rewards.steps import token_rewards
 from verl_vllm_rm.rows import Sample, reference_text
-from verl_vllm_rm.scoring.pairwise import NO_WIN_METRICS, MissingReferenceError, win_metrics
+from verl_vllm_rm.scoring.pairwise import MissingReferenceError, win_metrics
 from verl_vllm_rm.scoring.reward_model import RewardModel
 from verl_vllm_rm.scoring.rm_answers import member_answer, reference_score, rm_info
 from verl_vllm_rm.scoring.rm_inputs import RMInput
 from verl_vllm_rm.scoring.routing import Route
-from verl_vllm_rm.scoring.rules import verifiable_score
+from verl_vllm_rm.scoring.verifiable import SCORE_KEY
 
 
 @dataclass(slots=True)
@@ -60,7 +60,7 @@ class _Started:
 
 class Orchestration:
     """The scoring half of :class:`~verl_vllm_rm.scoring.manager.VLLMRewardManager`, which builds what it uses:
-    ``options``, ``tokenizer``, ``loop``, ``compute_score``, ``reward_models``, ``router``, ``judge``,
+    ``options``, ``tokenizer``, ``loop``, ``verifiable``, ``reward_models``, ``router``, ``judge``,
     ``examiner``, ``info_keys``, ``per_member`` and the counters ``failed``/``references_missing``."""
 
     _ready = False  # every RM's max_model_len known (_probe)
@@ -146,7 +146,7 @@ class Orchestration:
             judge=asyncio.ensure_future(self.judge.score(sample, text)) if rules.needs_judge else None,
             components=rules.start(self.loop, self.tokenizer, sample, text, self.options.reference_source)
             if rules.has_rules else None,
-            verifiable=asyncio.ensure_future(verifiable_score(self.compute_score, self.loop, sample, text))
+            verifiable=asyncio.ensure_future(self.verifiable.score(self.loop, sample.fields, text))
             if rules.needs_verifiable else None)
 
     async def _finish(self, s: _Started) -> dict:
@@ -190,12 +190,10 @@ class Orchestration:
                 scored, s.rm_inputs[0]), partial(rules.total, components, verifiable, judged))
         info.update(score=total, **components)
         if verifiable is not None:
-            info.update(verifiable_score=verifiable, **extras)
-        if s.pairwise and s.reference is None:  # no RM or no reference (skipped): same keys as the others
-            info.update(NO_WIN_METRICS)
-        if s.reference is not None:
-            info.update(win_metrics(info["rm_score"], reference) if valid and reference is not None
-                        else NO_WIN_METRICS)
+            info[SCORE_KEY] = verifiable
+            info.update(extras)
+        if valid and reference is not None:  # else the win keys stay None (no RM, no reference, a failed score)
+            info.update(win_metrics(info["rm_score"], reference))
         self.examiner.maybe_print(sample, info)
         return {"reward_score": reward_score, "reward_extra_info": info}
 

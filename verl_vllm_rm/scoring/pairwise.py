@@ -24,7 +24,7 @@ def win_metrics(score: float, reference: float) -> dict[str, float]:
     return {"win": float(score > reference), "win_and": float(score >= reference), "ref_margin": score - reference}
 
 
-NO_WIN_METRICS: dict[str, None] = {"win": None, "win_and": None, "ref_margin": None}  # verl's val metrics skip None
+WIN_KEYS = ("win", "win_and", "ref_margin")
 
 
 class Versioned(Protocol):

@@ -9,8 +9,7 @@ manager always has one ``RuleScorer``: from ``reward_kwargs.rewards`` or from th
 from __future__ import annotations
 
 import asyncio
-import inspect
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -66,33 +65,6 @@ class RuleScorer:
         prod(gate_j)`` over the composition's components."""
         values = {**components, "rubric": rm_value, "verifiable": verifiable, "judge": judged}
         return compose(values, self.config.weights, self.config.gate)
-
-
-async def verifiable_score(compute_score: Callable, loop: asyncio.AbstractEventLoop, sample: Any,
-                           text: str) -> tuple[float, dict[str, float]]:
-    """verl's ``compute_score`` of one sample (a sync one runs in a thread: verifiers may be slow)."""
-    kwargs = dict(
-        data_source=sample.fields["data_source"],
-        solution_str=text,
-        ground_truth=sample.fields["reward_model"]["ground_truth"],
-        extra_info=sample.fields.get("extra_info", {}),
-    )
-    if inspect.iscoroutinefunction(compute_score):
-        result = await compute_score(**kwargs)
-    else:
-        result = await loop.run_in_executor(None, lambda: compute_score(**kwargs))
-    return split_verifiable(result)
-
-
-def split_verifiable(result: Any) -> tuple[float, dict[str, float]]:
-    """``compute_score`` returns a number or a dict with ``score`` and extra fields (``verifiable_<key>``)."""
-    if isinstance(result, dict):
-        if "score" not in result:
-            raise ValueError(f"compute_score returned a dict without 'score': {sorted(result)}; return a number or "
-                             "a dict whose 'score' is the reward (its other keys become verifiable_<key>)")
-        extras = {f"verifiable_{k}": v for k, v in result.items() if k != "score"}
-        return float(result["score"]), extras
-    return float(result), {}
 
 
 def batch_stats(infos: list[dict[str, Any]]) -> dict[str, float]:

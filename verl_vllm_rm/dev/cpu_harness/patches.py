@@ -182,6 +182,33 @@ def _checkpoint_engine_needed() -> bool:
     return refuses_naive and set(CheckpointEngineRegistry._registry) - {BACKEND} == {"naive"}
 
 
+def _port_window_for_worker_groups() -> None:
+    from verl.single_controller.ray.base import RayWorkerGroup
+
+    original = RayWorkerGroup.__init__
+    if getattr(original, "_vrm_port_window", False):
+        return
+
+    @functools.wraps(original)
+    def init(self, *args, **kwargs):
+        if kwargs.get("master_port_range") is None:
+            # imported here: the harness applies while verl is being imported, before our online modules can load
+            from verl_vllm_rm.online.driver import master_port_range
+
+            kwargs["master_port_range"] = master_port_range()
+        original(self, *args, **kwargs)
+
+    init._vrm_port_window = True
+    RayWorkerGroup.__init__ = init
+
+
+def _port_window_needed() -> bool:
+    from verl.single_controller.ray.base import get_master_addr_port
+
+    source = inspect.getsource(get_master_addr_port._function)  # a ray.remote function: its Python function
+    return 's.bind(("", 0))' in source
+
+
 PATCHES: tuple[Patch, ...] = (
     Patch(
         name="cpu-platform",
@@ -235,6 +262,18 @@ PATCHES: tuple[Patch, ...] = (
             "bucketed broadcast over a gloo group) is registered",
         needed=_checkpoint_engine_needed,
         apply=_register_checkpoint_engine,
+    ),
+    Patch(
+        name="worker-group-port-window",
+        verl_code="verl/single_controller/ray/base.py: get_master_addr_port (master_port_range None: bind(0), "
+                  "close, and rank 0's init_process_group binds the port again later); verl's trainer never passes "
+                  "a master_port_range",
+        why="between the close and the bind, an outgoing connection on the node may be given the same port as its "
+            "source: main_ppo's workers then fail with EADDRINUSE (seen in a fresh clone's make test, the actor's "
+            "store of the any_rm run, while the other xdist worker's tests made connections); every worker group "
+            "gets a random 1000-port window below the ephemeral range instead (online/driver.master_port_range)",
+        needed=_port_window_needed,
+        apply=_port_window_for_worker_groups,
     ),
     Patch(
         name="reward-call-log",
