@@ -41,6 +41,7 @@ def with_test_fault(weights: Iterable[tuple[str, torch.Tensor]]) -> Iterable[tup
             if i == after:
                 break
             yield item
+        # internal: only a test's RELOAD_FAULT_ENV file reaches it
         raise RuntimeError(f"injected reload fault after {after} tensors")
 
     return faulty()

@@ -11,6 +11,7 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
+from verl_vllm_rm.protocol.errors import WEIGHTS_LOST
 from verl_vllm_rm.protocol.inventory import Inventory
 from verl_vllm_rm.server.weights.gate import UpdateGate
 
@@ -47,8 +48,8 @@ class WeightSyncState:
         return None if self.lost is not None else self.version
 
     def lost_message(self) -> str:
-        return (f"this server's weights are lost: {self.lost}; it scores nothing until a full publish (training_mode "
-                "full) succeeds or it restarts")
+        return (f"{WEIGHTS_LOST}{self.lost}; it scores nothing until a full publish (training_mode full) succeeds or "
+                "it restarts")
 
     def busy(self) -> str | None:
         """Why no other update or communicator change may start now (None: nothing is in the way)."""
