@@ -279,6 +279,8 @@ class ReplicaFleet:
                     st.update(health, self.version)
             if lost is not None:  # out of routing now; restarted at once (it would never come back by itself)
                 logger.warning("%s: replica %d (%s) lost its weights: restarting (%s)", self.name, index, st.url, lost)
+                with self.lock:
+                    st.last_error = f"weights lost: {lost}"
                 self._restart(index)
                 silent_since = None
                 continue
