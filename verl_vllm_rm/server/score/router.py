@@ -11,6 +11,7 @@ from verl_vllm_rm.protocol.errors import RequestError
 from verl_vllm_rm.protocol.score import check_token_ids, parse_score_request
 from verl_vllm_rm.server.score import serving
 from verl_vllm_rm.server.state import RewardServerState, error_response, read_body
+from verl_vllm_rm.server.weights.state import WeightsLost
 
 ROUTES = ("/health", "/score", "/runtime_version", "/get_world_size")
 
@@ -78,6 +79,9 @@ async def score(request: Request) -> JSONResponse:
         return error_response(e.message, e.status)
     try:
         answer = JSONResponse(await serving.score(engine, state, req, token_ids))
+    except WeightsLost as e:  # lost while this request waited for a reload
+        counters.failed += 1
+        return error_response(str(e), 503)
     except Exception as e:  # engine-side failure: a 5xx the client may retry
         counters.failed += 1
         return error_response(f"scoring failed on the server: {type(e).__name__}: {e}", 500)
