@@ -82,13 +82,20 @@ def lost_health(url: str) -> str:
     return lost
 
 
-@pytest.mark.parametrize(("mode", "fail_after"), [("head_only", 0), ("lora", 3), ("full", 12)])
+@pytest.mark.parametrize(("mode", "fail_after", "serving"), [
+    ("head_only", 0, "the checkpoint"), ("lora", 3, "the checkpoint"), ("full", 12, "the checkpoint"),
+    ("lora", 3, "a LoRA version")])
 def test_a_reload_failing_half_way_is_undone_exactly_and_the_next_publish_succeeds(server, tiny_rm, probe_ids,
-                                                                                   fault_file, mode, fail_after):
+                                                                                   fault_file, mode, fail_after,
+                                                                                   serving):
     """``fail_after`` tensors reach vLLM's loader before the fault: none for the head (its layer is on meta), two
     whole LoRA-merged module groups for lora (processed: serving from new oneDNN handles), a few whole layers
-    processed for full."""
+    processed for full. Serving a LoRA version, the undo merges its adapters into the base store again (the
+    worker keeps their factors, not the merged weights)."""
     version = reset_server(server.url, tiny_rm)
+    if serving == "a LoRA version":
+        version += 1
+        publish(server.url, model_for(tiny_rm, "lora", seed=6), "lora", version)
     before = server_scores(server.url, probe_ids)
     model = model_for(tiny_rm, mode, seed=7)
     fail_next_reloads(fault_file, fail_after)
@@ -104,7 +111,7 @@ def test_a_reload_failing_half_way_is_undone_exactly_and_the_next_publish_succee
     after = assert_parity(server.url, model, probe_ids)
     # the reference: the same publish on a server that saw no failure since it last served the on-disk model
     reset_server(server.url, tiny_rm)
-    publish(server.url, model, mode, version + 3)
+    publish(server.url, model, mode, runtime_version(server.url) + 1)
     assert server_scores(server.url, probe_ids) == after
 
 

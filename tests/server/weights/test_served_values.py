@@ -83,3 +83,23 @@ def test_weight_files_rewritten_after_the_load_cannot_give_the_served_values(tmp
         "it serves are not on disk any more")
     _reload(served, {"a.weight": torch.zeros(4)})
     assert served.why_not(["a.weight"]) is None  # kept: the files are not needed
+
+
+class _Merge:
+    """A recipe: a tensor computed again at each call (as lora_bases.FromStore), holding ``nbytes``."""
+
+    def __init__(self, value: float, nbytes: int) -> None:
+        self.value, self.nbytes, self.calls = value, nbytes, 0
+
+    def __call__(self) -> torch.Tensor:
+        self.calls += 1
+        return torch.full((8,), self.value)
+
+
+def test_a_weight_with_a_recipe_keeps_the_recipe_not_a_copy_and_is_computed_again_for_an_undo():
+    served = _served(max_bytes=8)
+    merge = _Merge(3.0, nbytes=8)  # the factors: 8 bytes, where a copy of the merged weight would take 32
+    assert [n for n, _ in served.keeping([("b.weight", torch.full((8,), 3.0))], {"b.weight": merge})] == ["b.weight"]
+    served.adopt()
+    assert served.kept == {"b.weight": merge} and served.nbytes == 8 and merge.calls == 0
+    assert torch.equal(dict(served.values(["b.weight"]))["b.weight"], torch.full((8,), 3.0)) and merge.calls == 1

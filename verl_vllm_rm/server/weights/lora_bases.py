@@ -67,15 +67,11 @@ class LoraBaseStore:
     def report(self) -> LoraBases:
         return LoraBases("held", self.place, self.nbytes, tuple(self.modules), captured=True)
 
-    def merged_update(self, staged: Iterable[tuple[str, torch.Tensor]], scaling: Mapping[str, float],
-                      compute_device: torch.device | None = None) -> Iterator[tuple[str, torch.Tensor]]:
-        """The tensors to load for an update that carries adapters, grouped by vLLM module.
-
-        Each stored group the update touches yields every member: the adapted weights merged from the stored
-        base, its other members as staged (when sent in full) or from the store. Staged full tensors outside those
-        groups (the head) follow as they are. Every yielded tensor is new or immutable, so vLLM's layerwise
-        loader may keep it until the group's layer is complete.
-        """
+    def merge_plan(self, staged: Iterable[tuple[str, torch.Tensor]], scaling: Mapping[str, float],
+                   compute_device: torch.device | None = None) -> list[tuple[str, "torch.Tensor | FromStore"]]:
+        """What to load for an update that carries adapters, grouped by vLLM module: each staged full tensor as it
+        is, and for every stored group the update touches each member as a :class:`FromStore`, computed when
+        called (the adapted weights merged from the stored base, the others copied from the store)."""
         factors: dict[str, dict[str, torch.Tensor]] = {}
         full: dict[str, torch.Tensor] = {}
         for name, tensor in staged:
@@ -85,22 +81,57 @@ class LoraBaseStore:
             else:
                 factors.setdefault(adapter[0], {})[adapter[1]] = tensor
         device = compute_device or self.device
-        done: set[str] = set()
+        plan: list[tuple[str, torch.Tensor | FromStore]] = []
         touched = [f"{m}.weight" for m in factors] + [n for n in full if n in self.tensors]
         for key in sorted({module_key(n, self.fused_modules) for n in touched}):
             for name in self.groups[key]:
                 module = name.removesuffix(".weight")
                 if name in full:
-                    yield name, full[name]
+                    plan.append((name, full[name]))
                 elif module in factors and name.endswith(".weight"):
-                    w0 = self.tensors[name]
-                    a, b = factors[module]["A"].to(device), factors[module]["B"].to(device)
-                    yield name, merge_lora_weight(w0.to(device), a, b, float(scaling[module]), w0.dtype)
-                else:  # a copy: a loader that kept the tensor as the model's own must never alias the store
-                    yield name, self.tensors[name].to(device, copy=True)
-                done.add(name)
-        for name in sorted(set(full) - done):
-            yield name, full[name]
+                    # the factors are copied: the staged ones are reused by the next receive, a FromStore may be
+                    # called again for an undo later
+                    a, b = (factors[module][k].to(device, copy=True) for k in ("A", "B"))
+                    plan.append((name, FromStore(self, name, device, a, b, float(scaling[module]))))
+                else:
+                    plan.append((name, FromStore(self, name, device)))
+        done = {name for name, _ in plan}
+        plan += [(name, full[name]) for name in sorted(set(full) - done)]
+        return plan
+
+    def merged_update(self, staged: Iterable[tuple[str, torch.Tensor]], scaling: Mapping[str, float],
+                      compute_device: torch.device | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+        """The tensors of :meth:`merge_plan`, each computed when it is reached. Every yielded tensor is new or
+        immutable, so vLLM's layerwise loader may keep it until the group's layer is complete."""
+        return computed(self.merge_plan(staged, scaling, compute_device))
+
+
+def computed(plan: Iterable[tuple[str, "torch.Tensor | FromStore"]]) -> Iterator[tuple[str, torch.Tensor]]:
+    """Each tensor of a :meth:`LoraBaseStore.merge_plan`, computed when it is reached."""
+    for name, item in plan:
+        yield name, item() if isinstance(item, FromStore) else item
+
+
+class FromStore:
+    """One tensor of a LoRA update computed from the store: ``W0 + scaling * B @ A`` for an adapted weight (with
+    ``a`` and ``b``), else a copy of the stored member (a loader that kept the tensor as the model's own must never
+    alias the store). The same bits at every call (the store never changes), so a reload can be undone from it:
+    ``nbytes`` is what it holds beyond the store (the factors)."""
+
+    def __init__(self, store: LoraBaseStore, name: str, device: torch.device, a: torch.Tensor | None = None,
+                 b: torch.Tensor | None = None, scaling: float = 0.0) -> None:
+        self.store, self.name, self.device = store, name, device
+        self.a, self.b, self.scaling = a, b, scaling
+
+    @property
+    def nbytes(self) -> int:
+        return 0 if self.a is None else self.a.nbytes + self.b.nbytes
+
+    def __call__(self) -> torch.Tensor:
+        w0 = self.store.tensors[self.name]
+        if self.a is None:
+            return w0.to(self.device, copy=True)
+        return merge_lora_weight(w0.to(self.device), self.a, self.b, self.scaling, w0.dtype)
 
 
 def needed_bytes(specs: Iterable[tuple[str, Sequence[int], torch.dtype]]) -> int:

@@ -15,13 +15,13 @@ every weight under the targets through the same layerwise reload, from the value
 
 from __future__ import annotations
 
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Mapping
 
 import torch
 
 from verl_vllm_rm.protocol.inventory import module_key
 from verl_vllm_rm.server.weights.reload_fault import with_test_fault
-from verl_vllm_rm.server.weights.served_values import ServedValues
+from verl_vllm_rm.server.weights.served_values import Recipe, ServedValues
 
 
 def layerwise_reload(model: torch.nn.Module, targets: list[torch.nn.Module],
@@ -116,13 +116,15 @@ class UndoableReload:
         self.lost: str | None = None
 
     def run(self, model: torch.nn.Module, model_config, names: list[str],
-            weights: Iterable[tuple[str, torch.Tensor]], max_bytes: int | None) -> None:
+            weights: Iterable[tuple[str, torch.Tensor]], max_bytes: int | None,
+            recipes: Mapping[str, Recipe] | None = None) -> None:
         """Load ``weights`` (the checkpoint ``names``) into the modules they touch; raises the reload's error after
-        undoing it (or, when it cannot be, setting ``lost``)."""
+        undoing it (or, when it cannot be, setting ``lost``). ``recipes``: how to compute some of the weights
+        again (LoRA merges), kept instead of copies."""
         targets = reload_targets(model, names)
         self.served.max_bytes = max_bytes
         try:
-            layerwise_reload(model, targets, self.served.keeping(weights), model_config)
+            layerwise_reload(model, targets, self.served.keeping(weights, recipes), model_config)
         except BaseException as e:
             self.served.drop()
             self.lost = self._undo(model, model_config, targets, e)

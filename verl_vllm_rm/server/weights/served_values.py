@@ -5,8 +5,9 @@ vLLM-CPU serves its linears from a handle built from the loaded values by ``proc
 undo loads the old checkpoint-format values through the same layerwise reload (``server/weights/rollback.py``).
 This module knows those values. A weight no update has replaced serves what the weight files hold (read again
 only when an undo needs it, after checking the files were not rewritten since the server loaded them). A weight
-an update replaced serves what that update loaded: each reload keeps a host copy of every tensor it loads (for
-LoRA the merged weights), adopted when the reload succeeds. ``--weight-update-rollback-max-bytes`` caps those
+an update replaced serves what that update loaded: each reload keeps a host copy of every tensor it loads, adopted
+when the reload succeeds; a LoRA merge keeps only its recipe (the adapter's factors: the base store computes the
+same bits again). ``--weight-update-rollback-max-bytes`` caps those
 copies (default: none, so at most one copy of the model); a weight replaced past the cap is *unknown*, and an
 update that fails with one under its modules cannot be undone: the server's weights are lost.
 
@@ -15,7 +16,7 @@ Imports torch only, so its units run without vLLM.
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterable, Iterator, Mapping, Protocol
 
 import torch
 
@@ -24,8 +25,17 @@ from verl_vllm_rm.server.weights.lora_bases import rewritten_after
 CAP_FLAG = "--weight-update-rollback-max-bytes"
 
 
-def _nbytes(tensor: torch.Tensor) -> int:
-    return tensor.numel() * tensor.element_size()
+class Recipe(Protocol):
+    """A tensor computed again, bit for bit, at each call, from what the worker holds anyway (a LoRA merge from
+    the base store: ``lora_bases.FromStore``); ``nbytes``: what it holds beyond that."""
+
+    nbytes: int
+
+    def __call__(self) -> torch.Tensor: ...
+
+
+def _nbytes(value: "torch.Tensor | Recipe") -> int:
+    return value.nbytes
 
 
 class ServedValues:
@@ -36,25 +46,28 @@ class ServedValues:
                  loaded_at_ns: int, max_bytes: int | None = None) -> None:
         self.read_files, self.model_dir, self.loaded_at_ns = read_files, model_dir, loaded_at_ns
         self.max_bytes = max_bytes
-        self.kept: dict[str, torch.Tensor] = {}
+        self.kept: dict[str, torch.Tensor | Recipe] = {}
         self.unknown: set[str] = set()
-        self.pending: dict[str, torch.Tensor] = {}
+        self.pending: dict[str, torch.Tensor | Recipe] = {}
         self.pending_unknown: set[str] = set()
 
     @property
     def nbytes(self) -> int:
         return sum(_nbytes(t) for t in self.kept.values())
 
-    def keeping(self, weights: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
-        """``weights`` as they are, with a host copy of each while the copies fit under the cap (counting the
-        kept values they will replace as freed); adopted by :meth:`adopt`, dropped by :meth:`drop`."""
+    def keeping(self, weights: Iterable[tuple[str, torch.Tensor]], recipes: Mapping[str, Recipe] | None = None
+                ) -> Iterator[tuple[str, torch.Tensor]]:
+        """``weights`` as they are, keeping each one's recipe when ``recipes`` has it, else a host copy, while
+        they fit under the cap (counting the kept values they will replace as freed); adopted by :meth:`adopt`,
+        dropped by :meth:`drop`."""
         self.drop()
-        used = self.nbytes
+        used, recipes = self.nbytes, recipes or {}
         for name, tensor in weights:
             used -= _nbytes(self.kept[name]) if name in self.kept and name not in self.pending else 0
-            if name not in self.pending and (self.max_bytes is None or used + _nbytes(tensor) <= self.max_bytes):
-                self.pending[name] = tensor.detach().to("cpu", copy=True)
-                used += _nbytes(tensor)
+            value = recipes.get(name, tensor)
+            if name not in self.pending and (self.max_bytes is None or used + _nbytes(value) <= self.max_bytes):
+                self.pending[name] = value if name in recipes else tensor.detach().to("cpu", copy=True)
+                used += _nbytes(value)
             elif name not in self.pending:
                 self.pending_unknown.add(name)
             yield name, tensor
@@ -96,7 +109,8 @@ class ServedValues:
         """The served checkpoint-format value of each of ``names`` (check :meth:`why_not` first): the kept ones,
         the others read from the weight files."""
         names = set(names)
-        out = [(name, self.kept[name]) for name in sorted(names & self.kept.keys())]
+        out = [(name, value if isinstance(value, torch.Tensor) else value())
+               for name in sorted(names & self.kept.keys()) for value in (self.kept[name],)]
         from_files = names - self.kept.keys()
         if from_files:
             out += [(name, tensor) for name, tensor in self.read_files() if name in from_files]

@@ -52,7 +52,13 @@ from verl_vllm_rm.protocol.inventory import ParamSpec, module_key
 from verl_vllm_rm.protocol.lora import LoraBases, split_adapter_name
 from verl_vllm_rm.protocol.wire import BufferPool, TransferGroup, open_group, plan_buckets, unpack
 from verl_vllm_rm.server.weights.join import PendingJoin
-from verl_vllm_rm.server.weights.lora_bases import LoraBaseStore, PendingLoraBases, plan_lora_bases
+from verl_vllm_rm.server.weights.lora_bases import (
+    FromStore,
+    LoraBaseStore,
+    PendingLoraBases,
+    computed,
+    plan_lora_bases,
+)
 from verl_vllm_rm.server.weights.rollback import UndoableReload
 
 ENGINE_BACKENDS = {"gloo": "gloo", "torch_nccl": "nccl"}
@@ -237,16 +243,18 @@ class ProcessGroupWeightTransferEngine(WeightTransferEngine[ProcessGroupInitInfo
             raise RuntimeError("finish_weight_update without received weights")
         names = [name for name, _ in staged]
         weights: Iterable[tuple[str, torch.Tensor]] = staged
+        recipes: dict[str, FromStore] = {}
         if scaling:
             if not isinstance(self.lora_bases, LoraBaseStore):
                 # internal: the router refuses adapters unless the inventory reports the store held
                 raise RuntimeError("an update with LoRA adapters reached a worker without a LoRA base store")
             names = [f"{split[0]}.weight" if (split := split_adapter_name(n)) else n for n in names]
-            weights = self.lora_bases.merged_update(staged, scaling, self.device)
+            plan = self.lora_bases.merge_plan(staged, scaling, self.device)
+            weights, recipes = computed(plan), {n: item for n, item in plan if isinstance(item, FromStore)}
         if self.reloads is None:
             # internal: the router reads the inventory (which makes it) before it accepts any update
             raise RuntimeError("a reload before the first inventory read")
-        self.reloads.run(self.model, self.model_config, names, weights, self.rollback_max_bytes)
+        self.reloads.run(self.model, self.model_config, names, weights, self.rollback_max_bytes, recipes)
         if self.staging is not None and self._model_aliases(self.staging):
             self.staging = None  # a loader kept a received tensor as is: never overwrite it in place
 
