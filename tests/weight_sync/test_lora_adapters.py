@@ -26,7 +26,7 @@ from verl_vllm_rm.protocol.lora import merge_lora_weight
 from verl_vllm_rm.protocol.names import normalize_name
 from verl_vllm_rm.replicas.launcher import running_server
 from verl_vllm_rm.weight_sync import MultiServerPublisher, RewardModelPublisher, WeightSyncError
-from verl_vllm_rm.weight_sync.lora import find_lora_modules, lora_scalings
+from verl_vllm_rm.weight_sync.lora_wire import find_lora_modules, lora_scalings
 from verl_vllm_rm.protocol.inventory import WeightUpdateRefused
 
 RANK = 4

@@ -9,7 +9,7 @@ adapted weight from that base and the current adapters on every publish, so
 rounding never accumulates over publishes.
 
 :func:`merge_lora_weight` is the only merge arithmetic: the trainer's merged
-publish (:mod:`verl_vllm_rm.weight_sync.lora`) and the server's merge call it, so
+publish (:mod:`verl_vllm_rm.weight_sync.lora_wire`) and the server's merge call it, so
 both sides compute the same function of the same inputs.
 """
 

@@ -1,4 +1,4 @@
-"""Reward-model weight sync, the trainer side of an update: publisher, selection, LoRA merge, transfer.
+"""Reward-model weight sync, the trainer side of an update: publisher, selection, LoRA on the wire, transfer.
 
 Needs torch, not vllm. The parts both sides share (names, inventory, wire format)
 live in :mod:`verl_vllm_rm.protocol`.

@@ -31,7 +31,7 @@ from verl_vllm_rm.parity.probe import ParityProbe, coarsest
 from verl_vllm_rm.protocol.inventory import WeightUpdateRefused
 from verl_vllm_rm.protocol.names import RewardModelTrainingMode
 from verl_vllm_rm.weight_sync.publisher import ClosedOnExit, PublishResult, RewardModelPublisher
-from verl_vllm_rm.weight_sync.selection import StateDictLike
+from verl_vllm_rm.weight_sync.outgoing import StateDictLike
 from verl_vllm_rm.weight_sync.transfer import WeightSyncError
 
 logger = logging.getLogger(__name__)

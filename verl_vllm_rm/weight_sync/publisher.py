@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import torch.distributed as dist
 
@@ -25,8 +25,10 @@ from verl_vllm_rm.parity.probe import UNIT_ROUNDOFF, ParityProbe, coarsest
 from verl_vllm_rm.protocol.inventory import Inventory, WeightUpdateRefused
 from verl_vllm_rm.protocol.lora import LoraBases
 from verl_vllm_rm.protocol.names import RewardModelTrainingMode
-from verl_vllm_rm.protocol.wire import DEFAULT_BUCKET_BYTES, nccl_version, plan_buckets, transport_mismatch
-from verl_vllm_rm.weight_sync.selection import Selection, StateDictLike, check_lora_wire, select_update
+from verl_vllm_rm.protocol.wire import DEFAULT_BUCKET_BYTES, Bucket, nccl_version, plan_buckets, transport_mismatch
+from verl_vllm_rm.weight_sync.lora_wire import LoraWire
+from verl_vllm_rm.weight_sync.outgoing import Selection, StateDictLike
+from verl_vllm_rm.weight_sync.selection import select_update
 from verl_vllm_rm.weight_sync.transfer import TransferSession, WeightSyncError, is_refusal, local_address_towards
 
 logger = logging.getLogger(__name__)
@@ -84,8 +86,7 @@ class RewardModelPublisher(ClosedOnExit):
         """``lora_wire`` (training mode ``lora``): ``auto`` sends the adapters when the server holds the base
         weights (``--weight-update-lora-bases``), else merged weights with a warning; ``adapters`` refuses to
         publish merged weights; ``merged`` always sends them."""
-        self.lora_wire = check_lora_wire(lora_wire)
-        self._warned: set[str] = set()  # the fallback reasons already warned about
+        self.lora = LoraWire(lora_wire, server_url, logger)
         self.http = JsonHttp(server_url, api_key, timeout_s=min(timeout_s, 60.0))
         self.server_url = server_url
         self.api_key = api_key
@@ -110,6 +111,11 @@ class RewardModelPublisher(ClosedOnExit):
             self.http, self.transport, info["world_size"], timeout_s=timeout_s, bucket_bytes=bucket_bytes,
             master_address=master_address or local_address_towards(server_url),
         )
+
+    @property
+    def lora_wire(self) -> str:
+        """What a LoRA publish may send: ``auto``, ``adapters`` or ``merged`` (see :class:`.lora_wire.LoraWire`)."""
+        return self.lora.wire
 
     # -- session ---------------------------------------------------------------------------
 
@@ -172,28 +178,16 @@ class RewardModelPublisher(ClosedOnExit):
         probe_due = commit and self.parity_probe is not None and self.parity_probe.due(self.publishes + 1,
                                                                                        state_dict, probe_ids)
         mode = RewardModelTrainingMode.parse(training_mode)
-        selection = self.plan(state_dict, mode, lora_scaling=lora_scaling, adapter=adapter)
+
+        def plan() -> Selection:
+            return self.plan(state_dict, mode, lora_scaling=lora_scaling, adapter=adapter)
+
+        def announce(selection: Selection) -> tuple[list[Bucket], Iterator[dict[str, Any]] | None]:
+            return self._announce(selection, mode, version, commit)
+
+        # adapters refused by a server whose base store failed since it was read: one more offer, merged
+        selection, (buckets, lines) = self.lora.offer(plan, announce, self._lora_bases_now, leader=self.rank == 0)
         items = selection.items
-        if selection.fallback_reason is not None and self.rank == 0:
-            self._warn_fallback(selection.fallback_reason)
-        specs = [item.spec for item in items]
-        buckets = plan_buckets(specs, self.bucket_bytes)
-        error, lines = None, None
-        if self.rank == 0:
-            try:
-                lines = self.session.announce(specs, mode, version, "now" if commit else "deferred",
-                                              selection.lora_scaling)
-            except Exception as e:  # every rank learns it through agree
-                error = e
-        try:
-            self.agree(error)
-        except WeightUpdateRefused:
-            # adapters refused by a server whose store became unavailable since this publisher read it (its copy,
-            # made at the first publish with adapters, failed): plan this publish again, with merged weights
-            if selection.lora_scaling is None or self.lora_wire != "auto" or self._lora_bases_held():
-                raise
-            return self.publish(state_dict, version, mode, lora_scaling=lora_scaling, adapter=adapter,
-                                probe_ids=probe_ids, commit=commit)
         server: dict[str, Any] = {}
         try:
             peak = self.session.stream(items, buckets)
@@ -219,20 +213,28 @@ class RewardModelPublisher(ClosedOnExit):
         return PublishResult(version, len(items), sum(b.nbytes for b in buckets), len(buckets),
                              time.monotonic() - t0, server, parity, peak, selection.lora_scaling is not None)
 
-    def _lora_bases_held(self) -> bool:
-        """Whether the server still holds its LoRA base store, as it reports it now (rank 0 asks; every rank
-        records the answer)."""
+    def _announce(self, selection: Selection, mode: RewardModelTrainingMode, version: int,
+                  commit: bool) -> tuple[list[Bucket], Iterator[dict[str, Any]] | None]:
+        """Plan the buckets (a bad bucket size is refused before anything is sent), then send the update's metadata
+        (rank 0); the buckets, and the server's remaining answer lines on rank 0 (``None`` elsewhere). Every rank
+        raises rank 0's refusal or failure."""
+        specs = [item.spec for item in selection.items]
+        buckets = plan_buckets(specs, self.bucket_bytes)
+        error, lines = None, None
+        if self.rank == 0:
+            try:
+                lines = self.session.announce(specs, mode, version, "now" if commit else "deferred",
+                                              selection.lora_scaling)
+            except Exception as e:  # every rank learns it through agree
+                error = e
+        self.agree(error)
+        return buckets, lines
+
+    def _lora_bases_now(self) -> LoraBases:
+        """The LoRA base store as the server reports it now (rank 0 asks; every rank records the answer)."""
         bases = self.share(self.http.get("/weight_inventory")["lora_bases"] if self.rank == 0 else None)
         self.inventory.set_lora_bases(LoraBases.from_json(bases))
-        return self.inventory.lora_bases.state == "held"
-
-    def _warn_fallback(self, reason: str) -> None:
-        """Warn once per reason that a LoRA publish sends merged weights; later ones log at INFO."""
-        log = logger.info if reason in self._warned else logger.warning
-        self._warned.add(reason)
-        log("%s cannot merge LoRA adapters (%s): publishing merged weights instead; start the server with "
-            "--weight-update-lora-bases host|device (and room for the bases) to send only the adapters",
-            self.server_url, reason)
+        return self.inventory.lora_bases
 
     def commit(self, version: int) -> dict[str, Any]:
         """Apply the staged ``version`` (rank 0 asks the server; every rank records the new version)."""

@@ -22,7 +22,7 @@ from verl_vllm_rm.client.http import HttpError, JsonHttp, free_port
 from verl_vllm_rm.protocol.inventory import ParamSpec, WeightUpdateRefused
 from verl_vllm_rm.protocol.names import RewardModelTrainingMode
 from verl_vllm_rm.protocol.wire import Bucket, BufferPool, TransferGroup, open_group, pack
-from verl_vllm_rm.weight_sync.selection import Outgoing
+from verl_vllm_rm.weight_sync.outgoing import Outgoing
 
 
 class WeightSyncError(RuntimeError):

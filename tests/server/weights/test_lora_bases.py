@@ -1,5 +1,5 @@
-"""The server's LoRA base store, without vLLM: the plan and the later capture, the room and checkpoint checks, and
-the merge from the base each time."""
+"""The server's LoRA base store, without vLLM: the plan and the later capture, the room and checkpoint checks (the
+merge from it: test_lora_merge.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import time
 
 import torch
 
-from verl_vllm_rm.protocol.lora import adapter_name, merge_lora_weight
 from verl_vllm_rm.server.weights.lora_bases import LoraBaseStore, PendingLoraBases, plan_lora_bases, room_for
 
 FUSED = {"qkv_proj": ["q_proj", "k_proj", "v_proj"]}
@@ -38,16 +37,6 @@ def _store(dtype: torch.dtype = torch.float32) -> tuple[LoraBaseStore, dict[str,
     return store, checkpoint
 
 
-def _adapters(seed: int, modules=(f"{ATTN}.q_proj", f"{ATTN}.o_proj"), r: int = 2, dtype=torch.float32):
-    g = torch.Generator().manual_seed(seed)
-    staged = []
-    for module in modules:
-        out, inp = SHAPES[f"{module}.weight"]
-        staged += [(adapter_name(module, "A"), torch.randn(r, inp, generator=g).to(dtype)),
-                   (adapter_name(module, "B"), (0.05 * torch.randn(out, r, generator=g)).to(dtype))]
-    return staged, {m: 2.0 for m in modules}
-
-
 def test_the_store_keeps_private_copies_in_the_served_dtype():
     store, checkpoint = _store(torch.bfloat16)
     assert store.modules == sorted(n.removesuffix(".weight") for n in SHAPES if n.endswith(".weight"))
@@ -57,38 +46,6 @@ def test_the_store_keeps_private_copies_in_the_served_dtype():
     for name, tensor in checkpoint.items():
         assert store.tensors[name].dtype == torch.bfloat16
         assert store.tensors[name].data_ptr() != tensor.data_ptr()
-
-
-def test_a_merge_yields_whole_groups_and_the_head():
-    store, checkpoint = _store()
-    staged, scaling = _adapters(1, modules=(f"{ATTN}.q_proj",))
-    head = torch.randn(1, 16)
-    merged = list(store.merged_update([*staged, ("score.weight", head)], scaling))
-    names = [n for n, _ in merged]  # the qkv group's members together (in checkpoint order), then the head
-    assert sorted(names[:-1]) + names[-1:] == [f"{ATTN}.k_proj.bias", f"{ATTN}.k_proj.weight", f"{ATTN}.q_proj.bias",
-                                      f"{ATTN}.q_proj.weight", f"{ATTN}.v_proj.bias", f"{ATTN}.v_proj.weight",
-                                      "score.weight"]
-    out = dict(merged)
-    a, b = staged[0][1], staged[1][1]
-    assert torch.equal(out[f"{ATTN}.q_proj.weight"],
-                       merge_lora_weight(checkpoint[f"{ATTN}.q_proj.weight"], a, b, 2.0, torch.float32))
-    assert torch.equal(out[f"{ATTN}.k_proj.weight"], checkpoint[f"{ATTN}.k_proj.weight"])
-    assert out["score.weight"] is head
-
-
-def test_two_hundred_merges_end_exactly_at_a_fresh_merge_of_the_last_adapters():
-    store, checkpoint = _store(torch.bfloat16)
-    before = {n: t.clone() for n, t in store.tensors.items()}
-    for seed in range(200):
-        staged, scaling = _adapters(seed, dtype=torch.bfloat16)
-        merged = dict(store.merged_update(staged, scaling))
-    for module in (f"{ATTN}.q_proj", f"{ATTN}.o_proj"):
-        factors = dict(staged)
-        fresh = merge_lora_weight(checkpoint[f"{module}.weight"].to(torch.bfloat16),
-                                  factors[adapter_name(module, "A")], factors[adapter_name(module, "B")], 2.0,
-                                  torch.bfloat16)
-        assert torch.equal(merged[f"{module}.weight"], fresh)
-    assert all(torch.equal(store.tensors[n], t) for n, t in before.items()), "a merge wrote into the store"
 
 
 def test_a_store_over_its_cap_or_turned_off_is_reported_with_the_reason():

