@@ -61,7 +61,8 @@ class VLLMRewardManager(RewardManagerBase):
         taken = frozenset((SCORE, VERIFIABLE_SCORE, *(key for scorer in scorers for key in scorer.columns)))
         verifiable = VerifiableScorer(self.compute_score, self.options.compute_score_keys, taken,
                                       used=any(c.needs_verifiable for c in compositions))
-        self.pipeline = ScoringPipeline(self.router, [*scorers, verifiable], tokenizer,
+        used = [scorer for scorer in (*scorers, verifiable) if scorer.columns]  # no column: no route uses it
+        self.pipeline = ScoringPipeline(self.router, used, tokenizer,
                                         Examiner(tokenizer, self.options.num_examine))
         #: verl's managers' attribute: ``compute_score`` is a coroutine function (awaited, not run in a thread)
         self.is_async_reward_score = verifiable.is_async
