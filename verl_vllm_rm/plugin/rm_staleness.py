@@ -24,7 +24,7 @@ from verl_vllm_rm.online.config import OnlineRMConfig
 from verl_vllm_rm.options import ConfigError
 from verl_vllm_rm.plugin.trainer_modes import reward_extra_info
 from verl_vllm_rm.extra_info import weight_version_key
-from verl_vllm_rm.scoring.options import RewardModelOptions
+from verl_vllm_rm.scoring.options import RewardModelOptions, per_member_columns
 
 #: verl's eviction reasons (past the off-policy threshold, DAPO-filtered, failed, DAPO's value counts), then the
 #: groups scored below the floor
@@ -46,7 +46,7 @@ def trained_rm_version_keys(rm_options: Sequence[RewardModelOptions], online: On
                           f"no reward model of reward.reward_kwargs is served by what online_rm trains ({target}; "
                           f"the manager's: {served or 'none: reward.reward_manager.name is not vllm_rm'}): point "
                           "online_rm at one of them, or drop +online_rm.max_staleness")
-    per_member = len(rm_options) > 1 or any(o.whiten != "none" for o in rm_options)
+    per_member = per_member_columns(rm_options)
     return tuple(dict.fromkeys(weight_version_key(name, per_member=per_member) for name in trained))
 
 

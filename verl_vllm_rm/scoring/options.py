@@ -12,7 +12,7 @@ import math
 import re
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Literal, Mapping
+from typing import Any, Literal, Mapping, Sequence
 
 from verl_vllm_rm.client.options import ClientOptions
 from verl_vllm_rm.judge.options import FailurePolicy, JudgeOptions
@@ -290,6 +290,12 @@ class ManagerOptions:
     def reward_config(self) -> RewardConfig:
         """The reward composition: ``rewards`` when given, else the one ``combine``/``alpha`` stand for."""
         return self.rewards if self.rewards is not None else RewardConfig.from_combine(self.combine, self.alpha)
+
+
+def per_member_columns(rm_options: Sequence[RewardModelOptions]) -> bool:
+    """Whether ``reward_extra_info`` has columns per RM (``rm_score_<name>``, ...): with several RMs, or a whitened
+    one."""
+    return len(rm_options) > 1 or any(o.whiten != "none" for o in rm_options)
 
 
 def reward_kwargs_of(config: Any) -> dict:

@@ -34,7 +34,7 @@ from verl_vllm_rm.extra_info import (
 )
 from verl_vllm_rm.options import ConfigError
 from verl_vllm_rm.rows import Sample, reference_text
-from verl_vllm_rm.scoring.options import ManagerOptions
+from verl_vllm_rm.scoring.options import ManagerOptions, per_member_columns
 from verl_vllm_rm.scoring.pairwise import MissingReferenceError, win_metrics
 from verl_vllm_rm.scoring.reward_model import RewardModel
 from verl_vllm_rm.scoring.rm_answers import member_answer, reference_score, rm_info
@@ -83,7 +83,7 @@ class RewardModelScorer:
     def __init__(self, options: ManagerOptions, router: Router, reward_models: Mapping[str, RewardModel]):
         self.options, self.router, self.reward_models = options, router, reward_models
         #: per-RM columns (``rm_score_<name>``, ...): with several RMs, or a whitened one
-        self.per_member = len(reward_models) > 1 or any(o.whiten != "none" for o in options.rm_options)
+        self.per_member = per_member_columns(options.rm_options)
         self.pairwise = options.pairwise != "never"
         self.columns = rm_columns(reward_models, self.per_member, router.ensembled_attributes) + (
             WIN_KEYS if self.pairwise else ())
