@@ -6,7 +6,9 @@ colocated with the actor (``online_rm.placement=colocated``): its rank runs in t
 
 The run is verl's ``separate_async`` trainer (trainer mode ``vllm_rm_online_separate_async``): generation runs
 ahead on a rollout replica of its own, so finished groups wait while the RM trains and publishes;
-``online_rm.max_staleness=1`` evicts every group scored by an RM older than the newest published one."""
+``online_rm.max_staleness=1`` evicts every group scored by an RM older than the newest published one. The first RM
+step waits until a group of the next step's prompts has finished (the harness's ``rm-step-gate``), so its publish
+always leaves such a group to evict: whether one finishes first is otherwise a race the rollout sometimes loses."""
 
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ def async_online_run(tmp_path_factory):
     work = tmp / "run"
     summary = run_tiny_ppo(TinyPPOConfig(work, steps=STEPS, rm=str(rm), online="lora", validate=False,
                                          mode="separate_async", rollout_token_delay_s=ROLLOUT_TOKEN_DELAY_S,
+                                         rm_step_after_a_finished_group=True,
                                          extra_overrides=["+online_rm.placement=colocated",
                                                           f"+online_rm.max_staleness={MAX_STALENESS}"]))
     return work, summary, dict(read_metrics(work))

@@ -15,3 +15,7 @@ RM_STEP_LOG_ENV = "VERL_VLLM_RM_RM_STEP_LOG"
 #: Seconds the CPU rollout waits before each token (unset: none): a slow rollout, as generation is on GPUs next to
 #: training, so that verl's asynchronous trainers find generation in flight when they pause it for a weight sync.
 ROLLOUT_TOKEN_DELAY_ENV = "VERL_VLLM_RM_ROLLOUT_TOKEN_DELAY_S"
+#: When set, the first online RM step of an asynchronous trainer waits until a group of the next step's prompts has
+#: finished, scored by the RM it is about to replace (``cpu_harness/rm_step_gate.py``): the publish then always
+#: leaves a group scored below ``online_rm.max_staleness``'s new floor, whatever the rollout's speed.
+RM_STEP_AFTER_A_FINISHED_GROUP_ENV = "VERL_VLLM_RM_RM_STEP_AFTER_A_FINISHED_GROUP"

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from verl_vllm_rm.dev.cpu_names import (GENERATION_LOG_ENV, HARNESS_MODULE, REWARD_CALL_LOG_ENV, RM_STEP_LOG_ENV,
-                                        ROLLOUT_TOKEN_DELAY_ENV)
+from verl_vllm_rm.dev.cpu_names import (GENERATION_LOG_ENV, HARNESS_MODULE, REWARD_CALL_LOG_ENV,
+                                        RM_STEP_AFTER_A_FINISHED_GROUP_ENV, RM_STEP_LOG_ENV, ROLLOUT_TOKEN_DELAY_ENV)
 from verl_vllm_rm.dev.cpu_profile import BASE_MODES, cpu_profile
 from verl_vllm_rm.dev.ppo_report import print_step, read_metrics, summarize
 from verl_vllm_rm.monitor.report import write_report
@@ -69,6 +69,9 @@ class TinyPPOConfig:
     # seconds the CPU rollout waits before each token (ROLLOUT_TOKEN_DELAY_ENV): generation as slow next to
     # training as on GPUs, so the async modes pause it mid-trajectory for their weight syncs (partial rollouts)
     rollout_token_delay_s: float = 0.0
+    # the first RM step of an asynchronous trainer waits until a group of the next step's prompts has finished
+    # (RM_STEP_AFTER_A_FINISHED_GROUP_ENV), so its publish always leaves a group for max_staleness to evict
+    rm_step_after_a_finished_group: bool = False
     math_dapo_every: int = 0  # every such prompt is a math_dapo one (tiny_task.write_dataset); 0: gsm8k only
 
     def __post_init__(self) -> None:
@@ -190,7 +193,8 @@ def main_ppo_env(cfg: TinyPPOConfig) -> dict[str, str]:
         **{GENERATION_LOG_ENV: str(cfg.work_dir / "generations.jsonl"),
            REWARD_CALL_LOG_ENV: str(cfg.work_dir / "reward_calls.jsonl"),
            RM_STEP_LOG_ENV: str(cfg.work_dir / "rm_steps.jsonl"),
-           ROLLOUT_TOKEN_DELAY_ENV: str(cfg.rollout_token_delay_s)},
+           ROLLOUT_TOKEN_DELAY_ENV: str(cfg.rollout_token_delay_s),
+           RM_STEP_AFTER_A_FINISHED_GROUP_ENV: "1" if cfg.rm_step_after_a_finished_group else ""},
         TOKENIZERS_PARALLELISM="false",
         RAY_DEDUP_LOGS="0",
     )

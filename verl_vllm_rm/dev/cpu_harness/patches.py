@@ -170,6 +170,12 @@ def _log_rm_steps() -> None:
     log_rm_steps()
 
 
+def _gate_rm_steps() -> None:
+    from verl_vllm_rm.dev.cpu_harness.rm_step_gate import hold_first_rm_step_for_a_finished_group
+
+    hold_first_rm_step_for_a_finished_group()
+
+
 def _checkpoint_engine_needed() -> bool:
     import verl.checkpoint_engine  # noqa: F401  (registers every engine whose transport imports)
     from verl.checkpoint_engine.base import CheckpointEngineRegistry
@@ -293,6 +299,16 @@ PATCHES: tuple[Patch, ...] = (
             "trains and publishes in verl's asynchronous trainers",
         needed=lambda: True,
         apply=_log_rm_steps,
+    ),
+    Patch(
+        name="rm-step-gate",
+        verl_code="none: wraps this package's RMStepAfterStepEnd._run_rm_step (verl_vllm_rm/plugin/online_mode.py), "
+                  "run in verl's trainer process",
+        why="a test's gate, not a workaround: with VERL_VLLM_RM_RM_STEP_AFTER_A_FINISHED_GROUP set, the first RM "
+            "step of an asynchronous trainer waits until a group of the next step's prompts has finished "
+            "(rm_step_gate.py), so a test of online_rm.max_staleness always has a group to evict",
+        needed=lambda: True,
+        apply=_gate_rm_steps,
     ),
 )
 
