@@ -50,8 +50,9 @@ def main() -> None:
     with running_server(path, server_args) as server:
         http = JsonHttp(server.url)
         for mode in ("lora", "full"):
-            config = OnlineRMConfig(model_path=path, server_url=server.url, training_mode=mode, lr=5e-3,
-                                    lora_rank=4, timeout_s=60, **{**CPU_RM_ENGINE, "param_dtype": "bf16"})
+            config = OnlineRMConfig.from_dict(dict(model_path=path, server_url=server.url, training_mode=mode, lr=5e-3,
+                                                    lora_rank=4, timeout_s=60,
+                                                    **{**CPU_RM_ENGINE, "param_dtype": "bf16"}))
             rm = OnlineRewardModel(config)
             rm.resume(None)  # the on-disk RM, published: every mode starts from the same weights
             for step in range(4):

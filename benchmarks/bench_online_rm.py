@@ -58,8 +58,9 @@ def memory(path: str, ranks: list[int]) -> list[dict]:
     try:
         for mode in MODES:
             for n in ranks:
-                config = OnlineRMConfig(model_path=path, server_url="http://127.0.0.1:1", training_mode=mode,
-                                        num_workers=n, publish_every=10**6, **CPU_RM_ENGINE)
+                config = OnlineRMConfig.from_dict(dict(model_path=path, server_url="http://127.0.0.1:1",
+                                                        training_mode=mode, num_workers=n, publish_every=10**6,
+                                                        **CPU_RM_ENGINE))
                 rm = OnlineRewardModel(config)
                 for step in (1, 2):
                     rm.train_on_rollout(uids, sequences, rewards, step=step)

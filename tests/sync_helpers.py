@@ -128,6 +128,6 @@ def engine_rm_config(model_path: str, url: str, mode: str, ranks: int, **options
     from verl_vllm_rm.dev.cpu_profile import CPU_RM_ENGINE
     from verl_vllm_rm.online.config import OnlineRMConfig
 
-    return OnlineRMConfig(model_path=model_path, server_url=url, training_mode=mode, lora_rank=4, lr=5e-3,
-                          timeout_s=60, parity_every=1, num_workers=ranks, micro_batch_size_per_gpu=1,
-                          **{**CPU_RM_ENGINE, **options})
+    return OnlineRMConfig.from_dict(dict(model_path=model_path, server_url=url, training_mode=mode, lora_rank=4,
+                                         lr=5e-3, timeout_s=60, parity_every=1, num_workers=ranks,
+                                         micro_batch_size_per_gpu=1, **{**CPU_RM_ENGINE, **options}))

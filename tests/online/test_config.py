@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
+
 import pytest
 
-from verl_vllm_rm.online.config import OnlineRMConfig
+from verl_vllm_rm.online.config import OnlineRMConfig, RMEngineOptions, RMModelOptions, RMOptimizerOptions
 
 BASE = {"model_path": "/rm", "server_url": "http://rm:1"}
 
@@ -47,3 +50,13 @@ def test_colocated_placement_needs_the_actors_pool():
 
     with pytest.raises(ValueError, match="online_rm.placement=colocated needs the actor's resource pool"):
         OnlineRewardModel(OnlineRMConfig.from_dict({**BASE, "placement": "colocated"}))
+
+
+@pytest.mark.parametrize("section", [RMOptimizerOptions, RMModelOptions, RMEngineOptions])
+def test_each_engine_section_is_fields_of_the_verl_config_it_names(section):
+    """A section is handed to verl's dataclass as it is (``training_worker_config``): every name must be that
+    dataclass's own field, so a verl that renames one fails here rather than in a run."""
+    module, name = section.VERL_CONFIG.rsplit(".", 1)
+    verl_fields = {f.name for f in dataclasses.fields(getattr(importlib.import_module(module), name)) if f.init}
+    ours = {f.name for f in dataclasses.fields(section)}
+    assert ours <= verl_fields, sorted(ours - verl_fields)

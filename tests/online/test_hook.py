@@ -47,8 +47,9 @@ def test_rm_step_worker_method_publishes_every_n_steps(ray_cluster, ws_server, t
     from verl_vllm_rm.online.driver import OnlineRewardModel
 
     reset_server(ws_server.url, tiny_rm)
-    config = OnlineRMConfig(model_path=tiny_rm, server_url=ws_server.url, training_mode="lora", publish_every=2,
-                            lr=5e-3, lora_rank=4, timeout_s=60, parity_every=1, **CPU_RM_ENGINE)
+    config = OnlineRMConfig.from_dict(dict(model_path=tiny_rm, server_url=ws_server.url, training_mode="lora",
+                                           publish_every=2, lr=5e-3, lora_rank=4, timeout_s=60, parity_every=1,
+                                           **CPU_RM_ENGINE))
     online = OnlineRewardModel(config)
     uids, sequences, rewards, _ = rollout
     start = runtime_version(ws_server.url)

@@ -213,8 +213,9 @@ def online_rm(tiny_rm: str, url: str, mode: str = "lora", **options):
     from verl_vllm_rm.online.config import OnlineRMConfig
     from verl_vllm_rm.online.driver import OnlineRewardModel
 
-    config = OnlineRMConfig(model_path=tiny_rm, server_url=url, training_mode=mode, lora_rank=4, lr=5e-3,
-                            timeout_s=60, parity_every=1, publish_every=10**6, **{**CPU_RM_ENGINE, **options})
+    config = OnlineRMConfig.from_dict(dict(model_path=tiny_rm, server_url=url, training_mode=mode, lora_rank=4,
+                                           lr=5e-3, timeout_s=60, parity_every=1, publish_every=10**6,
+                                           **{**CPU_RM_ENGINE, **options}))
     return OnlineRewardModel(config)
 
 

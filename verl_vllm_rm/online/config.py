@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Literal, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any, ClassVar, Literal, Mapping
 
-from verl_vllm_rm.options import build, check_ranges
+from verl_vllm_rm.options import build, check_ranges, inline
 from verl_vllm_rm.parity.probe import ParityProbe
 from verl_vllm_rm.protocol.names import RewardModelTrainingMode
 from verl_vllm_rm.protocol.wire import DEFAULT_BUCKET_BYTES
@@ -13,6 +13,76 @@ from verl_vllm_rm.protocol.wire import DEFAULT_BUCKET_BYTES
 
 #: ``param_dtype`` (verl's names) -> the torch dtype name the server and parity speak
 TORCH_DTYPE_NAMES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
+# The RM's engine settings where verl has a config dataclass for them: each section's fields are that dataclass's
+# own (same names), handed to it as they are by OnlineRMConfig.training_worker_config (VERL_CONFIG names it;
+# tests/online/test_config.py checks every name against the installed verl).
+
+
+@dataclass
+class RMOptimizerOptions:
+    """The RM's optimizer (AdamW, constant schedule): fields of verl's ``FSDPOptimizerConfig``."""
+
+    VERL_CONFIG: ClassVar[str] = "verl.workers.config.FSDPOptimizerConfig"
+
+    lr: float = 1e-5
+    """verl's ``optim.lr`` (AdamW, constant schedule)."""
+    weight_decay: float = 0.0
+    """verl's ``optim.weight_decay``."""
+    clip_grad: float = 1.0
+    """verl's ``optim.clip_grad``: the gradient norm clip."""
+
+    def __post_init__(self) -> None:
+        check_ranges(self, {"> 0": ("lr", "clip_grad"), ">= 0": ("weight_decay",)})
+
+
+@dataclass
+class RMModelOptions:
+    """How verl builds the RM's module: fields of verl's ``HFModelConfig``."""
+
+    VERL_CONFIG: ClassVar[str] = "verl.workers.config.HFModelConfig"
+
+    lora_rank: int = 8
+    """verl's ``model.lora_rank`` (``training_mode=lora``)."""
+    lora_alpha: int = 16
+    """verl's ``model.lora_alpha`` (``training_mode=lora``)."""
+    target_modules: Any = "all-linear"
+    """verl's ``model.target_modules``: the modules LoRA adapts (``training_mode=lora``)."""
+    enable_gradient_checkpointing: bool = True
+    """verl's ``model.enable_gradient_checkpointing``."""
+    use_remove_padding: bool = True
+    """verl's ``model.use_remove_padding``; needs flash attention (GPU): false on CPU."""
+
+    def __post_init__(self) -> None:
+        check_ranges(self, {">= 1": ("lora_rank", "lora_alpha")})
+
+
+@dataclass
+class RMEngineOptions:
+    """FSDP's sharding and offload, and the micro-batches: fields of verl's ``FSDPEngineConfig``."""
+
+    VERL_CONFIG: ClassVar[str] = "verl.workers.config.FSDPEngineConfig"
+
+    strategy: Literal["fsdp", "fsdp2"] = "fsdp2"
+    """verl's ``engine.strategy``."""
+    param_offload: bool = False
+    """verl's parameter offload to CPU between steps."""
+    optimizer_offload: bool = False
+    """verl's optimizer-state offload to CPU between steps."""
+    fsdp_size: int = -1
+    """Ranks one copy is sharded over (-1: all of the RM's ranks)."""
+    micro_batch_size_per_gpu: int = 4
+    """Preference pairs per micro-batch; gradients accumulate over micro-batches."""
+    use_dynamic_bsz: bool = False
+    """Micro-batches by token count (``max_token_len_per_gpu``) instead; a pair is never split."""
+    max_token_len_per_gpu: int = 16384
+    """Most tokens per micro-batch with ``use_dynamic_bsz``."""
+
+    def __post_init__(self) -> None:
+        check_ranges(self, {">= 1": ("micro_batch_size_per_gpu", "max_token_len_per_gpu")})
+        if self.fsdp_size != -1 and self.fsdp_size < 1:
+            raise ValueError(f"fsdp_size must be -1 (all RM ranks) or >= 1, got {self.fsdp_size}")
 
 
 @dataclass
@@ -30,41 +100,17 @@ class OnlineRMConfig:
     """What is trained and published: ``head_only``, ``lora`` or ``full``."""
     publish_every: int = 1
     """Publish after every N RM steps."""
-    lr: float = 1e-5
-    """verl's ``optim.lr`` (AdamW, constant schedule)."""
-    weight_decay: float = 0.0
-    """verl's ``optim.weight_decay``."""
-    clip_grad: float = 1.0
-    """verl's ``optim.clip_grad``: the gradient norm clip."""
-    lora_rank: int = 8
-    """verl's ``model.lora_rank`` (``training_mode=lora``)."""
-    lora_alpha: int = 16
-    """verl's ``model.lora_alpha`` (``training_mode=lora``)."""
-    target_modules: Any = "all-linear"
-    """verl's ``model.target_modules``: the modules LoRA adapts (``training_mode=lora``)."""
-    enable_gradient_checkpointing: bool = True
-    """verl's ``model.enable_gradient_checkpointing``."""
-    use_remove_padding: bool = True
-    """verl's ``model.use_remove_padding``; needs flash attention (GPU): false on CPU."""
+    optim: RMOptimizerOptions = inline(RMOptimizerOptions)
+    """The optimizer: ``lr``, ``weight_decay``, ``clip_grad`` (verl's ``FSDPOptimizerConfig``)."""
+    model: RMModelOptions = inline(RMModelOptions)
+    """The model's build: LoRA, gradient checkpointing, padding removal (verl's ``HFModelConfig``)."""
     attn_implementation: str = "flash_attention_2"
     """verl's ``model.override_config.attn_implementation``; ``sdpa`` on CPU."""
-    strategy: Literal["fsdp", "fsdp2"] = "fsdp2"
-    """verl's ``engine.strategy``."""
+    engine: RMEngineOptions = inline(RMEngineOptions)
+    """FSDP and the micro-batches (verl's ``FSDPEngineConfig``)."""
     param_dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
     """``mixed_precision.param_dtype``: the compute dtype; master weights, gradient reduction and Adam's state are
     fp32."""
-    param_offload: bool = False
-    """verl's parameter offload to CPU between steps."""
-    optimizer_offload: bool = False
-    """verl's optimizer-state offload to CPU between steps."""
-    fsdp_size: int = -1
-    """Ranks one copy is sharded over (-1: all of the RM's ranks)."""
-    micro_batch_size_per_gpu: int = 4
-    """Preference pairs per micro-batch; gradients accumulate over micro-batches."""
-    use_dynamic_bsz: bool = False
-    """Micro-batches by token count (``max_token_len_per_gpu``) instead; a pair is never split."""
-    max_token_len_per_gpu: int = 16384
-    """Most tokens per micro-batch with ``use_dynamic_bsz``."""
     placement: Literal["separate", "colocated"] = "separate"
     """``separate``: the RM's ranks on their own Ray resource pool of ``num_workers`` slots; ``colocated``: one RM
     rank in each slot of the actor's pool."""
@@ -107,12 +153,9 @@ class OnlineRMConfig:
         if self.lora_wire != "auto" and mode is not RewardModelTrainingMode.LORA:
             raise ValueError(f"online_rm.lora_wire={self.lora_wire!r} decides what a LoRA publish sends, and "
                              f"training_mode is {mode.value}: drop lora_wire or train with training_mode=lora")
-        check_ranges(self, {"> 0": ("lr", "clip_grad", "timeout_s", "placement_timeout_s"),
-                            ">= 1": ("publish_every", "lora_rank", "lora_alpha", "micro_batch_size_per_gpu",
-                                     "max_token_len_per_gpu", "num_workers", "bucket_bytes", "max_staleness"),
-                            ">= 0": ("parity_every", "max_idle_steps", "min_reward_gap", "weight_decay")})
-        if self.fsdp_size != -1 and self.fsdp_size < 1:
-            raise ValueError(f"fsdp_size must be -1 (all RM ranks) or >= 1, got {self.fsdp_size}")
+        check_ranges(self, {"> 0": ("timeout_s", "placement_timeout_s"),
+                            ">= 1": ("publish_every", "num_workers", "bucket_bytes", "max_staleness"),
+                            ">= 0": ("parity_every", "max_idle_steps", "min_reward_gap")})
 
     def parity_probe(self) -> ParityProbe | None:
         if not self.parity_every:
@@ -134,17 +177,11 @@ class OnlineRMConfig:
         from verl_vllm_rm.online.engine import MODEL_TYPE
 
         lora = RewardModelTrainingMode.parse(self.training_mode) is RewardModelTrainingMode.LORA
-        model = HFModelConfig(path=self.model_path, lora_rank=self.lora_rank if lora else 0,
-                              lora_alpha=self.lora_alpha, target_modules=self.target_modules,
-                              enable_gradient_checkpointing=self.enable_gradient_checkpointing,
-                              use_remove_padding=self.use_remove_padding,
+        model_options = asdict(self.model) if lora else {**asdict(self.model), "lora_rank": 0}  # 0: no LoRA
+        model = HFModelConfig(path=self.model_path, **model_options,
                               override_config={"attn_implementation": self.attn_implementation})
-        engine = FSDPEngineConfig(strategy=self.strategy, param_offload=self.param_offload,
-                                  optimizer_offload=self.optimizer_offload, fsdp_size=self.fsdp_size,
-                                  model_dtype="fp32", mixed_precision={"param_dtype": self.param_dtype},
-                                  micro_batch_size_per_gpu=self.micro_batch_size_per_gpu,
-                                  use_dynamic_bsz=self.use_dynamic_bsz, max_token_len_per_gpu=self.max_token_len_per_gpu,
-                                  use_torch_compile=False)
-        optim = FSDPOptimizerConfig(lr=self.lr, weight_decay=self.weight_decay, clip_grad=self.clip_grad)
+        engine = FSDPEngineConfig(**asdict(self.engine), model_dtype="fp32", use_torch_compile=False,
+                                  mixed_precision={"param_dtype": self.param_dtype})
         return TrainingWorkerConfig(model_type=MODEL_TYPE, model_config=model, engine_config=engine,
-                                    optimizer_config=optim, checkpoint_config=CheckpointConfig())
+                                    optimizer_config=FSDPOptimizerConfig(**asdict(self.optim)),
+                                    checkpoint_config=CheckpointConfig())

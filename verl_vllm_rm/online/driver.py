@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import random
 import uuid
@@ -16,6 +15,7 @@ from typing import Any, Hashable, Sequence
 from verl_vllm_rm.online.config import OnlineRMConfig
 from verl_vllm_rm.online.pairs import best_vs_worst_pairs
 from verl_vllm_rm.online.worker import RewardModelWorker
+from verl_vllm_rm.options import flat_values
 
 logger = logging.getLogger(__name__)
 
@@ -134,7 +134,7 @@ class OnlineRewardModel:
                                                    max_colocate_count=1, name_prefix=name)
             pool.pgs = [place_rm_ranks(config, name)]  # verl's own wait for a placement has no timeout
         worker = RayClassWithInitArgs(cls=ray.remote(RewardModelWorker), config=config.training_worker_config(),
-                                      online=dataclasses.asdict(config))
+                                      online=flat_values(config))
         self.worker_group = RayWorkerGroup(pool, worker, name_prefix=name, master_port_range=master_port_range())
         self.worker_group.init_model()
         self.idle_steps = 0  # PPO steps in a row without an RM step

@@ -95,8 +95,8 @@ class RewardModelWorker(TrainingWorker):
         tu.assign_non_tensor(
             data, temperature=1.0, force_group_size=PAIR_GROUP, update_lr_scheduler=True,
             global_token_num=data["input_ids"].offsets().diff().tolist(),
-            micro_batch_size_per_gpu=micro_batch_pairs(share, cfg.micro_batch_size_per_gpu),
-            use_dynamic_bsz=cfg.use_dynamic_bsz, max_token_len_per_gpu=cfg.max_token_len_per_gpu)
+            micro_batch_size_per_gpu=micro_batch_pairs(share, cfg.engine.micro_batch_size_per_gpu),
+            use_dynamic_bsz=cfg.engine.use_dynamic_bsz, max_token_len_per_gpu=cfg.engine.max_token_len_per_gpu)
         output = self.train_batch(data)
         self.steps += 1
         self.probes = [list(s) for s in chosen[:PROBES_KEPT]]  # the same on every rank: the probe is collective
@@ -116,8 +116,8 @@ class RewardModelWorker(TrainingWorker):
             cfg = self.online
             write_rm_run_state(path, {
                 "steps": self.steps, "probes": self.probes, "world_size": self.engine.get_data_parallel_size(),
-                "training_mode": cfg.training_mode, "model_path": cfg.model_path, "lora_rank": cfg.lora_rank,
-                "lora_alpha": cfg.lora_alpha, "target_modules": cfg.target_modules})
+                "training_mode": cfg.training_mode, "model_path": cfg.model_path, "lora_rank": cfg.model.lora_rank,
+                "lora_alpha": cfg.model.lora_alpha, "target_modules": cfg.model.target_modules})
         torch.distributed.barrier()
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)

@@ -9,6 +9,7 @@ total, so a failed score can never turn into a plausible number here.
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -68,8 +69,7 @@ def compute_rule_rewards(
     if "length" in enabled:
         p = config.length
         out["length"], out[RESPONSE_TOKENS] = length_reward(
-            lens, min_tokens=p.min_tokens, max_tokens=p.max_tokens, penalty_per_token=p.penalty_per_token,
-            max_response_tokens=p.max_response_tokens, overlong_buffer=p.overlong_buffer,
+            lens, **asdict(p.band), max_response_tokens=p.max_response_tokens, overlong_buffer=p.overlong_buffer,
             overlong_penalty_factor=p.overlong_penalty_factor)
     if "thought_length" in enabled:
         if think_tags is None:
@@ -77,8 +77,7 @@ def compute_rule_rewards(
                              "config.thought_length.open_tag, config.thought_length.close_tag)")
         p = config.thought_length
         out["thought_length"], out[THOUGHT_TOKENS] = thought_length_reward(
-            ids, lens, think_tags, min_tokens=p.min_tokens, max_tokens=p.max_tokens,
-            penalty_per_token=p.penalty_per_token)
+            ids, lens, think_tags, **asdict(p.band))
     if "ngram" in enabled:
         p = config.ngram
         out["ngram"] = ngram_repetition_penalty(ids, lens, p.ngram_size, p.max_penalty, p.min_scaling)

@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal, Mapping, get_args
 
-from verl_vllm_rm.options import build
+from verl_vllm_rm.options import build, inline
 from verl_vllm_rm.rewards.format import format_checker
 from verl_vllm_rm.rewards.gallery import PREFIX as GALLERY_PREFIX
 from verl_vllm_rm.rewards.length import check_band, check_overlong
@@ -89,9 +89,11 @@ class BandParams:
 
 
 @dataclass(frozen=True)
-class LengthParams(BandParams):
+class LengthParams:
     """Total length: band plus DAPO's overlong penalty (off while ``overlong_buffer`` is 0)."""
 
+    band: BandParams = inline(BandParams)
+    """The token band and its penalty (``min_tokens``, ``max_tokens``, ``penalty_per_token``)."""
     max_response_tokens: int | None = None
     """DAPO's overlong penalty: the response length limit it counts back from."""
     overlong_buffer: int = 0
@@ -100,21 +102,21 @@ class LengthParams(BandParams):
     """DAPO's overlong penalty: its value at ``max_response_tokens``."""
 
     def __post_init__(self) -> None:
-        super().__post_init__()
         check_overlong(self.max_response_tokens, self.overlong_buffer, self.overlong_penalty_factor)
 
 
 @dataclass(frozen=True)
-class ThoughtLengthParams(BandParams):
+class ThoughtLengthParams:
     """Thought length: band on the tokens between the think tags (see ``spans.py``)."""
 
+    band: BandParams = inline(BandParams)
+    """The token band and its penalty (``min_tokens``, ``max_tokens``, ``penalty_per_token``)."""
     open_tag: str = "<think>"
     """The tag that opens the thought."""
     close_tag: str = "</think>"
     """The tag that closes the thought."""
 
     def __post_init__(self) -> None:
-        super().__post_init__()
         for tag in (self.open_tag, self.close_tag):
             if not isinstance(tag, str) or not tag:
                 raise ValueError(f"open_tag and close_tag must be non-empty strings, got {tag!r}")
