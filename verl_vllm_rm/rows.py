@@ -136,6 +136,17 @@ def prompt_text(tokenizer: Any, sample: Sample) -> str:
     return tokenizer.decode(sample.prompt_ids, skip_special_tokens=True)
 
 
+def question_text(tokenizer: Any, sample: Sample) -> str:
+    """The question as a process RM's card writes it: the raw chat's last user message if the batch has the chat
+    (``data.return_raw_chat``), else the decoded prompt ids."""
+    messages = sample.fields.get("raw_prompt")
+    if messages is not None:
+        users = [m["content"] for m in messages if m.get("role") == "user"]
+        if users:
+            return users[-1]
+    return tokenizer.decode(sample.prompt_ids, skip_special_tokens=True)
+
+
 def validate_reference_source(source: str) -> str:
     if source in REFERENCE_SOURCES or (source.startswith("extra_info:") and len(source) > len("extra_info:")):
         return source

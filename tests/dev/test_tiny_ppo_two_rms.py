@@ -43,7 +43,9 @@ def second_rm(tmp_path_factory, tiny_rm) -> Path:
 def family_servers(tmp_path_factory, tokenizer, server_args):
     """The attribute RM and the Qwen2 PRM, started at once. The PRM's step tag is the end-of-text token: the tiny
     policy writes no step separator, and every finished response ends with it (one step, at its end); a response
-    cut at the length limit has no step, so its PRM score is masked (``failure_policy=mask``), never a number."""
+    cut at the length limit has no step, so its PRM score is masked (``failure_policy=mask``), never a number. The
+    run reads the tag the policy writes (``step_format=tagged``) and the raw step scores (``normalize=false``); a
+    policy's plain-text steps are ``tests/server/test_model_families.py``'s."""
     attrs = build_tiny_attribute_rm(tmp_path_factory.mktemp("attrs"))
     prm = build_tiny_qwen2_prm(tmp_path_factory.mktemp("prm"))
     pooling = [*server_args, "--runner", "pooling"]
@@ -75,7 +77,8 @@ def two_rm_run(tmp_path_factory, tiny_rm, tiny_task, rm_server, second_rm, serve
     replicas = f"{{model:'{second_rm}',num_replicas:2,server_args:[{args}]}}"
     weights = ",".join(f"{name}:{weight}" for name, weight in ATTRIBUTES.items())
     families = (f"{{name:attrs,server_url:'{family_servers['attrs'].url}',attributes:{{{weights}}}}},"
-                f"{{name:prm,server_url:'{family_servers['prm'].url}',step_reward:min,failure_policy:mask}}")
+                f"{{name:prm,server_url:'{family_servers['prm'].url}',step_reward:min,failure_policy:mask,"
+                f"step_format:tagged,normalize:false}}")
     overrides = [
         f"+reward.reward_kwargs.reward_models=[{{name:helpful}},{{name:safety,whiten:running,replicas:{replicas}}},"
         f"{families}]",

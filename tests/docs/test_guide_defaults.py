@@ -99,7 +99,7 @@ def test_the_defaults_in_a_guide_are_the_codes(page):
 
 @pytest.mark.parametrize("row, needle", [
     ("| `max_retries` | 5 | retries |", "max_retries: written '5', the code's default is 4"),
-    ("| `normalize` | true | sigmoid |", "normalize: written 'true', the code's default is false"),
+    ("| `normalize` | true | sigmoid |", "normalize: written 'true', the code's default is null"),
     ("| `combine`, `alpha` | `replace`, 0.7 | how |", "alpha: written '0.7', the code's default is 0.5"),
     ("| `failure_policy` | unset | what |", "failure_policy: written 'unset' (in words), the code's default is raise"),
     ("| `no_such_option` | 1 | what |", "no_such_option is not an option"),

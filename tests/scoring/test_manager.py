@@ -124,6 +124,22 @@ def test_overlong_error_policy(load_manager, rm_server, verl_config, tokenizer, 
         mgr(build_batch(grpo_groups, tokenizer.pad_token_id))
 
 
+def test_an_input_that_cannot_be_built_is_masked_under_failure_policy_mask(
+        load_manager, rm_server, verl_config, tokenizer, hf_model, grpo_groups):
+    """An RM input that cannot be built (here: longer than ``max_length`` with ``overlong_policy=error``) is that
+    RM's failure for the sample: under ``failure_policy=mask`` the sample is masked, never a number, and the others
+    are scored (a masked sample's reward is 0.0 with rm_valid 0.0, as for a failed request)."""
+    lengths = [len(row_token_ids(g, r)) for g, r in rows_in_order(grpo_groups)]
+    limit = sorted(lengths)[len(lengths) // 2]
+    mgr = load_manager(verl_config(rm_server.url, max_length=limit, overlong_policy="error", failure_policy="mask"),
+                       tokenizer)
+    info = mgr(build_batch(grpo_groups, tokenizer.pad_token_id), return_dict=True)["reward_extra_info"]
+    for n, valid, score, want in zip(lengths, info["rm_valid"], info["rm_score"], expected_scores(hf_model,
+                                                                                                   grpo_groups)):
+        assert (valid, score) == ((0.0, 0.0) if n > limit else (1.0, pytest.approx(want, abs=1e-4))), (n, limit)
+    assert mgr.rm.failed == sum(n > limit for n in lengths) > 0
+
+
 def test_a_sample_that_cannot_start_stops_the_batch_and_leaves_nothing_running(
         load_manager, rm_server, verl_config, tokenizer, grpo_groups):
     """The batch call starts its samples one by one (requests queued, verl's compute_score running); an overlong

@@ -308,11 +308,112 @@ def test_internlm2_reward_is_scored_as_its_card_scores_a_conversation(served):
         "this) or restart the server with a larger --max-model-len")
 
 
-def test_math_shepherd_is_scored_as_its_card_scores_steps(tmp_path_factory, server_args):
+def test_plain_text_steps_reach_a_qwen_prm_as_its_card_writes_them(served, load_manager, verl_config):
+    """Qwen2.5-Math-PRM's card in plain torch/transformers: the system message, the question, then the steps joined
+    by the tag with one more after the last as the assistant's turn, rendered with the chat template and encoded;
+    P(positive) = softmax(head)[1] at each tag. A policy on a tokenizer of its own writes its steps as plain text
+    split by blank lines; ``vllm_rm`` with ``step_reward=min`` and the RM's tokenizer gives the card's minimum, and
+    with ``system_prompt`` the card's number for that system message. A response with no step text is an error
+    under ``failure_policy=raise``, masked under ``mask``: never a number. The other families: ``/health`` names
+    the step tag exactly where the server reads steps."""
+    from verl_vllm_rm.dev.grpo_batch import Group, build_batch
+    from verl_vllm_rm.dev.tiny_rm import TinyRMSpec, build_tokenizer
+    from verl_vllm_rm.options import ConfigError
+    from verl_vllm_rm.scoring.reward_model import StepRewardError
+
+    health = requests.get(f"{served.url}/health", timeout=30).json()
+    if served.name != "qwen2_prm":
+        reads_steps = served.name == "math_shepherd"
+        assert health["step_tag"] == ({"id": served.step, "token": STEP} if reads_steps else None), health
+        return
+    assert health["step_tag"] == {"id": served.step, "token": STEP}
+    rm_tokenizer, question = served.tokenizer, "What is 3 + 4?"
+    steps = ["Add 3 and 4.", "That makes 7.", "The answer is 7."]
+
+    def card(system: str) -> list[float]:
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": question},
+                    {"role": "assistant", "content": STEP.join(steps) + STEP}]
+        input_ids = rm_tokenizer.encode(rm_tokenizer.apply_chat_template(messages, tokenize=False,
+                                                                         add_generation_prompt=False))
+        step_sep_id = rm_tokenizer.encode(STEP)[0]
+        with torch.no_grad():
+            probabilities = qwen2_score_mlp_rows(served.model_dir, input_ids).softmax(dim=-1)
+        return probabilities[torch.tensor(input_ids) == step_sep_id][:, 1].tolist()
+
+    policy = build_tokenizer(TinyRMSpec(vocab_size=700, seed=1))  # not the RM's: the steps travel as text
+    assert policy.get_vocab() != rm_tokenizer.get_vocab()
+    responses = ["\n\n".join(steps), "\n\n\n\n"]  # the second has no step text
+    batch = build_batch([Group(policy(question).input_ids, [policy(r).input_ids for r in responses],
+                               ground_truth="7", data_source="openai/gsm8k")], policy.pad_token_id)
+    rm_tokenizer_path = f"'{served.model_dir}'"
+    masked = load_manager(verl_config(served.url, step_reward="min", failure_policy="mask",
+                                      rm_tokenizer_path=rm_tokenizer_path), policy)
+    info = masked(batch, return_dict=True)["reward_extra_info"]
+    published = card("Please reason step by step, and put your final answer within \\boxed{}.")
+    assert len(published) == 3
+    assert info["rm_score"][0] == pytest.approx(min(published), abs=TOL)
+    assert info["rm_score"][1] == 0.0 and info["rm_valid"] == [1.0, 0.0]  # masked: no reward, never a step score
+    prompted = load_manager(verl_config(served.url, step_reward="min", failure_policy="mask",
+                                        rm_tokenizer_path=rm_tokenizer_path, system_prompt="'Be brief.'"), policy)
+    assert prompted(batch, return_dict=True)["reward_extra_info"]["rm_score"][0] == pytest.approx(
+        min(card("Be brief.")), abs=TOL)
+    strict = load_manager(verl_config(served.url, step_reward="min", rm_tokenizer_path=rm_tokenizer_path), policy)
+    with pytest.raises(StepRewardError) as refused:
+        strict(batch, return_dict=True)
+    assert str(refused.value) == ("reward model 'rm' (step_format=qwen_prm): the response has no step text (it is "
+                                  "empty or only '\\n\\n'), so it has no process reward; failure_policy=mask masks "
+                                  "such samples")
+    # the policy writes the tag's characters as text (ids of its pieces, not its special token): a step holds it
+    spelled = policy(f"a {STEP[:3]}").input_ids + policy(f"{STEP[3:]} b\n\nc").input_ids
+    assert STEP in policy.decode(spelled, skip_special_tokens=True)
+    tagged_in_text = build_batch([Group(policy(question).input_ids, [spelled], ground_truth="7",
+                                        data_source="openai/gsm8k")], policy.pad_token_id)
+    with pytest.raises(StepRewardError) as refused:
+        strict(tagged_in_text, return_dict=True)
+    assert str(refused.value) == (f"reward model 'rm' (step_format=qwen_prm): the response's 2 steps hold 3 step tags "
+                                  f"({STEP!r}, id {served.step}) once rendered: a step's own text holds the tag, or "
+                                  "the RM's tokenizer joins it with a neighbour; set step_split to where the policy's "
+                                  "steps end, or step_format=tagged")
+    where = "reward model 'rm' (step_format={})"
+    refusals = [  # a setting the served format cannot honour is refused at the first batch, never ignored
+        (dict(input_format="chat_template"), ConfigError,
+         f"{where.format('qwen_prm')} builds the RM's input from the question and the steps as the model's card does, "
+         "which replaces input_format=chat_template and rubric_template: drop them, or set step_format=tagged"),
+        (dict(step_format="math_shepherd", system_prompt="'Be brief.'"), ConfigError,
+         f"{where.format('math_shepherd')}: Math-Shepherd's input is the question and the steps, with no chat "
+         "template to hold a system_prompt: drop system_prompt, or use step_format=qwen_prm"),
+        (dict(step_format="tagged", system_prompt="'Be brief.'"), ConfigError,
+         f"{where.format('tagged')}: system_prompt goes into a conversation rendered with the RM's chat template, and "
+         "this RM reads the response as it is: drop system_prompt, or set step_format=qwen_prm or "
+         "input_format=chat_template"),
+        (dict(step_reward="token"), StepRewardError, "step_format=qwen_prm the step tags are inserted"),
+    ]
+    batch_path = ("reward.reward_model.enable=True", "reward.reward_model.enable_resource_pool=False")  # for token
+    for options, error, message in refusals:
+        manager = load_manager(verl_config(served.url, *batch_path, **{
+            "step_reward": "min", "rm_tokenizer_path": rm_tokenizer_path, **options}), policy)
+        with pytest.raises(error) as refused:
+            manager(batch, return_dict=True)
+        assert message in str(refused.value), options
+    with FaultProxy(served.url) as proxy:  # a server that does not name its tag's text (an older version)
+        proxy.faults.rewrite["/health"] = lambda health: {k: v for k, v in health.items() if k != "step_tag"}
+        with pytest.raises(StepRewardError) as refused:
+            load_manager(verl_config(proxy.url, step_reward="min", rm_tokenizer_path=rm_tokenizer_path), policy)(
+                batch, return_dict=True)
+    assert str(refused.value) == (
+        f"{where.format('qwen_prm')} inserts the server's step tag after each step, and its server {[proxy.url]} does "
+        "not name the tag's text in /health: serve the model with this version's server (python -m "
+        "verl_vllm_rm.server), or set step_format=tagged")
+
+
+def test_math_shepherd_is_scored_as_its_card_scores_steps(tmp_path_factory, server_args, load_manager, verl_config):
     """The card's recipe in plain torch/transformers on a tiny Mistral with a Metaspace tokenizer: good and bad are
     ``encode("+ -")[1:]`` (``▁+``, ``▁-``), the tag ``encode("ки")[-1]``; P(good) over the two at each tag of
     ``question + " " + output``. The server started as a user writes it (``--step-tag ки --step-tokens ID,ID``)
-    gives those step scores; a bare lookup of ``+`` and ``-`` reads other rows and is told apart."""
+    gives those step scores; a bare lookup of ``+`` and ``-`` reads other rows and is told apart. ``vllm_rm`` with
+    ``step_reward=min`` and nothing else, on a policy's plain-text steps (one per line, no tag), gives the card's
+    minimum: it inserts `` ки`` after each step and reads P(good)."""
+    from verl_vllm_rm.dev.grpo_batch import Group, build_batch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from verl_vllm_rm.dev.tiny_math_shepherd import BAD as CARD_BAD
@@ -340,6 +441,14 @@ def test_math_shepherd_is_scored_as_its_card_scores_steps(tmp_path_factory, serv
         answers = {normalize: requests.post(f"{server.url}/score", timeout=60, json={
             "input": input_id.tolist(), "normalize": normalize}).json()["data"][0]["step_scores"]
             for normalize in (True, False)}
+        health = requests.get(f"{server.url}/health", timeout=30).json()
+        plain = Group(tokenizer(question).input_ids, [tokenizer(output.replace(f" {STEP_TAG}", ""),
+                                                                add_special_tokens=False).input_ids],
+                      ground_truth="7", data_source="openai/gsm8k")
+        manager = load_manager(verl_config(server.url, step_reward="min"), tokenizer)
+        info = manager(build_batch([plain], 0), return_dict=True)["reward_extra_info"]  # the tokenizer has no pad
+    assert health["step_tag"] == {"id": step_tag_id, "token": STEP_TAG}
+    assert info["rm_score"] == pytest.approx([float(card.min())], abs=TOL)
     assert (shape["kind"], shape["architecture"], shape["step_tag_id"], shape["step_tokens"]) == (
         "step_tokens", "MistralForCausalLM", step_tag_id, candidate_tokens)
     assert answers[True] == pytest.approx(card.tolist(), abs=TOL)
@@ -491,11 +600,12 @@ def test_vllm_rm_reads_each_family_or_refuses_its_configuration_at_the_first_bat
         response_steps = [e[prompt_steps:] for e in expected]  # the prompt's own tags left out
         # token (each step on its tag; needs verl's batch path) reads the same response steps:
         # tests/scoring/test_process_rewards.py
+        # the responses carry the tags (step_format=tagged), read raw (normalize=false: else P(positive), the card's)
         for method, reduce in (("min", torch.min), ("last", lambda s: s[-1]), ("mean", torch.mean),
                                ("prod", lambda s: torch.sigmoid(s).prod())):
-            got = rewards(step_reward=method)
+            got = rewards(step_reward=method, step_format="tagged", normalize=False)
             assert got == pytest.approx([float(reduce(s)) for s in response_steps], abs=TOL), method
-        got = rewards(step_reward="prod", normalize=True)  # the published step probabilities multiplied
+        got = rewards(step_reward="prod", step_format="tagged")  # the published step probabilities multiplied
         assert got == pytest.approx([float(torch.sigmoid(s).prod()) for s in response_steps], abs=TOL)
         return
     assert rewards() == pytest.approx([float(e[0]) for e in expected], abs=TOL)

@@ -24,6 +24,7 @@ from verl_vllm_rm.rewards.ensemble import EnsembleMethod
 from verl_vllm_rm.rewards.steps import SCALAR_STEP_REWARDS, StepReward
 from verl_vllm_rm.rows import validate_reference_source
 from verl_vllm_rm.scoring.rm_inputs import check_rubric_template
+from verl_vllm_rm.scoring.step_format import CARD_STEP_FORMATS, StepFormat, token_level_needs_tags
 
 __all__ = ["ConfigError", "ManagerOptions", "RewardModelOptions", "RouteOptions", "parse_options"]
 
@@ -71,15 +72,28 @@ class RewardModelOptions:
     failure_policy: FailurePolicy = "raise"
     """``raise``: a failed score stops the step naming the server and the cause; ``mask``: the sample gets no reward
     (0.0) with ``rm_valid=0.0`` and is counted in ``failed``."""
-    normalize: bool = False
+    normalize: bool | None = None
     """Sigmoid of the RM logit instead of the raw logit (a two-class head: P(good); a process RM: P(positive) per
-    step)."""
+    step); unset: true for a process reward model's steps (the number its card gives), false otherwise."""
     whiten: Whiten = "none"
     """``running``: whiten this RM's scores (an attribute RM: each attribute) with its running mean and std before
     the ensemble."""
     step_reward: StepReward = "none"
     """Process rewards from a server started with ``--step-tag-id``: ``min``, ``last``, ``mean`` of the step scores,
     ``prod`` of their sigmoids, or ``token`` (each step's score on its step tag)."""
+    step_format: StepFormat = "auto"
+    """How the response's steps reach a process RM: ``qwen_prm`` (steps joined by the step tag, one more after the
+    last, in the RM's chat template after a system message and the question), ``math_shepherd`` (question, then one
+    step per line each ending in the tag), ``tagged`` (the response carries the tags itself), or ``auto``: the
+    served head's (a step classifier: ``qwen_prm``; a causal LM read at step tags: ``math_shepherd``; else
+    ``tagged``)."""
+    step_split: str | None = None
+    """Where steps end in the response text (``qwen_prm``, ``math_shepherd``); steps of whitespace only are dropped.
+    Unset: a blank line for ``qwen_prm``, a line break for ``math_shepherd``."""
+    system_prompt: str | None = None
+    """A system message placed first in every conversation rendered with the RM's chat template
+    (``input_format=chat_template``, ``step_format=qwen_prm``), in place of the chat's own; unset: none
+    (``qwen_prm``: its card's)."""
     rubric_template: str | None = None
     """Score a rubric text instead: a ``str.format`` template with ``{prompt}``, one ``{response}`` and optional
     ``{principles}``."""
@@ -111,11 +125,27 @@ class RewardModelOptions:
             raise ValueError("step_reward=token places step scores on the policy's own response tokens: it needs "
                              "input_format=token_ids without rubric_template (or use a scalar step_reward: "
                              f"{', '.join(SCALAR_STEP_REWARDS)})")
+        self._check_steps()
         if self.input_format == "chat_template" and not self.rm_tokenizer_path:
             raise ValueError(
                 "input_format=chat_template needs reward_kwargs.rm_tokenizer_path "
                 "(the reward model's tokenizer, whose chat template builds the RM input)"
             )
+
+    def _check_steps(self) -> None:
+        where = f"reward model {self.name!r}"
+        if self.step_reward == "none" and (self.step_format != "auto" or self.step_split is not None):
+            raise ValueError(f"{where}: step_format and step_split say how a process reward model reads the "
+                             "response's steps, and step_reward is none: set step_reward (min, last, mean, prod, "
+                             "token) or drop them")
+        if self.step_split == "":
+            raise ValueError(f"{where}: step_split is empty: give the text that ends a step (e.g. a blank line)")
+        if self.step_reward == "token" and self.step_format in CARD_STEP_FORMATS:
+            raise ValueError(token_level_needs_tags(self.name, self.step_format))
+        if self.system_prompt is not None and self.input_format != "chat_template" and self.step_reward == "none":
+            raise ValueError(f"{where}: system_prompt goes into a conversation rendered with the RM's chat template, "
+                             "and this RM reads the policy's own ids (input_format=token_ids): set "
+                             "input_format=chat_template (with rm_tokenizer_path) or drop system_prompt")
 
     def _check_attributes(self) -> None:
         if self.attributes is None:

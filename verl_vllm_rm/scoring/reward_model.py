@@ -20,11 +20,14 @@ from verl_vllm_rm.rewards.ensemble import RunningWhitening
 from verl_vllm_rm.rewards.steps import aggregate_steps, response_steps
 from verl_vllm_rm.client.batching import GroupBatcher
 from verl_vllm_rm.client.length import fit_to_length
-from verl_vllm_rm.rows import Sample, prompt_text
+from verl_vllm_rm.rows import Sample, prompt_text, question_text
 from verl_vllm_rm.client.reward_client import VLLMRewardClient
 from verl_vllm_rm.scoring.options import ConfigError, RewardModelOptions, attribute_whitening_key
 from verl_vllm_rm.scoring.pairwise import ReferenceCache
 from verl_vllm_rm.scoring.rm_inputs import RMInput, chat_template_ids, rubric_template_ids
+from verl_vllm_rm.scoring.step_format import (CARD_STEP_FORMATS, DEFAULT_STEP_SPLIT, math_shepherd_ids, qwen_prm_ids,
+                                              resolve_step_format, split_steps, token_level_needs_tags,
+                                              with_system_prompt)
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +87,9 @@ class RewardModel:
         self._health: asyncio.Future | None = None  # of the server's /health (max_model_len, step_tag_id, shape)
         self._max_length: int | None = options.max_length
         self.step_tag_id: int | None = None  # known once the health probe ran (step_reward needs it)
+        self.step_tag: str | None = None  # the tag's text, which the card formats insert after each step
+        self.step_format: str = "tagged"  # step_format, resolved by the probe (auto: from the served head)
+        self.normalize = bool(options.normalize)  # the probe sets it for a process RM when the option is unset
         self.attribute_columns: dict[str, int] | None = None  # each weighted attribute's column, from the probe
 
     @property
@@ -121,7 +127,7 @@ class RewardModel:
                 f"reward model {self.name!r} (step_reward={method}): the response has no step tag "
                 f"(token id {self.step_tag_id}), so it has no process reward; have the policy mark its steps (a "
                 "format reward helps), or set failure_policy=mask to mask such samples")
-        return float(sum(steps)) if method == "token" else aggregate_steps(steps, method, self.options.normalize)
+        return float(sum(steps)) if method == "token" else aggregate_steps(steps, method, self.normalize)
 
     def response_steps(self, scored: Scored, rm_input: RMInput) -> list[float]:
         if scored.steps is None:
@@ -192,8 +198,11 @@ class RewardModel:
                                   f"server {self.client.urls} is not in step mode: start it with --step-tag-id "
                                   "<the step token's id>, or set step_reward=none")
         self.step_tag_id = health.get("step_tag_id")
-        if health.get("shape") is not None:
-            self.check_head(ModelShape.from_json(health["shape"]))
+        shape = None if health.get("shape") is None else ModelShape.from_json(health["shape"])
+        if self.options.step_reward != "none":
+            self.read_steps_as(shape, health.get("step_tag"))
+        if shape is not None:
+            self.check_head(shape)
         elif self.options.attributes is not None:
             raise ServedHeadError(f"reward model {self.name!r} weights attributes {sorted(self.options.attributes)}, "
                                   f"and its server {self.client.urls} does not describe its head (its /health has no "
@@ -226,16 +235,71 @@ class RewardModel:
 
     async def _score_chunk(self, ids: list) -> list[Scored]:
         """One /score request."""
-        scores = await self.client.score_request(ids, normalize=self.options.normalize)
+        scores = await self.client.score_request(ids, normalize=self.normalize)
         version, done = -1 if scores.version is None else scores.version, time.perf_counter()
         steps = scores.steps or [None] * len(scores)
         attributes = scores.attributes or [None] * len(scores)
         return [Scored(score, version, done, step, scores.failovers, values)
                 for score, step, values in zip(scores, steps, attributes)]
 
+    def read_steps_as(self, shape: ModelShape | None, step_tag: dict | None) -> None:
+        """The step format (``auto``: the served head's), the tag's text a card format inserts (``/health``'s
+        ``step_tag``) and, unless the option says, P(positive) for a process RM's steps (its card's number)."""
+        opts = self.options
+        self.step_format = resolve_step_format(opts.step_format, shape)
+        if opts.normalize is None:
+            self.normalize = shape is not None and shape.kind in STEP_KINDS
+        where = f"reward model {self.name!r} (step_format={self.step_format})"
+        if self.step_format not in CARD_STEP_FORMATS:
+            if opts.system_prompt is not None and opts.input_format != "chat_template":
+                raise ConfigError(f"{where}: system_prompt goes into a conversation rendered with the RM's chat "
+                                  "template, and this RM reads the response as it is: drop system_prompt, or set "
+                                  "step_format=qwen_prm or input_format=chat_template")
+            return
+        if opts.step_reward == "token":
+            raise StepRewardError(token_level_needs_tags(self.name, self.step_format))
+        if self.step_format == "math_shepherd" and opts.system_prompt is not None:
+            raise ConfigError(f"{where}: Math-Shepherd's input is the question and the steps, with no chat template "
+                              "to hold a system_prompt: drop system_prompt, or use step_format=qwen_prm")
+        if opts.input_format != "token_ids" or opts.rubric_template is not None:
+            raise ConfigError(f"{where} builds the RM's input from the question and the steps as the model's card "
+                              "does, which replaces input_format=chat_template and rubric_template: drop them, or "
+                              "set step_format=tagged")
+        if step_tag is None or not step_tag.get("token"):
+            raise StepRewardError(f"{where} inserts the server's step tag after each step, and its server "
+                                  f"{self.client.urls} does not name the tag's text in /health: serve the model with "
+                                  "this version's server (python -m verl_vllm_rm.server), or set step_format=tagged")
+        self.step_tag = step_tag["token"]
+
+    def card_step_ids(self, sample: Sample, response_text: str) -> tuple[list[int], list[int]]:
+        """(prompt part, response part) ids of the question and the response's steps in the card's format."""
+        split = self.options.step_split or DEFAULT_STEP_SPLIT[self.step_format]
+        steps = split_steps(response_text, split)
+        where = f"reward model {self.name!r} (step_format={self.step_format})"
+        if not steps:
+            raise StepRewardError(f"{where}: the response has no step text (it is empty or only {split!r}), so it "
+                                  "has no process reward; failure_policy=mask masks such samples")
+        tokenizer = self.rm_tokenizer or self.tokenizer
+        question = question_text(self.tokenizer, sample)
+        if self.step_format == "qwen_prm":
+            ids = qwen_prm_ids(tokenizer, question, steps, self.step_tag, self.options.system_prompt)
+        else:
+            ids = math_shepherd_ids(tokenizer, question, steps, self.step_tag)
+        tags = ids[1].count(self.step_tag_id)
+        if tags != len(steps):
+            raise StepRewardError(f"{where}: the response's {len(steps)} steps hold {tags} step tags "
+                                  f"({self.step_tag!r}, id {self.step_tag_id}) once rendered: a step's own text "
+                                  "holds the tag, or the RM's tokenizer joins it with a neighbour; set step_split "
+                                  "to where the policy's steps end, or step_format=tagged")
+        return ids
+
     def render(self, sample: Sample, response_ids: list[int] | None, response_text: str | None):
         """(prompt part, response part) ids of the RM input for a response given as ids or text."""
         opts = self.options
+        if self.step_format in CARD_STEP_FORMATS:
+            if response_text is None:
+                response_text = self.tokenizer.decode(response_ids, skip_special_tokens=True)
+            return self.card_step_ids(sample, response_text)
         if opts.rubric_template is not None or opts.input_format == "chat_template":
             if response_text is None:
                 response_text = self.tokenizer.decode(response_ids, skip_special_tokens=True)
@@ -245,7 +309,8 @@ class RewardModel:
             messages = sample.fields.get("raw_prompt")
             if messages is None:
                 raise ValueError("input_format=chat_template needs the raw chat: set data.return_raw_chat=True")
-            return chat_template_ids(self.rm_tokenizer, list(messages), response_text)
+            return chat_template_ids(self.rm_tokenizer, with_system_prompt(messages, opts.system_prompt),
+                                     response_text)
         if response_ids is None:
             response_ids = self.tokenizer(response_text, add_special_tokens=False).input_ids
         return sample.prompt_ids, response_ids

@@ -10,7 +10,7 @@ The trajectory itself is read by :mod:`verl_vllm_rm.rows`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Hashable
+from typing import Any, Hashable, Sequence
 
 import numpy as np
 
@@ -29,14 +29,19 @@ def chat_template_ids(rm_tokenizer: Any, messages: list[dict], response_text: st
         [*messages, {"role": "assistant", "content": response_text}], tokenize=False
     )
     prompt_text = rm_tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    full = rm_tokenizer(full_text, add_special_tokens=False).input_ids
-    prompt = rm_tokenizer(prompt_text, add_special_tokens=False).input_ids
+    return shared_prefix_split(rm_tokenizer(prompt_text, add_special_tokens=False).input_ids,
+                               rm_tokenizer(full_text, add_special_tokens=False).input_ids)
+
+
+def shared_prefix_split(prompt: Sequence[int], full: Sequence[int]) -> tuple[list[int], list[int]]:
+    """(prompt part, response part) of ``full``: the prompt part is what ``full`` shares with ``prompt`` from the
+    start (a tokenizer may merge the boundary's tokens differently once the response follows)."""
     shared = 0
     for a, b in zip(prompt, full):
         if a != b:
             break
         shared += 1
-    return full[:shared], full[shared:]
+    return list(full[:shared]), list(full[shared:])
 
 
 RUBRIC_FIELDS = ("prompt", "response", "principles")

@@ -16,7 +16,9 @@ import asyncio
 import time
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
 
 from verl_vllm_rm.extra_info import (
     RM_ENSEMBLE_STD,
@@ -79,6 +81,32 @@ class _Asked:
     references: asyncio.Future | None  # of each member's reference answer (or its error)
 
 
+def member_inputs(sample: Sample, members: Sequence[RewardModel]
+                  ) -> tuple[list[RMInput], list[Exception | None] | None]:
+    """Each member's input for the sample, and (None when all were built) why each one that could not be was not.
+    A member under ``failure_policy=raise`` raises at once; under ``mask`` its refusal becomes its answer (an
+    empty input is kept in its place), so the row is masked for it, as for a failed request."""
+    inputs: list[RMInput] = []
+    refused: list[Exception | None] | None = None
+    for k, rm in enumerate(members):
+        try:
+            inputs.append(rm.rm_input(sample))
+        except Exception as e:
+            if rm.options.failure_policy == "raise":
+                raise
+            refused = refused or [None] * len(members)
+            refused[k] = e
+            inputs.append(RMInput(np.zeros(0, dtype=np.int64), sample.group_key, 0))
+    return inputs, refused
+
+
+def failed(error: Exception) -> asyncio.Future:
+    """A future already failed with ``error`` (a member's answer whose input could not be built)."""
+    future = asyncio.get_running_loop().create_future()
+    future.set_exception(error)
+    return future
+
+
 class RewardModelScorer:
     def __init__(self, options: ManagerOptions, router: Router, reward_models: Mapping[str, RewardModel]):
         self.options, self.router, self.reward_models = options, router, reward_models
@@ -126,11 +154,12 @@ class RewardModelScorer:
 
     def _ask(self, row: int, sample: Sample, route: Route) -> _Asked:
         members = route.members
-        inputs = [rm.rm_input(sample) for rm in members]  # these two raise before anything is queued
+        inputs, refused = member_inputs(sample, members)  # these two raise before anything is queued
         pairwise = self.options.pairwise == "always" or (self.options.pairwise == "auto" and sample.validate)
         text = self._reference_text(sample, inputs) if pairwise else None
         submitted = time.perf_counter()
-        answers = [rm.submit(rm_input) for rm, rm_input in zip(members, inputs)]
+        answers = [rm.submit(rm_input) if refused is None or refused[k] is None else failed(refused[k])
+                   for k, (rm, rm_input) in enumerate(zip(members, inputs))]
         # asked beside the row's requests (most often in the same request, so on its version); paired in _read
         references = None if text is None else asyncio.ensure_future(asyncio.gather(
             *(rm.reference_score(sample, i, text) for rm, i in zip(members, inputs)), return_exceptions=True))

@@ -29,7 +29,8 @@ from vllm.platforms import current_platform
 
 from verl_vllm_rm.server import auth
 from verl_vllm_rm.server.exposure import OPT_OUT_FLAG, check_exposure
-from verl_vllm_rm.server.reward_head import add_reward_head_args, configure_reward_head, reward_token, served_shape
+from verl_vllm_rm.server.reward_head import (add_reward_head_args, configure_reward_head, reward_token, served_shape,
+                                             step_tag)
 from verl_vllm_rm.server.runtime_dir import private_tmpdir
 from verl_vllm_rm.server.score.router import install_reward_routes
 from verl_vllm_rm.server.state import RewardServerState
@@ -195,7 +196,7 @@ def _reward_state(args: argparse.Namespace, model_config, shape) -> RewardServer
         max_model_len=model_config.max_model_len,
         vocab_size=model_config.get_vocab_size(),
         world_size=args.tensor_parallel_size * args.pipeline_parallel_size,
-        step_tag_id=args.step_tag_id,
+        step_tag=None if args.runner == "generate" else step_tag(args),
         reward_token=None if args.runner == "generate" else reward_token(args, model_config),
         max_score_batch=args.max_score_batch,
         max_request_bytes=args.max_request_bytes,

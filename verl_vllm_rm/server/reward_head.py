@@ -147,6 +147,17 @@ def served_shape(args: argparse.Namespace, supported_tasks, model_config) -> Mod
         raise SystemExit(f"verl-vllm-rm: {model_config.model}: {e}") from None
 
 
+def step_tag(args: argparse.Namespace) -> tuple[int, str] | None:
+    """The step tag's id and its text, which a client inserts after each step of a plain-text response
+    (``step_format``): ``--step-tag`` as given, else the tokenizer's decoding of ``--step-tag-id``
+    (``<extra_0>`` for Qwen2.5-Math-PRM, ``ки`` for Math-Shepherd, whose card writes it after a space)."""
+    if args.step_tag_id is None:
+        return None
+    if args.step_tag is not None:
+        return args.step_tag_id, args.step_tag
+    return args.step_tag_id, _tokenizer(args).decode([args.step_tag_id]).strip()
+
+
 def reward_token(args: argparse.Namespace, model_config) -> tuple[int, str] | None:
     """The token the model is read at, when its config declares one (``reward_token_id``: InternLM2-Reward's card
     appends it to the rendered conversation and reads ``v_head`` there), as its id and the tokenizer's spelling."""

@@ -38,7 +38,7 @@ class RewardServerState:
     max_model_len: int
     vocab_size: int
     world_size: int
-    step_tag_id: int | None
+    step_tag: tuple[int, str] | None  # (id, text) of the step tag a process reward is read at
     reward_token: tuple[int, str] | None  # (id, token) appended to every input that does not end with it
     max_score_batch: int
     max_request_bytes: int

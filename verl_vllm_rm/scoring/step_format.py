@@ -1,0 +1,79 @@
+"""A process reward model's input as its model card writes it, from a policy's plain-text steps (pure functions).
+
+A policy writes "step one\\n\\nstep two\\n\\nanswer", with no step separator; a process RM reads a score at each of its
+step tags. The formats (``step_format``):
+
+- ``qwen_prm`` (Qwen2.5-Math-PRM's card): the steps joined by the tag, with one more after the last, as the
+  assistant turn of the RM's chat template after a system message and the question.
+- ``math_shepherd`` (Math-Shepherd's card): ``question + " " + output``, the output one step per line, each
+  ending in ``" " + tag``.
+- ``tagged``: the response already carries the tags; it is sent as it is.
+
+``auto`` takes the format from the served head (``/health``'s shape): ``qwen_prm`` for a step classifier,
+``math_shepherd`` for a causal LM read at step tags, ``tagged`` for a scalar head read at step tags. Steps are the
+response's text split at ``step_split``; a step of whitespace only is dropped, the others are kept as they are.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Sequence
+
+from verl_vllm_rm.protocol.model_shape import HeadKind, ModelShape
+from verl_vllm_rm.scoring.rm_inputs import chat_template_ids, shared_prefix_split
+
+StepFormat = Literal["auto", "qwen_prm", "math_shepherd", "tagged"]
+#: the format ``auto`` takes for each process-reward head kind (any other head read at step tags: ``tagged``)
+FORMAT_OF_KIND = {HeadKind.STEP_CLASSIFIER: "qwen_prm", HeadKind.STEP_TOKENS: "math_shepherd"}
+#: where steps end in the response text, per card format, unless ``step_split`` says otherwise
+DEFAULT_STEP_SPLIT = {"qwen_prm": "\n\n", "math_shepherd": "\n"}
+#: the formats in which the client inserts the step tags itself
+CARD_STEP_FORMATS = tuple(DEFAULT_STEP_SPLIT)
+#: the system message of Qwen2.5-Math-PRM's card, used by ``qwen_prm`` unless ``system_prompt`` is set
+QWEN_PRM_SYSTEM_PROMPT = "Please reason step by step, and put your final answer within \\boxed{}."
+
+
+def resolve_step_format(option: str, shape: ModelShape | None) -> str:
+    """The format ``option`` names, or for ``auto`` the served head's (``tagged`` when the server does not say)."""
+    if option != "auto":
+        return option
+    return FORMAT_OF_KIND.get(shape.kind, "tagged") if shape is not None else "tagged"
+
+
+def token_level_needs_tags(rm_name: str, step_format: str) -> str:
+    """Why ``step_reward=token`` is refused with a format that inserts the tags: its steps are not tokens of the
+    policy's response."""
+    return (f"reward model {rm_name!r}: step_reward=token puts each step's score on the policy token that ends the "
+            f"step, and with step_format={step_format} the step tags are inserted into the RM's input, so no policy "
+            "token carries them (mapping a step back to the policy's tokens is not built yet): use a scalar "
+            "step_reward (min, last, mean, prod), or step_format=tagged with a policy that writes the step tag")
+
+
+def split_steps(text: str, step_split: str) -> list[str]:
+    """The response's steps: ``text`` split at ``step_split``, steps of whitespace only dropped."""
+    return [step for step in text.split(step_split) if step.strip()]
+
+
+def with_system_prompt(messages: Sequence[dict], system_prompt: str | None) -> list[dict]:
+    """``messages`` with ``system_prompt`` as the first message (in place of the chat's own system message, which
+    was written for the policy); unchanged without one."""
+    messages = list(messages)
+    if system_prompt is None:
+        return messages
+    if messages and messages[0].get("role") == "system":
+        messages = messages[1:]
+    return [{"role": "system", "content": system_prompt}, *messages]
+
+
+def qwen_prm_ids(tokenizer: Any, question: str, steps: Sequence[str], tag: str,
+                 system_prompt: str | None) -> tuple[list[int], list[int]]:
+    """Qwen2.5-Math-PRM's card: system, question, then the steps joined by ``tag`` and one ``tag`` after the last
+    as the assistant's turn."""
+    messages = with_system_prompt([{"role": "user", "content": question}], system_prompt or QWEN_PRM_SYSTEM_PROMPT)
+    return chat_template_ids(tokenizer, messages, tag.join(steps) + tag)
+
+
+def math_shepherd_ids(tokenizer: Any, question: str, steps: Sequence[str], tag: str) -> tuple[list[int], list[int]]:
+    """Math-Shepherd's card: ``tokenizer.encode(question + " " + output)``, the output one step per line, each
+    ending in ``" " + tag``."""
+    output = "\n".join(f"{step} {tag}" for step in steps)
+    return shared_prefix_split(tokenizer(question).input_ids, tokenizer(f"{question} {output}").input_ids)
