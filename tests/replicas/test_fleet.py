@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -50,13 +51,24 @@ def random_groups(tokenizer, n: int, seed: int = 0) -> list:
 
 
 @pytest.fixture(scope="module")
-def fleet_ray():
-    """This module's Ray cluster (6 CPUs): every fleet of its tests, the ones that cannot start too, lives there."""
+def reload_fault_file(tmp_path_factory) -> Path:
+    """The replicas' test-only reload fault switch (``RELOAD_FAULT_ENV``): absent, no fault."""
+    return tmp_path_factory.mktemp("reload_fault") / "fail_after"
+
+
+@pytest.fixture(scope="module")
+def fleet_ray(reload_fault_file):
+    """This module's Ray cluster (6 CPUs): every fleet of its tests, the ones that cannot start too, lives there.
+    Its processes, the replicas' servers among them, inherit the reload fault switch."""
     import ray
 
+    from verl_vllm_rm.server.weights.reload_fault import RELOAD_FAULT_ENV
+
+    os.environ[RELOAD_FAULT_ENV] = str(reload_fault_file)
     start_local_ray(num_cpus=6, ignore_reinit_error=True)
     yield
     ray.shutdown()
+    del os.environ[RELOAD_FAULT_ENV]
 
 
 def test_replicas_ray_cannot_place_fail_the_fleet_naming_what_was_asked(fleet_ray, tiny_rm):
@@ -389,6 +401,42 @@ def test_a_replica_that_fails_its_parity_probe_is_drained_restarted_and_resynced
     version = publish_known(tiny_rm, model)  # the re-sync
     status = ray.get(fleet.replica_status.remote())
     assert status[1]["resyncs"] == before[1]["resyncs"] + 1
+    for s in status:
+        assert (s["version"], s["routed"]) == (version, True)
+        assert_parity(s["url"], model, probe_ids)
+
+
+def test_a_replica_whose_weights_are_lost_is_restarted_at_once_and_resynced(fleet_run, tiny_rm, probe_ids,
+                                                                             reload_fault_file):
+    """The first replica to apply a publish fails its reload half-way and the undo too (the fault switch): its
+    weights are lost (503 /health). The publish succeeds on the other replica and the fleet moves on; the lost one
+    leaves routing and is restarted at once for that reason (its last error: the server's own words), and the next
+    publish re-syncs it."""
+    import ray
+    from sync_helpers import assert_parity, load_rm, perturbed
+
+    fleet = ray.get_actor(fleet_name("rm"))
+    publish_known(tiny_rm, load_rm(tiny_rm))
+    before = ray.get(fleet.replica_status.remote())
+    reload_fault_file.write_text("12\n0")  # a reload that fails after 12 tensors, then its undo at once
+    model = perturbed(load_rm(tiny_rm), 11)
+    version = 1 + before[0]["version"]
+    with fleet_publisher(tiny_rm) as pub:
+        assert len(pub.publish(model, version, "full")) == 1
+    assert not any(reload_fault_file.parent.iterdir())
+    status = ray.get(fleet.replica_status.remote())
+    [lost] = [i for i, s in enumerate(status) if not s["routed"]]
+    kept = 1 - lost
+    assert (status[kept]["version"], status[kept]["routed"]) == (version, True)
+    status = wait_restarted(lost, before[lost]["restarts"], "the replica whose weights are lost restarted")
+    assert status[lost]["last_error"].startswith(
+        "weights lost: this server's weights are lost: the reload failed half-way (RuntimeError: injected reload "
+        "fault after 12 tensors) and could not be undone: undoing it failed too (RuntimeError: injected reload "
+        "fault after 0 tensors)")
+    assert (status[lost]["version"], status[lost]["routed"]) == (0, False)  # a fresh server, out until re-synced
+    version = publish_known(tiny_rm, model)  # the re-sync
+    status = ray.get(fleet.replica_status.remote())
+    assert status[lost]["resyncs"] == before[lost]["resyncs"] + 1
     for s in status:
         assert (s["version"], s["routed"]) == (version, True)
         assert_parity(s["url"], model, probe_ids)

@@ -23,6 +23,7 @@ WEIGHT_UPDATE_CASES = [  # flags that would undo what --enable-weight-updates se
     ["--enable-weight-updates", "--weight-transfer-config", '{"backend": "nccl"}'],
     ["--enable-weight-updates", "--worker-extension-cls", "my_pkg.MyExtension"],
     ["--enable-weight-updates", "--weight-update-lora-bases-max-bytes", "-1"],  # not a flag conflict: a bad value
+    ["--enable-weight-updates", "--weight-update-rollback-max-bytes", "-1"],
 ]
 
 
@@ -58,4 +59,5 @@ def test_weight_updates_refuse_an_engine_or_extension_of_the_users_before_the_en
                  "verl_vllm_rm.server.weights.worker_extension.WeightSyncWorkerExtension, got my_pkg.MyExtension: "
                  "drop --worker-extension-cls (the server sets it)"],
         ["exit", "verl-vllm-rm: --weight-update-lora-bases-max-bytes must be a number of bytes >= 0, got -1"],
+        ["exit", "verl-vllm-rm: --weight-update-rollback-max-bytes must be a number of bytes >= 0, got -1"],
     ]

@@ -34,3 +34,20 @@ def error_message(raw: bytes | str) -> str:
     except (ValueError, KeyError, TypeError):
         return text
     return message if isinstance(message, str) else text
+
+
+#: How a server whose weights are lost (a reload failed half-way and could not be undone) begins its /health error
+#: and every /score error: it scores nothing until a full publish succeeds or it restarts.
+WEIGHTS_LOST = "this server's weights are lost: "
+
+
+def weights_lost(status: int | None, message: str) -> str | None:
+    """The server's own account when an error answer (``status``, its ``message`` as :func:`error_message` reads
+    it: /health's body is not an error body, so the raw text) says its weights are lost; else None."""
+    if status != 503 or WEIGHTS_LOST not in message:
+        return None
+    try:
+        reason = json.loads(message).get("error")
+    except (ValueError, AttributeError):
+        return message
+    return reason if isinstance(reason, str) else message

@@ -11,7 +11,9 @@ trainer's set-up, else the first score) waits for all replicas (the health gate)
 
 A thread per replica watches it every ``health_interval_s``. A ``/health`` unanswered within
 ``health_timeout_s`` takes the replica out of routing at once (a hung server: alive, port open, no
-answer), and it is restarted when its process is gone or it stays silent for ``hung_restart_s``.
+answer), and it is restarted when its process is gone or it stays silent for ``hung_restart_s``; one
+that answers that its weights are lost (a reload that failed half-way and could not be undone: 503) is
+restarted at once, and the next publish re-syncs it.
 Restarts back off (``restart_backoff_s``, doubling after each failed start, at most
 ``max_restart_backoff_s``); a replica whose start fails ``max_failed_starts`` times in a row is given
 up, and once fewer than ``min_healthy`` replicas remain the fleet fails with their engines' errors. A
@@ -32,6 +34,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
 from verl_vllm_rm.client.http import HttpError, get_json
+from verl_vllm_rm.protocol.errors import weights_lost
 from verl_vllm_rm.replicas.metrics import replica_step_metrics
 from verl_vllm_rm.replicas.options import ReplicaOptions, replica_gpus_available
 from verl_vllm_rm.replicas.replica import ServerReplica
@@ -231,13 +234,19 @@ class ReplicaFleet:
     def _health(self, url: str | None) -> dict[str, Any] | None:
         """The replica's ``/health`` answer when it is ok within ``health_timeout_s``, else None (also for a replica
         that never started: no URL)."""
+        return self._reading(url)[0]
+
+    def _reading(self, url: str | None) -> tuple[dict[str, Any] | None, str | None]:
+        """:meth:`_health`, and the replica's account when it answered that its weights are lost (a reload failed
+        half-way and could not be undone): only a restart brings it back, since it refuses every publish but a full
+        one, and the fleet's publishes go to healthy replicas only."""
         if url is None:
-            return None
+            return None, None
         try:
             health = get_json(f"{url}/health", timeout_s=self.options.health_timeout_s)
-        except HttpError:
-            return None
-        return health if isinstance(health, dict) and health.get("status") == "ok" else None
+        except HttpError as e:
+            return None, weights_lost(e.status, e.message)
+        return (health if isinstance(health, dict) and health.get("status") == "ok" else None), None
 
     def _healths(self) -> list[dict[str, Any] | None]:
         """Every replica's :meth:`_health`, read at once (a hung replica costs ``health_timeout_s`` once, not once
@@ -263,11 +272,18 @@ class ReplicaFleet:
                 silent_since = None
                 continue
             epoch = self.epoch
-            health = self._health(st.url)
+            health, lost = self._reading(st.url)
             with self.lock:
                 stale = self.epoch != epoch  # read before a publish moved the fleet: it would mark a replica behind
                 if not stale:
                     st.update(health, self.version)
+            if lost is not None:  # out of routing now; restarted at once (it would never come back by itself)
+                logger.warning("%s: replica %d (%s) lost its weights: restarting (%s)", self.name, index, st.url, lost)
+                with self.lock:
+                    st.last_error = f"weights lost: {lost}"
+                self._restart(index)
+                silent_since = None
+                continue
             if stale:
                 continue
             if health:

@@ -93,6 +93,14 @@ def build_parser():
         "publishes send merged weights (default: no cap beyond the free memory).",
     )
     group.add_argument(
+        "--weight-update-rollback-max-bytes", type=int, default=None, metavar="BYTES",
+        help="Most bytes of host memory a worker keeps in copies of what updates loaded (checkpoint format), "
+        "from which a reload that fails half-way is undone (default: no cap, so one copy of the model after a "
+        "full update, two while a later full update reloads; on a CPU worker they add to its RSS; 0 keeps "
+        "none); a failed reload touching a weight whose copy was not kept leaves the weights lost: /health and "
+        "/score answer 503 until a full publish.",
+    )
+    group.add_argument(
         OPT_OUT_FLAG, action="store_true",
         help="Start with --enable-weight-updates on a non-loopback --host without an API key, which is otherwise "
         "refused: anyone who can reach the port can then replace the reward model. Only on an isolated network.",
@@ -173,6 +181,9 @@ def _enable_weight_updates(args: argparse.Namespace) -> None:
     if args.weight_update_lora_bases_max_bytes is not None and args.weight_update_lora_bases_max_bytes < 0:
         raise SystemExit(f"verl-vllm-rm: --weight-update-lora-bases-max-bytes must be a number of bytes >= 0, "
                          f"got {args.weight_update_lora_bases_max_bytes}")
+    if args.weight_update_rollback_max_bytes is not None and args.weight_update_rollback_max_bytes < 0:
+        raise SystemExit(f"verl-vllm-rm: --weight-update-rollback-max-bytes must be a number of bytes >= 0, "
+                         f"got {args.weight_update_rollback_max_bytes}")
     if not (0 < args.weight_update_join_timeout and math.isfinite(args.weight_update_join_timeout)):
         raise SystemExit(f"verl-vllm-rm: --weight-update-join-timeout must be a positive number of seconds, "
                          f"got {args.weight_update_join_timeout}")
@@ -225,7 +236,7 @@ def _hooked_build_app(original):
             patterns = tuple(p.strip() for p in args.weight_update_head_patterns.split(",") if p.strip())
             install_weight_routes(app, args.weight_update_backend, patterns, args.weight_update_max_bytes,
                                   args.weight_update_join_timeout, args.weight_update_lora_bases,
-                                  args.weight_update_lora_bases_max_bytes)
+                                  args.weight_update_lora_bases_max_bytes, args.weight_update_rollback_max_bytes)
         return app
 
     return build_app

@@ -1,5 +1,5 @@
-"""LoRA on the worker, without vLLM: the merge from the base store each time, the adapters' checks, the store's
-plan (quantized weights hold none) and what a staged update loads."""
+"""LoRA on the worker, without vLLM: the merge from the base store each time (computed again, bit for bit, for an
+undo), the adapters' checks, the store's plan (quantized weights hold none) and what a staged update loads."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from test_lora_bases import ATTN, SHAPES, _checkpoint, _store
 
 from verl_vllm_rm.protocol.lora import adapter_name, merge_lora_weight
 from verl_vllm_rm.server.weights.lora_bases import LoraBaseStore, PendingLoraBases
-from verl_vllm_rm.server.weights.lora_merge import LoraMerge, merged_update
+from verl_vllm_rm.server.weights.lora_merge import FromStore, LoraMerge, computed, merge_plan
 
 
 def _adapters(seed: int, modules=(f"{ATTN}.q_proj", f"{ATTN}.o_proj"), r: int = 2, dtype=torch.float32):
@@ -27,7 +27,7 @@ def test_a_merge_yields_whole_groups_and_the_head():
     store, checkpoint = _store()
     staged, scaling = _adapters(1, modules=(f"{ATTN}.q_proj",))
     head = torch.randn(1, 16)
-    merged = list(merged_update(store, [*staged, ("score.weight", head)], scaling))
+    merged = list(computed(merge_plan(store, [*staged, ("score.weight", head)], scaling)))
     names = [n for n, _ in merged]  # the qkv group's members together (in checkpoint order), then the head
     assert sorted(names[:-1]) + names[-1:] == [f"{ATTN}.k_proj.bias", f"{ATTN}.k_proj.weight", f"{ATTN}.q_proj.bias",
                                       f"{ATTN}.q_proj.weight", f"{ATTN}.v_proj.bias", f"{ATTN}.v_proj.weight",
@@ -45,7 +45,7 @@ def test_two_hundred_merges_end_exactly_at_a_fresh_merge_of_the_last_adapters():
     before = {n: t.clone() for n, t in store.tensors.items()}
     for seed in range(200):
         staged, scaling = _adapters(seed, dtype=torch.bfloat16)
-        merged = dict(merged_update(store, staged, scaling))
+        merged = dict(computed(merge_plan(store, staged, scaling)))
     for module in (f"{ATTN}.q_proj", f"{ATTN}.o_proj"):
         factors = dict(staged)
         fresh = merge_lora_weight(checkpoint[f"{module}.weight"].to(torch.bfloat16),
@@ -53,6 +53,21 @@ def test_two_hundred_merges_end_exactly_at_a_fresh_merge_of_the_last_adapters():
                                   torch.bfloat16)
         assert torch.equal(merged[f"{module}.weight"], fresh)
     assert all(torch.equal(store.tensors[n], t) for n, t in before.items()), "a merge wrote into the store"
+
+
+def test_a_merged_weight_is_computed_again_bit_for_bit_from_the_store_and_its_own_copy_of_the_factors():
+    store, _ = _store(torch.bfloat16)
+    staged, scaling = _adapters(3, modules=(f"{ATTN}.q_proj",), dtype=torch.bfloat16)
+    plan = dict(merge_plan(store, staged, scaling))
+    merged, sibling = plan[f"{ATTN}.q_proj.weight"], plan[f"{ATTN}.k_proj.weight"]
+    assert isinstance(merged, FromStore) and isinstance(sibling, FromStore)
+    first = merged()
+    for _, tensor in staged:  # the next receive reuses the staged buffers
+        tensor.zero_()
+    assert torch.equal(merged(), first)
+    assert merged.nbytes == sum(t.nbytes for _, t in staged) and sibling.nbytes == 0  # the factors, not the weight
+    assert torch.equal(sibling(), store.tensors[f"{ATTN}.k_proj.weight"])
+    assert sibling().data_ptr() != store.tensors[f"{ATTN}.k_proj.weight"].data_ptr()  # never the store itself
 
 
 def _planned(quantization: str | None = None, place: str = "host") -> LoraMerge:
@@ -102,13 +117,15 @@ def test_a_staged_update_loads_merged_groups_and_uses_its_scalings_up():
     lora, checkpoint = LoraMerge(0), _checkpoint()
     lora.bases, _ = _store()
     head = [("score.weight", torch.randn(1, 16))]
-    assert lora.to_load(head, torch.device("cpu")) == (["score.weight"], head)  # no adapters: as sent
+    assert lora.to_load(head, torch.device("cpu")) == (["score.weight"], head, {})  # no adapters: as sent
     staged, lora.scaling = _adapters(1, modules=(f"{ATTN}.q_proj",))
-    names, weights = lora.to_load([*staged, *head], torch.device("cpu"))
+    names, weights, recipes = lora.to_load([*staged, *head], torch.device("cpu"))
     assert (names, lora.scaling) == ([f"{ATTN}.q_proj.weight", f"{ATTN}.q_proj.weight", "score.weight"], None)
     out = dict(weights)
     assert sorted(out) == sorted([*(n for n in SHAPES if n.split(".")[-2] in ("q_proj", "k_proj", "v_proj")),
                                   "score.weight"])
+    assert sorted(recipes) == sorted(set(out) - {"score.weight"})  # what the store computes, kept for an undo
+    assert all(torch.equal(recipe(), out[name]) for name, recipe in recipes.items())
     assert torch.equal(out[f"{ATTN}.q_proj.weight"], merge_lora_weight(
         checkpoint[f"{ATTN}.q_proj.weight"], staged[0][1], staged[1][1], 2.0, torch.float32))
     no_store = LoraMerge(0)

@@ -11,6 +11,7 @@ from verl_vllm_rm.protocol.errors import RequestError
 from verl_vllm_rm.protocol.score import check_token_ids, parse_score_request
 from verl_vllm_rm.server.score import serving
 from verl_vllm_rm.server.state import RewardServerState, error_response, read_body
+from verl_vllm_rm.server.weights.state import WeightsLost
 
 ROUTES = ("/health", "/score", "/runtime_version", "/get_world_size")
 
@@ -24,6 +25,10 @@ async def health(request: Request) -> JSONResponse:
         await request.app.state.engine_client.check_health()
     except Exception as e:  # the engine is dead: say so, with the cause
         return JSONResponse({"status": "error", "type": state.kind, "error": str(e)}, status_code=503)
+    if state.weights.lost is not None:  # a reload failed and could not be undone: nothing it scores is right
+        return JSONResponse({"status": "error", "type": state.kind, "error": state.weights.lost_message(),
+                             "version": None, "last_failed_update": state.weights.last_failed_update},
+                            status_code=503)
     body = {
         "status": "ok",
         "type": state.kind,
@@ -55,6 +60,9 @@ async def score(request: Request) -> JSONResponse:
     state: RewardServerState = request.app.state.reward
     engine = request.app.state.engine_client
     counters, t0 = state.scoring, time.perf_counter()
+    if state.weights.lost is not None:
+        counters.failed += 1
+        return error_response(state.weights.lost_message(), 503)
     if state.kind != "reward_model":
         counters.refused += 1
         return error_response(f"this server serves {state.served_models[0]} as a generative judge (--runner "
@@ -72,6 +80,9 @@ async def score(request: Request) -> JSONResponse:
         return error_response(e.message, e.status)
     try:
         answer = JSONResponse(await serving.score(engine, state, req, token_ids))
+    except WeightsLost as e:  # lost while this request waited for a reload
+        counters.failed += 1
+        return error_response(str(e), 503)
     except Exception as e:  # engine-side failure: a 5xx the client may retry
         counters.failed += 1
         return error_response(f"scoring failed on the server: {type(e).__name__}: {e}", 500)
@@ -84,7 +95,7 @@ async def score(request: Request) -> JSONResponse:
 
 @router.get("/runtime_version")
 async def runtime_version(request: Request) -> JSONResponse:
-    return JSONResponse({"version": request.app.state.reward.weights.version})
+    return JSONResponse({"version": request.app.state.reward.weights.serving_version})
 
 
 @router.get("/get_world_size")

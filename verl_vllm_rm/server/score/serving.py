@@ -70,8 +70,7 @@ async def tokenize(engine, texts: list[str]) -> list[list[int]]:
 
 async def score(engine, state: RewardServerState, req: ScoreRequest, token_ids: list[list[int]]) -> dict[str, Any]:
     """The ``/score`` answer; a weight update never lands halfway through it."""
-    async with state.weights.gate.scoring():  # no update lands inside: the version read here computed every score
-        version = state.weights.version
+    async with state.weights.scoring() as version:  # no update lands inside: this version computes every score
         readings = await score_token_ids(engine, state.shape, token_ids, normalize=req.normalize)
     shape = state.shape
     return score_response(

@@ -34,7 +34,8 @@ RECEIVE_POLL_MAX_S = 2.0  # longer than the busy loop (vLLM's MessageQueue busy_
 
 
 async def _receive(engine, specs: list[ParamSpec], bucket_bytes: int, workers: int,
-                   lora_scaling: dict[str, float] | None = None) -> dict[str, int]:
+                   lora_scaling: dict[str, float] | None = None, rollback_max_bytes: int | None = None
+                   ) -> dict[str, int]:
     """Start the workers' background receive and wait for it without blocking the engine; returns the most
     bytes a worker holds for updates on its device and on the host.
 
@@ -44,7 +45,8 @@ async def _receive(engine, specs: list[ParamSpec], bucket_bytes: int, workers: i
     then clears its update state.
     """
     await engine.start_weight_update()
-    info = {"params": [s.to_json() for s in specs], "bucket_bytes": bucket_bytes, "lora_scaling": lora_scaling}
+    info = {"params": [s.to_json() for s in specs], "bucket_bytes": bucket_bytes, "lora_scaling": lora_scaling,
+            "rollback_max_bytes": rollback_max_bytes}
     await engine.update_weights(WeightTransferUpdateRequest({**info, "phase": "begin"}))
     wait_s = RECEIVE_POLL_S
     while not all(await engine.collective_rpc("rm_receive_done")):
@@ -57,9 +59,10 @@ async def _receive(engine, specs: list[ParamSpec], bucket_bytes: int, workers: i
 
 
 async def _drop_session(app: FastAPI, record: dict[str, Any], error: BaseException) -> None:
-    """After a failed receive or reload: the old weights keep serving; the communicator is unusable."""
+    """After a failed receive or reload: the old weights keep serving (or, a reload that could not be undone,
+    are lost: ``serving_version`` None); the communicator is unusable."""
     state: WeightSyncState = app.state.reward.weights
-    record.update(status="failed", error=f"{type(error).__name__}: {error}", serving_version=state.version)
+    record.update(status="failed", error=f"{type(error).__name__}: {error}", serving_version=state.serving_version)
     try:
         await app.state.engine_client.shutdown_weight_transfer_engine()
     finally:
@@ -81,7 +84,7 @@ async def apply_update(app: FastAPI, specs: list[ParamSpec], mode: RewardModelTr
     state.pending_update = version
     try:
         record.update(await _receive(app.state.engine_client, specs, bucket_bytes, app.state.reward.world_size,
-                                     lora_scaling))
+                                     lora_scaling, state.rollback_max_bytes))
         record["receive_s"] = time.monotonic() - t0
         if deferred:
             state.staged_update = record
@@ -138,9 +141,25 @@ async def _reload(app: FastAPI, version: int, record: dict[str, Any]) -> None:
         await engine.engine_core.pause_scheduler_async(mode="wait", clear_cache=True)
         t_paused = time.monotonic()
         try:
-            await engine.finish_weight_update(str(version))
+            try:
+                await engine.finish_weight_update(str(version))
+            except BaseException:
+                await _close_failed_reload(engine, state)
+                raise
             await engine.reset_prefix_cache()
-            state.version = version
+            state.version, state.lost = version, None
         finally:
             await engine.resume_generation()
     record.update(status="ok", pause_wait_s=t_paused - t0, reload_s=time.monotonic() - t_paused)
+    # the most a worker's rollback copies held during the reload: host memory (on a CPU worker, its RSS)
+    record["rollback_host_bytes"] = max(await engine.collective_rpc("rm_rollback_memory"))
+
+
+async def _close_failed_reload(engine, state: WeightSyncState) -> None:
+    """vLLM keeps its update session open when the reload raises (every later update would be refused as
+    already active, and dropping the session would raise): each worker closes it and says whether it restored
+    the touched modules exactly (``server/weights/rollback.py``). One that could not leaves the weights lost."""
+    lost = [why for why in await engine.collective_rpc("rm_close_failed_reload") if why is not None]
+    if lost:
+        state.lost = lost[0]
+        logger.error("the weights of this server are lost: %s", state.lost)

@@ -112,6 +112,11 @@ def checkpoint_stamp(model_dir: str) -> dict[str, tuple[int, int]]:
     return stamp
 
 
+def rewritten_after(model_dir: str, t_ns: int) -> list[str]:
+    """The weight files of a local checkpoint directory written after ``t_ns`` (``time.time_ns()``), sorted."""
+    return sorted(name for name, (_, mtime_ns) in checkpoint_stamp(model_dir).items() if mtime_ns > t_ns)
+
+
 class PendingLoraBases:
     """A store with room checked but not yet copied: the copy waits for the first publish that carries adapters,
     so a server that only ever receives full weights or the head never holds one.
@@ -164,7 +169,7 @@ def plan_lora_bases(place: str, device: torch.device, fused_modules: Mapping[str
     if place == "off":
         return LoraBases("off", "off", reason=f"{PLACE_FLAG} off")
     stamp = checkpoint_stamp(model_dir)
-    rewritten = sorted(name for name, (_, mtime_ns) in stamp.items() if mtime_ns > loaded_at_ns)
+    rewritten = rewritten_after(model_dir, loaded_at_ns)
     if rewritten:
         return LoraBases("unavailable", place, reason=(
             f"the weight files {rewritten} in {model_dir} changed after the server loaded them; {CHANGED}"))

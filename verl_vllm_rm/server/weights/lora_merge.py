@@ -5,9 +5,12 @@ merged weights. On each worker :class:`LoraMerge` plans the base store at the
 first inventory read (:func:`.lora_bases.plan_lora_bases`, or ``unavailable`` for
 quantized weights), copies it at the first update that carries adapters, refuses
 received adapters that are not finite before the reload, and turns a staged update
-into what the reload loads: each adapted weight merged from the stored base
-(:func:`merged_update`), whole module groups, the head as sent. The worker
-extension only calls it. Imports torch only, so its units run without vLLM.
+into what the reload loads (:func:`merge_plan`): each adapted weight merged from
+the stored base, whole module groups, the head as sent. A tensor computed from the
+store is a :class:`FromStore`, which gives the same bits at every call, so the
+reload's undo (:mod:`.rollback`) keeps it, holding only the adapter's factors,
+instead of a copy of the merged weight. The worker extension only calls it.
+Imports torch only, so its units run without vLLM.
 """
 
 from __future__ import annotations
@@ -23,14 +26,13 @@ from verl_vllm_rm.server.weights.lora_bases import LoraBaseStore, PendingLoraBas
 Staged = list[tuple[str, torch.Tensor]]
 
 
-def merged_update(store: LoraBaseStore, staged: Iterable[tuple[str, torch.Tensor]], scaling: Mapping[str, float],
-                  compute_device: torch.device | None = None) -> Iterator[tuple[str, torch.Tensor]]:
-    """The tensors to load for an update that carries adapters, grouped by vLLM module.
+def merge_plan(store: LoraBaseStore, staged: Iterable[tuple[str, torch.Tensor]], scaling: Mapping[str, float],
+               compute_device: torch.device | None = None) -> list[tuple[str, torch.Tensor | FromStore]]:
+    """What to load for an update that carries adapters, grouped by vLLM module.
 
-    Each stored group the update touches yields every member: the adapted weights merged from the stored base, its
-    other members as staged (when sent in full) or from the store. Staged full tensors outside those groups (the
-    head) follow as they are. Every yielded tensor is new or immutable, so vLLM's layerwise loader may keep it
-    until the group's layer is complete.
+    Each stored group the update touches lists every member: the adapted weights as a :class:`FromStore` that
+    merges them from the stored base, its other members as staged (when sent in full) or as a :class:`FromStore`
+    copying them from the store. Staged full tensors outside those groups (the head) follow as they are.
     """
     factors: dict[str, dict[str, torch.Tensor]] = {}
     full: dict[str, torch.Tensor] = {}
@@ -41,22 +43,52 @@ def merged_update(store: LoraBaseStore, staged: Iterable[tuple[str, torch.Tensor
         else:
             factors.setdefault(adapter[0], {})[adapter[1]] = tensor
     device = compute_device or store.device
-    done: set[str] = set()
+    plan: list[tuple[str, torch.Tensor | FromStore]] = []
     touched = [f"{m}.weight" for m in factors] + [n for n in full if n in store.tensors]
     for key in sorted({module_key(n, store.fused_modules) for n in touched}):
         for name in store.groups[key]:
             module = name.removesuffix(".weight")
             if name in full:
-                yield name, full[name]
+                plan.append((name, full[name]))
             elif module in factors and name.endswith(".weight"):
-                w0 = store.tensors[name]
-                a, b = factors[module]["A"].to(device), factors[module]["B"].to(device)
-                yield name, merge_lora_weight(w0.to(device), a, b, float(scaling[module]), w0.dtype)
-            else:  # a copy: a loader that kept the tensor as the model's own must never alias the store
-                yield name, store.tensors[name].to(device, copy=True)
-            done.add(name)
-    for name in sorted(set(full) - done):
-        yield name, full[name]
+                # the factors are copied: the staged ones are reused by the next receive, and a FromStore may be
+                # called again later, for an undo
+                a, b = (factors[module][k].to(device, copy=True) for k in ("A", "B"))
+                plan.append((name, FromStore(store, name, device, a, b, float(scaling[module]))))
+            else:
+                plan.append((name, FromStore(store, name, device)))
+    done = {name for name, _ in plan}
+    plan += [(name, full[name]) for name in sorted(set(full) - done)]
+    return plan
+
+
+def computed(plan: Iterable[tuple[str, torch.Tensor | FromStore]]) -> Iterator[tuple[str, torch.Tensor]]:
+    """Each tensor of a :func:`merge_plan`, computed when it is reached. Every yielded tensor is new or immutable,
+    so vLLM's layerwise loader may keep it until the group's layer is complete."""
+    for name, item in plan:
+        yield name, item() if isinstance(item, FromStore) else item
+
+
+class FromStore:
+    """One tensor of a LoRA update computed from the store: ``W0 + scaling * B @ A`` for an adapted weight (with
+    ``a`` and ``b``), else a copy of the stored member (a loader that kept the tensor as the model's own must never
+    alias the store). The same bits at every call (the store never changes), so a reload can be undone from it
+    (a :class:`.served_values.Recipe`): ``nbytes`` is what it holds beyond the store (the factors)."""
+
+    def __init__(self, store: LoraBaseStore, name: str, device: torch.device, a: torch.Tensor | None = None,
+                 b: torch.Tensor | None = None, scaling: float = 0.0) -> None:
+        self.store, self.name, self.device = store, name, device
+        self.a, self.b, self.scaling = a, b, scaling
+
+    @property
+    def nbytes(self) -> int:
+        return 0 if self.a is None else self.a.nbytes + self.b.nbytes
+
+    def __call__(self) -> torch.Tensor:
+        w0 = self.store.tensors[self.name]
+        if self.a is None:
+            return w0.to(self.device, copy=True)
+        return merge_lora_weight(w0.to(self.device), self.a, self.b, self.scaling, w0.dtype)
 
 
 class LoraMerge:
@@ -104,14 +136,17 @@ class LoraMerge:
         if bad:
             raise ValueError(f"the update's LoRA adapters are not finite (NaN or inf) in {bad}; nothing was loaded")
 
-    def to_load(self, staged: Staged, device: torch.device) -> tuple[list[str], Iterable[tuple[str, torch.Tensor]]]:
-        """The checkpoint names the staged update touches and the tensors to load for it, its adapters merged from
-        the store; the staged scalings are used up."""
+    def to_load(self, staged: Staged, device: torch.device
+                ) -> tuple[list[str], Iterable[tuple[str, torch.Tensor]], dict[str, FromStore]]:
+        """The checkpoint names the staged update touches, the tensors to load for it (its adapters merged from the
+        store) and, by name, those of them computed from the store (kept by the reload's undo instead of copies);
+        the staged scalings are used up."""
         scaling, self.scaling = self.scaling, None
         if not scaling:
-            return [name for name, _ in staged], staged
+            return [name for name, _ in staged], staged, {}
         if not isinstance(self.bases, LoraBaseStore):
             # internal: the router refuses adapters unless the inventory reports the store held (and captured)
             raise RuntimeError("an update with LoRA adapters reached a worker without a LoRA base store")
         names = [f"{split[0]}.weight" if (split := split_adapter_name(n)) else n for n, _ in staged]
-        return names, merged_update(self.bases, staged, scaling, device)
+        plan = merge_plan(self.bases, staged, scaling, device)
+        return names, computed(plan), {name: item for name, item in plan if isinstance(item, FromStore)}

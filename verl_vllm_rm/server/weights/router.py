@@ -197,6 +197,9 @@ def _parse_update(payload: dict[str, Any], inventory: Inventory, sync: WeightSyn
         inventory.check_update(specs, mode, sync.head_patterns, max_bytes=sync.max_update_bytes, scaling=scaling)
     except (ValueError, WeightUpdateRefused) as e:
         raise RequestError(str(e)) from None
+    if sync.lost is not None and (mode is not RewardModelTrainingMode.FULL or {s.name for s in specs} != inventory.names):
+        raise RequestError(f"{sync.lost_message()}; this update (training_mode {mode.value}, {len(specs)} of "
+                           f"{len(inventory.names)} weights) would leave the rest unknown: publish every weight", 409)
     return specs, mode, new_version, bucket_bytes, commit == "deferred", scaling
 
 
@@ -268,9 +271,11 @@ async def abort_staged(request: Request) -> JSONResponse:
 def install_weight_routes(
     app: FastAPI, transport: str, head_patterns: tuple[str, ...], max_update_bytes: int | None = None,
     join_timeout_s: float = DEFAULT_JOIN_TIMEOUT_S, lora_bases: str = "host", lora_bases_max_bytes: int | None = None,
+    rollback_max_bytes: int | None = None,
 ) -> None:
     sync: WeightSyncState = app.state.reward.weights
     sync.lora_bases, sync.lora_bases_max_bytes = lora_bases, lora_bases_max_bytes
+    sync.rollback_max_bytes = rollback_max_bytes
     sync.transport, sync.head_patterns = transport, head_patterns
     sync.max_update_bytes, sync.join_timeout_s = max_update_bytes, join_timeout_s
     app.include_router(router)

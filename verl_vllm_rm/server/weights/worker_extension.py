@@ -12,9 +12,11 @@ background thread, so the worker keeps scoring meanwhile); the model is
 touched in ``finish_weight_update`` through vLLM's layerwise reload (plain
 ``load_weights`` fails on repacked CPU weights), scoped to the modules the
 update touches. A transfer that dies halfway therefore leaves the old weights
-serving, never a mix. An update carrying LoRA adapters is merged there too, each
-adapted weight from the worker's immutable base store, after the received
-adapters were checked finite (:mod:`.lora_merge`).
+serving, never a mix; so does a reload that fails half-way, undone by reloading
+the touched modules from the values they served (:mod:`.rollback`), or else the
+server's weights are reported lost and it scores nothing. An update carrying LoRA
+adapters is merged there too, each adapted weight from the worker's immutable base
+store, after the received adapters were checked finite (:mod:`.lora_merge`).
 
 Memory: an update is received one bucket at a time into a single buffer on the
 worker's device, and each bucket is copied out to host memory (pinned with
@@ -50,6 +52,7 @@ from verl_vllm_rm.protocol.inventory import ParamSpec, module_key
 from verl_vllm_rm.protocol.wire import BufferPool, TransferGroup, open_group, plan_buckets, unpack
 from verl_vllm_rm.server.weights.join import PendingJoin
 from verl_vllm_rm.server.weights.lora_merge import LoraMerge
+from verl_vllm_rm.server.weights.rollback import UndoableReload
 
 ENGINE_BACKENDS = {"gloo": "gloo", "torch_nccl": "nccl"}
 
@@ -72,6 +75,7 @@ class ProcessGroupUpdateInfo(WeightTransferUpdateInfo):
     bucket_bytes: int
     phase: str = "begin"  # "begin": start receiving in the background; "join": wait for it, raise its error
     lora_scaling: dict[str, float] | None = None  # with LoRA adapters: merge them into the base store's weights
+    rollback_max_bytes: int | None = None  # --weight-update-rollback-max-bytes: the host copy of touched modules
 
 
 ABORT_PHASE = "abort"  # the update_weights phase that drops what was staged (``/abort_update``)
@@ -106,7 +110,10 @@ class ProcessGroupWeightTransferEngine(WeightTransferEngine[ProcessGroupInitInfo
         self.receiver: threading.Thread | None = None
         self.receive_error: BaseException | None = None
         self.pending_join: PendingJoin | None = None
-        self.lora = LoraMerge(time.time_ns())  # vLLM makes this engine right after loading the model's weights
+        self.loaded_at_ns = time.time_ns()  # vLLM makes this engine right after loading the model's weights
+        self.lora = LoraMerge(self.loaded_at_ns)
+        self.rollback_max_bytes: int | None = None  # the staged update's
+        self.reloads: UndoableReload | None = None  # made at the first inventory read
 
     def init_transfer_engine(self, init_info: ProcessGroupInitInfo) -> None:
         _run_phase("init", init_info.phase, {"begin": lambda: self.begin_join(init_info), "finish": self.finish_join})
@@ -165,7 +172,7 @@ class ProcessGroupWeightTransferEngine(WeightTransferEngine[ProcessGroupInitInfo
             # internal: an update's task waits for all receives to end (rm_receive_done), and blocks others (409)
             raise RuntimeError("a weight transfer is still being received")
         self.staged, self.receive_error = [], None
-        self.lora.scaling = update_info.lora_scaling
+        self.lora.scaling, self.rollback_max_bytes = update_info.lora_scaling, update_info.rollback_max_bytes
         device = self.group.device
 
         def receive() -> None:
@@ -216,40 +223,25 @@ class ProcessGroupWeightTransferEngine(WeightTransferEngine[ProcessGroupInitInfo
         return {"device_bytes": self.landing.nbytes if self.landing else 0,
                 "host_bytes": self.staging.nbytes if self.staging else 0}
 
-    def finish_weight_update(self) -> None:
-        from vllm.model_executor.model_loader.reload import (
-            finalize_layerwise_reload,
-            initialize_layerwise_reload,
-        )
+    def rollback_memory(self) -> int:
+        """Bytes of host memory the copies a failed reload is undone from held during the last reload (the ones
+        kept from earlier updates and this one's own; see ``ServedValues.keeping``)."""
+        return self.reloads.served.reload_nbytes if self.reloads is not None else 0
 
+    def finish_weight_update(self) -> None:
+        """Load the staged update into the modules it touches; undo a reload that fails half-way (see
+        :mod:`.rollback`): the old weights serve exactly, or ``reloads.lost`` says why they could not be restored."""
         staged, self.staged = self.staged, []
-        names, weights = self.lora.to_load(staged, self.device)  # adapters merged from the base store
+        names, weights, recipes = self.lora.to_load(staged, self.device)  # adapters merged from the base store
         if not staged:
             # internal: a reload follows a receive that staged a non-empty update; a staged one blocks other updates
             raise RuntimeError("finish_weight_update without received weights")
-        targets = self._reload_targets(names)
-        with torch.no_grad():
-            for module in targets:
-                initialize_layerwise_reload(module)
-            self.model.load_weights(weights)
-            for module in targets:
-                finalize_layerwise_reload(module, self.model_config)
+        if self.reloads is None:
+            # internal: the router reads the inventory (which makes it) before it accepts any update
+            raise RuntimeError("a reload before the first inventory read")
+        self.reloads.run(self.model, self.model_config, names, weights, self.rollback_max_bytes, recipes)
         if self.staging is not None and self._model_aliases(self.staging):
             self.staging = None  # a loader kept a received tensor as is: never overwrite it in place
-
-    def _reload_targets(self, names: Iterable[str]) -> list[torch.nn.Module]:
-        """The modules an update touches, or the whole model when a name maps to no module.
-
-        vLLM's layerwise reload walks every module of what it is given; giving it
-        only the touched modules (the head, or the adapted projections) skips the
-        walk over an unchanged backbone (10-30 ms on a 100M model, per update).
-        """
-        modules = dict(self.model.named_modules())
-        fused = dict(getattr(self.model, "packed_modules_mapping", {}) or {})
-        keys = {module_key(name, fused) for name in names}
-        if not keys <= modules.keys():
-            return [self.model]
-        return [modules[key] for key in sorted(keys)]
 
     def _model_aliases(self, pool: BufferPool) -> bool:
         pool_storages = {b.untyped_storage().data_ptr() for b in pool.buffers}
@@ -284,9 +276,27 @@ class WeightSyncWorkerExtension:
         """Whether the background receive of the current update has ended (polled by the server)."""
         return self.weight_transfer_engine.receive_done()
 
+    def rm_close_failed_reload(self) -> str | None:
+        """After ``finish_weight_update`` raised: close vLLM's update session, which it leaves open then (vLLM
+        0.32's ``Worker.finish_weight_update``, ``vllm/v1/worker/gpu_worker.py``, clears ``_weight_update_active``
+        and resets the reload target only after the engine's finish returns: every later update would be refused
+        as already active, and dropping the session would raise); why this worker's weights are lost, None when
+        the reload was undone exactly (or never began)."""
+        self._weight_update_active = False
+        engine = self.weight_transfer_engine
+        engine.reset_weight_update_target()
+        if engine.reloads is None:
+            return None
+        lost, engine.reloads.lost = engine.reloads.lost, None
+        return lost
+
     def rm_receive_memory(self) -> dict[str, int]:
         """Bytes held for weight updates, on the worker's device and on the host (see ``receive_weights``)."""
         return self.weight_transfer_engine.receive_memory()
+
+    def rm_rollback_memory(self) -> int:
+        """Host bytes of this worker's rollback copies during the last reload (see ``rollback_memory``)."""
+        return self.weight_transfer_engine.rollback_memory()
 
     def rm_weight_inventory(self, lora_bases: str = "off", lora_bases_max_bytes: int | None = None,
                             head_patterns: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -301,21 +311,21 @@ class WeightSyncWorkerExtension:
         The first call also plans the LoRA base store (``lora_bases``: ``host``,
         ``device`` or ``off``; see :mod:`.lora_merge`): every weight and bias of the
         linear modules outside the head, in its served dtype. Only the room for it is
-        checked here; :meth:`rm_capture_lora_bases` copies it.
+        checked here; :meth:`rm_capture_lora_bases` copies it. It also makes the
+        worker's undoable reload (:mod:`.rollback`), which reads the weight files
+        again only to undo a failed reload of weights no update has replaced.
         """
         from vllm.model_executor.layers.linear import LinearBase
-        from vllm.model_executor.model_loader import get_model_loader
 
         from verl_vllm_rm.protocol.names import is_head
         from verl_vllm_rm.protocol.wire import dtype_name, nccl_version
 
         model = self.model_runner.get_model()
         model_config = self.vllm_config.model_config
-        loader = get_model_loader(self.vllm_config.load_config)
         fused = dict(getattr(model, "packed_modules_mapping", {}) or {})
         modules = dict(model.named_modules())
         params, bases = [], []
-        for name, tensor in loader.get_all_weights(model_config, model):
+        for name, tensor in self._read_weight_files():
             dtype = tensor.dtype
             if tensor.is_floating_point():
                 module = modules.get(module_key(name, fused))
@@ -328,6 +338,9 @@ class WeightSyncWorkerExtension:
         engine = self.weight_transfer_engine
         engine.lora.plan(lora_bases, engine.device, fused, bases, lora_bases_max_bytes, model_config.model,
                          model_config.quantization)
+        if engine.reloads is None:
+            engine.reloads = UndoableReload(self._read_weight_files, model_config.model, engine.loaded_at_ns)
+        engine.reloads.checkpoint_names = [p["name"] for p in params]
         return {"params": params, "fused_modules": {k: list(v) for k, v in fused.items()},
                 "nccl_version": nccl_version(), "lora_bases": self.rm_lora_bases()}
 
@@ -338,10 +351,11 @@ class WeightSyncWorkerExtension:
     def rm_capture_lora_bases(self) -> dict[str, Any]:
         """Copy the planned LoRA base store from the model's weight files (a second read of them), once; its
         report, ``unavailable`` with the reason when the copy could not be made."""
+        return self.weight_transfer_engine.lora.capture(self._read_weight_files)
+
+    def _read_weight_files(self) -> Iterable[tuple[str, torch.Tensor]]:
+        """The model's weight files as vLLM's loader reads them, under checkpoint names."""
         from vllm.model_executor.model_loader import get_model_loader
 
-        def read() -> Iterable[tuple[str, torch.Tensor]]:
-            loader = get_model_loader(self.vllm_config.load_config)
-            return loader.get_all_weights(self.vllm_config.model_config, self.model_runner.get_model())
-
-        return self.weight_transfer_engine.lora.capture(read)
+        loader = get_model_loader(self.vllm_config.load_config)
+        return loader.get_all_weights(self.vllm_config.model_config, self.model_runner.get_model())
