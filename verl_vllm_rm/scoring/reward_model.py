@@ -296,13 +296,12 @@ class RewardModel:
     def render(self, sample: Sample, response_ids: list[int] | None, response_text: str | None):
         """(prompt part, response part) ids of the RM input for a response given as ids or text."""
         opts = self.options
-        if self.step_format in CARD_STEP_FORMATS:
+        card = self.step_format in CARD_STEP_FORMATS
+        if card or opts.rubric_template is not None or opts.input_format == "chat_template":  # the RM reads text
             if response_text is None:
                 response_text = self.tokenizer.decode(response_ids, skip_special_tokens=True)
-            return self.card_step_ids(sample, response_text)
-        if opts.rubric_template is not None or opts.input_format == "chat_template":
-            if response_text is None:
-                response_text = self.tokenizer.decode(response_ids, skip_special_tokens=True)
+            if card:
+                return self.card_step_ids(sample, response_text)
             if opts.rubric_template is not None:
                 return rubric_template_ids(self.rm_tokenizer or self.tokenizer, opts.rubric_template,
                                            opts.rubric_principles, prompt_text(self.tokenizer, sample), response_text)
