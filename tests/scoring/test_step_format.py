@@ -11,7 +11,8 @@ from verl_vllm_rm.options import build
 from verl_vllm_rm.protocol.model_shape import HeadKind, ModelShape
 from verl_vllm_rm.scoring.options import RewardModelOptions
 from verl_vllm_rm.scoring.step_format import (QWEN_PRM_SYSTEM_PROMPT, math_shepherd_ids, qwen_prm_ids,
-                                              resolve_step_format, split_steps, with_system_prompt)
+                                              resolve_step_format, split_steps, step_end_tokens, step_spans,
+                                              with_system_prompt)
 
 TAG = "<step>"
 
@@ -20,6 +21,19 @@ def test_steps_are_the_text_between_separators_kept_as_written_and_blank_ones_dr
     assert split_steps("step one\n\n  step two \n\n\n\nanswer\n\n", "\n\n") == ["step one", "  step two ", "answer"]
     assert split_steps(" \n\n\t\n\n", "\n\n") == []
     assert split_steps("a\nb", "\n\n") == ["a\nb"]
+
+
+def test_each_step_maps_to_the_policy_token_that_ends_it(tokenizer):
+    """Through the decoded text: the token whose prefix first covers the step's last character, whatever the
+    tokenizer merged across the separator."""
+    text = "Add 3 and 4.\n\nThat makes 7.\n\n\n\nThe answer is 7."
+    ids = tokenizer(text, add_special_tokens=False).input_ids
+    spans = step_spans(text, "\n\n")
+    assert [text[a:b] for a, b in spans] == ["Add 3 and 4.", "That makes 7.", "The answer is 7."]
+    ends = step_end_tokens(tokenizer, ids, [end for _, end in spans])
+    assert ends[-1] == len(ids) - 1 and ends == sorted(ends)
+    for k, (_, end) in zip(ends, spans):
+        assert len(tokenizer.decode(ids[: k + 1])) >= end > len(tokenizer.decode(ids[:k])), (k, end)
 
 
 def shape(kind: HeadKind, architecture: str, **kw) -> ModelShape:

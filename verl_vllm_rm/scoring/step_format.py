@@ -48,9 +48,41 @@ def token_level_needs_tags(rm_name: str, step_format: str) -> str:
             "step_reward (min, last, mean, prod), or step_format=tagged with a policy that writes the step tag")
 
 
+def step_spans(text: str, step_split: str) -> list[tuple[int, int]]:
+    """``(start, end)`` character offsets in ``text`` of each step: ``text`` split at ``step_split``, steps of
+    whitespace only dropped."""
+    spans, start = [], 0
+    for piece in text.split(step_split):
+        if piece.strip():
+            spans.append((start, start + len(piece)))
+        start += len(piece) + len(step_split)
+    return spans
+
+
 def split_steps(text: str, step_split: str) -> list[str]:
-    """The response's steps: ``text`` split at ``step_split``, steps of whitespace only dropped."""
-    return [step for step in text.split(step_split) if step.strip()]
+    """The response's steps (:func:`step_spans`' texts)."""
+    return [text[start:end] for start, end in step_spans(text, step_split)]
+
+
+def step_end_tokens(tokenizer: Any, response_ids: Sequence[int], ends: Sequence[int]) -> list[int]:
+    """For each step's end (a character offset, ascending, into ``tokenizer.decode(response_ids,
+    skip_special_tokens=True)``), the index of the policy token whose text reaches it: the first ``k`` whose
+    prefix ``response_ids[:k + 1]`` decodes to at least ``end`` characters. The mapping goes through the decoded
+    text, so the RM's tokenizer need not be the policy's; a token holding the end of two steps ends both."""
+    def reaches(k: int, end: int) -> bool:
+        return len(tokenizer.decode(response_ids[: k + 1], skip_special_tokens=True)) >= end
+
+    indices, low = [], 0
+    for end in ends:
+        high = len(response_ids) - 1
+        while low < high:  # prefixes decode to texts that only grow: a binary search
+            middle = (low + high) // 2
+            if reaches(middle, end):
+                high = middle
+            else:
+                low = middle + 1
+        indices.append(low)
+    return indices
 
 
 def with_system_prompt(messages: Sequence[dict], system_prompt: str | None) -> list[dict]:
