@@ -11,6 +11,10 @@ from __future__ import annotations
 
 #: The composed reward (the rubric, rule, judge and verifiable components weighed: ``reward_score``).
 SCORE = "score"
+#: ``step_reward=token`` in verl's agent loop: a training row's per-token rewards (the steps' on the tokens ending
+#: them, the rest on the last), which the trainer modes write into ``rm_scores``; None elsewhere. A list, so the
+#: metrics leave it out.
+TOKEN_REWARDS = "token_rewards"
 
 # -- the reward models' columns ----------------------------------------------------------------------------------
 RM_SCORE = "rm_score"  # the route's ensemble of its RMs (one RM: its score)

@@ -2,16 +2,20 @@
 trainer mode ``vllm_rm_colocate_async``: the next batch is generated and scored while a step trains): ``helpful`` on the session's
 server, ``safety`` on two replicas the plugin starts and manages on verl's Ray cluster, and two published families
 on servers of this module: ``attrs``, a multi-attribute head (HelpSteer-style) weighted by the run, and ``prm``, a
-two-class process reward model (Qwen2.5-Math-PRM kind) read with ``step_reward=min``. Each dumped reward is the
-uncertainty-penalised ensemble of the RMs' scores of the exact token ids verl generated (``safety`` whitened),
-plus the rules, each member equal to a direct score of those ids; both replicas served, every per-replica,
-per-attribute metric and the attribute alarm are in verl's logger, the whitening statistics are in the run's
-checkpoint, and no replica process outlives the run."""
+two-class process reward model (Qwen2.5-Math-PRM kind) read as its card reads the policy's plain-text steps, with
+``step_reward=min``. Half the prompts (``math_dapo``) take a route of their own: the same PRM with
+``step_reward=token``, each step's reward on the policy token that ends it. Each dumped reward of the other half is
+the uncertainty-penalised ensemble of the RMs' scores of the exact token ids verl generated (``safety`` whitened),
+plus the rules, each member equal to a direct score; the per-token rewards verl trained on sit on the step-ending
+tokens, each the card's number for that step; both replicas served, every per-replica, per-attribute metric and the
+attribute alarm are in verl's logger, the whitening statistics are in the run's checkpoint, and no replica process
+outlives the run."""
 
 from __future__ import annotations
 
 import json
 import math
+import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -23,14 +27,19 @@ from ppo_runs import check_scored_once_whole, expected_totals, generations, tiny
 from process_helpers import wait_for_no_orphaned_engines
 
 from verl_vllm_rm.dev.ppo_report import read_dump, read_metrics
-from verl_vllm_rm.dev.tiny_rm import TinyRMSpec, build_tiny_rm
+from verl_vllm_rm.dev.tiny_rm import STEP, TinyRMSpec, build_tiny_rm
 from verl_vllm_rm.dev.tiny_rm_families import build_tiny_attribute_rm, build_tiny_qwen2_prm
+from verl_vllm_rm.dev.tiny_task import MATH_DAPO
 from verl_vllm_rm.replicas.launcher import start_server
 
 pytestmark = [pytest.mark.server, pytest.mark.ray]
 PENALTY = 0.5
 ATTRIBUTES = {"helpfulness": 1.0, "verbosity": -0.5}  # helpfulness minus a share of verbosity
 MEMBERS = ("helpful", "safety", "attrs", "prm")
+#: the tiny policy writes no line breaks: its steps are its words
+STEP_SPLIT = " "
+#: the system message of Qwen2.5-Math-PRM's card
+CARD_SYSTEM_PROMPT = "Please reason step by step, and put your final answer within \\boxed{}."
 
 
 @pytest.fixture(scope="module")
@@ -41,17 +50,16 @@ def second_rm(tmp_path_factory, tiny_rm) -> Path:
 
 @pytest.fixture(scope="module")
 def family_servers(tmp_path_factory, tokenizer, server_args):
-    """The attribute RM and the Qwen2 PRM, started at once. The PRM's step tag is the end-of-text token: the tiny
-    policy writes no step separator, and every finished response ends with it (one step, at its end); a response
-    cut at the length limit has no step, so its PRM score is masked (``failure_policy=mask``), never a number. The
-    run reads the tag the policy writes (``step_format=tagged``) and the raw step scores (``normalize=false``); a
-    policy's plain-text steps are ``tests/server/test_model_families.py``'s."""
+    """The attribute RM and the Qwen2 PRM, started at once. The PRM's step tag is the tokenizer's step token, which
+    the policy never writes: the client inserts it after each of the policy's plain-text steps, as the card does
+    (``step_format`` auto: ``qwen_prm``), and reads P(positive) at each."""
     attrs = build_tiny_attribute_rm(tmp_path_factory.mktemp("attrs"))
     prm = build_tiny_qwen2_prm(tmp_path_factory.mktemp("prm"))
     pooling = [*server_args, "--runner", "pooling"]
     with ThreadPoolExecutor(2) as pool:
         started = [pool.submit(start_server, attrs, pooling),
-                   pool.submit(start_server, prm, [*pooling, "--step-tag-id", str(tokenizer.eos_token_id)])]
+                   pool.submit(start_server, prm, [*pooling, "--step-tag-id",
+                                                   str(tokenizer.convert_tokens_to_ids(STEP))])]
         servers = [future.result() for future in started]
     yield dict(zip(("attrs", "prm"), servers))
     for server in servers:
@@ -76,19 +84,22 @@ def two_rm_run(tmp_path_factory, tiny_rm, tiny_task, rm_server, second_rm, serve
     args = ",".join(f"'{a}'" for a in server_args)
     replicas = f"{{model:'{second_rm}',num_replicas:2,server_args:[{args}]}}"
     weights = ",".join(f"{name}:{weight}" for name, weight in ATTRIBUTES.items())
+    prm = f"server_url:'{family_servers['prm'].url}',failure_policy:mask,step_split:'{STEP_SPLIT}'"
     families = (f"{{name:attrs,server_url:'{family_servers['attrs'].url}',attributes:{{{weights}}}}},"
-                f"{{name:prm,server_url:'{family_servers['prm'].url}',step_reward:min,failure_policy:mask,"
-                f"step_format:tagged,normalize:false}}")
+                f"{{name:prm,{prm},step_reward:min}},{{name:prm_steps,{prm},step_reward:token}}")
     overrides = [
         f"+reward.reward_kwargs.reward_models=[{{name:helpful}},{{name:safety,whiten:running,replicas:{replicas}}},"
         f"{families}]",
         "+reward.reward_kwargs.attribute_alarms=[{watch:verbosity,against:helpfulness,reward_model:attrs}]",
-        f"+reward.reward_kwargs.routes=[{{data_source:'*',ensemble:mean_minus_std,uncertainty_penalty:{PENALTY}}}]",
+        f"+reward.reward_kwargs.routes=[{{data_source:{MATH_DAPO},reward_models:[prm_steps]}},"
+        f"{{data_source:'*',reward_models:[{','.join(MEMBERS)}],ensemble:mean_minus_std,"
+        f"uncertainty_penalty:{PENALTY}}}]",
         # one reward-loop worker: one whitening stream, which test_whitened_scores_replay_from_the_raw_ones replays
         "reward.num_workers=1",
     ]
     run = tiny_ppo(tmp_path_factory.mktemp("ppo_two_rms"), tiny_rm, tiny_task["policy"], rm_server.url, steps=2,
-                   validate=False, mode="colocate_async", extra_overrides=[*overrides, "trainer.save_freq=2"])
+                   validate=False, mode="colocate_async", math_dapo_every=2,
+                   extra_overrides=[*overrides, "trainer.save_freq=2"])
     deadline = time.monotonic() + 60  # each server notices its replica actor is gone within a second or two
     while server_processes(second_rm) and time.monotonic() < deadline:
         time.sleep(1)
@@ -97,19 +108,43 @@ def two_rm_run(tmp_path_factory, tiny_rm, tiny_task, rm_server, second_rm, serve
     return run
 
 
-def family_scores(url: str, sequences: list[list[int]]) -> list[dict]:
-    """Direct ``/score`` answers (raw) of a family server for these token ids."""
-    answer = requests.post(f"{url}/score", json={"input": sequences}, timeout=120)
+def family_scores(url: str, sequences: list[list[int]], normalize: bool = False) -> list[dict]:
+    """Direct ``/score`` answers of a family server for these token ids."""
+    answer = requests.post(f"{url}/score", json={"input": sequences, "normalize": normalize}, timeout=120)
     answer.raise_for_status()
     return answer.json()["data"]
+
+
+def is_math_dapo(row: dict) -> bool:
+    """A row of a math_dapo prompt (the PRM's token-level route): verl's DAPO scorer gives the tiny policy -1
+    (ppo_runs.expected_totals)."""
+    return row["verifiable_score"] == -1.0
+
+
+def ensemble_rows(work: Path, step: int) -> list[dict]:
+    return [row for row in read_dump(work, step) if not is_math_dapo(row)]
+
+
+def card_step_probabilities(url: str, tokenizer, row: dict) -> list[float]:
+    """Qwen2.5-Math-PRM's card on a dumped row: the system message, the question, then the response's steps (its
+    words) joined by the step tag with one more after the last as the assistant turn, rendered with the chat
+    template and encoded; P(positive) at each tag, from the server's own /score."""
+    question = re.search(r"What is \d+ \+ \d+\? Please compute the sum\.", row["input"]).group(0)
+    steps = [step for step in row["output"].split(STEP_SPLIT) if step.strip()]
+    if not steps:
+        return []
+    messages = [{"role": "system", "content": CARD_SYSTEM_PROMPT}, {"role": "user", "content": question},
+                {"role": "assistant", "content": STEP.join(steps) + STEP}]
+    ids = tokenizer.encode(tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=False))
+    return family_scores(url, [ids], normalize=True)[0]["step_scores"]
 
 
 def test_every_reward_is_the_ensemble_of_the_servers_direct_scores(two_rm_run, rm_server, second_rm, family_servers,
                                                                    tokenizer):
     """Each member's dumped score equals a direct score of a generation with the row's text: ``attrs`` the
-    weighted sum of its two named attributes (each dumped raw), ``prm`` the minimum of the response's step scores,
-    masked (never a number) exactly where the response has no step; the reward is the ensemble of the members
-    present (``safety`` whitened), plus the rules."""
+    weighted sum of its two named attributes (each dumped raw), ``prm`` the minimum of the card's step
+    probabilities for the response's words, masked (never a number) exactly where the response has no step; the
+    reward is the ensemble of the members present (``safety`` whitened), plus the rules."""
 
     from verl_vllm_rm.parity.reference import load_reward_model, sequence_scores
 
@@ -121,28 +156,24 @@ def test_every_reward_is_the_ensemble_of_the_servers_direct_scores(two_rm_run, r
                  *(item["attributes"][labels.index(a)] for a in ATTRIBUTES))
                 for item in family_scores(family_servers["attrs"].url, sequences)]
 
-    def prm(sequences):  # each candidate: the minimum step score, None without a step
-        return [min(item["step_scores"]) if item["step_scores"] else None
-                for item in family_scores(family_servers["prm"].url, sequences)]
-
     work = Path(two_rm_run["rollout_data_dir"]).parent
     gens = generations(work)
     checked, masked = 0, 0
     for step in (1, 2):
-        dump = read_dump(work, step)
-        assert len(dump) == 16
+        dump = ensemble_rows(work, step)
         direct = [expected_totals(dump, gens, tokenizer, scorer) for scorer in
-                  (rm_server.url, lambda seqs: sequence_scores(safety_model, seqs), attrs, prm)]
-        for (row, helpful, rules), (_, safety, _), (_, attributes, _), (_, steps, _) in zip(*direct):
+                  (rm_server.url, lambda seqs: sequence_scores(safety_model, seqs), attrs)]
+        for (row, helpful, rules), (_, safety, _), (_, attributes, _) in zip(*direct):
             assert min(abs(row["rm_score_helpful"] - c) for c in helpful) <= 1e-4
             assert min(abs(row["rm_score_safety"] - c) for c in safety) <= 1e-4
             dumped = (row["rm_score_attrs"], row["rm_attr_attrs_helpfulness"], row["rm_attr_attrs_verbosity"])
             assert min(max(abs(d - c) for d, c in zip(dumped, candidate)) for candidate in attributes) <= 1e-4
+            steps = card_step_probabilities(family_servers["prm"].url, tokenizer, row)
             if row["rm_valid_prm"] == 0.0:  # no step in the response: masked, never a number
-                assert row["rm_score_prm"] is None and None in steps
+                assert row["rm_score_prm"] is None and not steps
                 masked += 1
             else:
-                assert min(abs(row["rm_score_prm"] - c) for c in steps if c is not None) <= 1e-4
+                assert row["rm_score_prm"] == pytest.approx(min(steps), abs=1e-4)
             present = [row["rm_score_helpful"], row["rm_scaled_safety"], row["rm_score_attrs"]]
             present += [row["rm_score_prm"]] if row["rm_valid_prm"] == 1.0 else []
             std = float(np.std(present))  # population std of the members present
@@ -150,8 +181,54 @@ def test_every_reward_is_the_ensemble_of_the_servers_direct_scores(two_rm_run, r
             assert row["rm_score"] == pytest.approx(float(np.mean(present)) - PENALTY * std, abs=1e-5)
             assert row["score"] == pytest.approx(row["rm_score"] + rules, abs=1e-4)
             checked += 1
-    assert checked == 32 and masked < checked  # the PRM scored most responses (most end with end-of-text)
+    assert 0 < checked < 32 and masked < checked  # both routes had rows; the PRM scored most responses
     print(f"PRM steps: {checked - masked} of {checked} responses scored, {masked} masked (no step)")
+
+
+def test_token_level_rewards_verl_trained_on_sit_on_the_step_ending_tokens(two_rm_run, family_servers, tokenizer):
+    """The math_dapo route's PRM with ``step_reward=token`` in verl's agent loop (trainer mode
+    ``vllm_rm_colocate_async`` writes each response's per-token rewards into ``rm_scores``): the ``rm_scores`` verl
+    trained on (dumped as ``token_rewards``) hold, on the policy token whose text reaches the end of each step
+    (growing prefixes of the generated ids decoded here), the card's P(positive) for that step (rubric weight 1),
+    and the rules (DAPO's -1, the format reward) on the last token; nothing anywhere else. They sum to the row's
+    score; ``reward/token_rewards_placed`` is 1 at every step with such rows."""
+    from verl_vllm_rm.dev.tiny_ppo import FORM_PATTERN, FORM_WEIGHT
+
+    work = Path(two_rm_run["rollout_data_dir"]).parent
+    by_text: dict[tuple[str, str], list[list[int]]] = {}
+    for g in generations(work):
+        key = (tokenizer.decode(g["prompt_ids"], skip_special_tokens=True),
+               tokenizer.decode(g["response_ids"], skip_special_tokens=True))
+        by_text.setdefault(key, []).append(g["response_ids"])
+    metrics = dict(read_metrics(work))
+    checked, steps_placed = 0, 0
+    for step in (1, 2):
+        rows = [row for row in read_dump(work, step) if is_math_dapo(row)]
+        if rows:
+            assert metrics[step]["reward/token_rewards_placed"] == 1.0
+        for row in rows:
+            tokens, text = np.array(row["token_rewards"]), row["output"]
+            ids = next(ids for ids in by_text[(row["input"], text)] if len(ids) == len(tokens))
+            probabilities = card_step_probabilities(family_servers["prm"].url, tokenizer, row)
+            if not probabilities:  # no step text: masked, the reward 0.0 and no step anywhere
+                assert row["rm_valid"] == 0.0 and not tokens.any()
+                continue
+            ends, cursor = [], 0
+            for piece in (step for step in text.split(STEP_SPLIT) if step.strip()):
+                cursor = text.index(piece, cursor) + len(piece)
+                ends.append(cursor)
+            ending = [next(k for k in range(len(ids))
+                           if len(tokenizer.decode(ids[:k + 1], skip_special_tokens=True)) >= end) for end in ends]
+            expected = np.zeros(len(ids))
+            np.add.at(expected, ending, probabilities)
+            expected[-1] += -1.0 + FORM_WEIGHT * float(re.search(FORM_PATTERN, text, re.DOTALL) is not None)
+            assert np.allclose(tokens, expected, atol=1e-4), (row["output"], tokens.tolist(), expected.tolist())
+            assert row["rm_score"] == pytest.approx(sum(probabilities), abs=1e-4)
+            assert tokens.sum() == pytest.approx(row["score"], abs=1e-4)
+            checked += 1
+            steps_placed += len(ending)
+    assert checked > 0
+    print(f"token-level PRM: {checked} responses, {steps_placed} steps placed on their ending tokens")
 
 
 def whitening_order(pairs: list[tuple[float, float]]) -> list[int] | None:
@@ -185,26 +262,29 @@ def test_whitened_scores_replay_from_the_raw_ones(two_rm_run):
     checked against the replicas above): there is an order of the run's one whitening stream (one reward-loop
     worker, both steps) in which each equals its raw score whitened by the running moments up to it."""
     work = Path(two_rm_run["rollout_data_dir"]).parent
-    rows = [row for step in (1, 2) for row in read_dump(work, step)]
+    rows = [row for step in (1, 2) for row in ensemble_rows(work, step)]
     pairs = [(row["rm_score_safety"], row["rm_scaled_safety"]) for row in rows]
-    assert len(pairs) == 32 and all(w is not None for _, w in pairs)
+    assert pairs and all(w is not None for _, w in pairs)
     order = whitening_order(pairs)
     assert order is not None, f"no order of the stream whitens like the run (a second reward-loop worker?): {pairs}"
     assert pairs[order[0]][1] == pytest.approx(0.0, abs=1e-9)  # the first score whitens to 0
-    assert sorted(order) == list(range(32))
+    assert sorted(order) == list(range(len(pairs)))
 
 
 def test_per_rm_metrics_are_in_verls_logger(two_rm_run):
+    """Each column's metric is over the rows that have it: a member's columns are None on the other route's rows
+    (its ``rm_ensemble_std`` is 0.0 there: one RM)."""
     work = Path(two_rm_run["rollout_data_dir"]).parent
     metrics = dict(read_metrics(work))
     for step in (1, 2):
         dump = read_dump(work, step)
         for name in ("rm_score_helpful", "rm_score_safety", "rm_ensemble_std", "rm_score_attrs",
-                     "rm_attr_attrs_helpfulness", "rm_attr_attrs_verbosity"):
-            assert metrics[step][f"reward/{name}/mean"] == pytest.approx(np.mean([r[name] for r in dump]))
+                     "rm_attr_attrs_helpfulness", "rm_attr_attrs_verbosity", "rm_valid_prm"):
+            values = [r[name] for r in dump if r[name] is not None]
+            assert len(values) == (len(dump) if name == "rm_ensemble_std" else len(ensemble_rows(work, step)))
+            assert metrics[step][f"reward/{name}/mean"] == pytest.approx(np.mean(values))
         for name in MEMBERS[:3]:
             assert metrics[step][f"reward/rm_valid_{name}/mean"] == 1.0
-        assert metrics[step]["reward/rm_valid_prm/mean"] == pytest.approx(np.mean([r["rm_valid_prm"] for r in dump]))
 
 
 def test_the_attribute_alarm_is_in_verls_logger_from_the_runs_attributes(two_rm_run):
@@ -215,7 +295,7 @@ def test_the_attribute_alarm_is_in_verls_logger_from_the_runs_attributes(two_rm_
     key = "alarm/attribute_rise/attrs/verbosity_over_helpfulness"
 
     def column(step: int, attribute: str) -> np.ndarray:
-        return np.array([row[f"rm_attr_attrs_{attribute}"] for row in read_dump(work, step)])
+        return np.array([row[f"rm_attr_attrs_{attribute}"] for row in ensemble_rows(work, step)])
 
     rise = {a: (column(2, a).mean() - column(1, a).mean()) / column(1, a).std() for a in ("verbosity", "helpfulness")}
     assert metrics[1][key] == pytest.approx(0.0, abs=1e-9)
@@ -225,17 +305,17 @@ def test_the_attribute_alarm_is_in_verls_logger_from_the_runs_attributes(two_rm_
 def test_the_checkpoint_holds_the_whitened_rms_statistics(two_rm_run):
     """The trainer mode saves global_step_N/vllm_rm/whitening.json: the whitened RM's running statistics over every
     raw score so far (the unwhitened RM has none). In colocate_async the next batch is generated and scored while
-    step 2 trains, so the statistics hold the 32 trained-on scores and some of the batches generated ahead (the exact
-    statistics over the trained-on scores alone are checked in the sync run of test_tiny_ppo_online.py). One
+    step 2 trains, so the statistics hold the ensemble route's trained-on scores and some of the batches generated
+    ahead (the exact statistics over the trained-on scores alone are checked in the sync run of test_tiny_ppo_online.py). One
     reward-loop worker here; the merge over several is tested with real Ray workers in
     tests/plugin/test_whitening_checkpoint.py."""
     work = Path(two_rm_run["rollout_data_dir"]).parent
     saved = json.loads((work / "checkpoints" / "global_step_2" / "vllm_rm" / "whitening.json").read_text())
-    seen = np.array([row["rm_score_safety"] for step in (1, 2) for row in read_dump(work, step)], dtype=float)
+    seen = np.array([row["rm_score_safety"] for step in (1, 2) for row in ensemble_rows(work, step)], dtype=float)
     assert list(saved["reward_models"]) == ["safety"]
     state = saved["reward_models"]["safety"]
-    assert len(seen) == 32 and 32 <= state["count"] <= len(generations(work))
-    if state["count"] == 32:  # nothing of the next batch scored before the save
+    assert len(seen) <= state["count"] <= len(generations(work))
+    if state["count"] == len(seen):  # nothing of the next batch scored before the save
         assert state["mean"] == pytest.approx(seen.mean(), abs=1e-6)
         assert state["m2"] == pytest.approx(((seen - seen.mean()) ** 2).sum(), rel=1e-6)
     else:  # the extra scores only add spread: m2 over all is at least m2 over the trained-on ones
@@ -264,5 +344,6 @@ def test_both_managed_replicas_served_and_none_outlives_the_run(two_rm_run):
             assert m["requests"] == 0.0 or m["latency_ms"] > 0.0
     served = [sum(metrics[step][f"replicas/safety/{i}/inputs"] for step in (1, 2)) for i in (0, 1)]
     assert all(n > 0 for n in served), served
-    assert sum(served) >= 32  # every sample's safety score came from one of them (plus the health probes' none)
+    ensembled = sum(len(ensemble_rows(work, step)) for step in (1, 2))
+    assert sum(served) >= ensembled  # every such sample's safety score came from one of them (the probes' none)
     assert two_rm_run["replica_processes_after"] == [] and two_rm_run["orphaned_engines_after"] == []

@@ -115,3 +115,21 @@ def test_a_run_without_vllm_rm_is_named(queue):
     batch = put_trajectories(queue, {"r": [([1], [2], 1.0)]}, {"r": [{"acc": 1.0}]})
     with pytest.raises(ConfigError, match="reward.reward_manager.name=vllm_rm"):
         step_rewards(read_step(batch, STEP_FIELDS)[1])
+
+
+def test_token_rewards_are_written_into_rm_scores_where_they_fit(queue):
+    """``step_reward=token`` in the agent loop: each trajectory's ``token_rewards`` replace the scalar verl's agent
+    loop placed at its last token (here 10x the score), in TransferQueue; a list not as long as the trajectory's
+    ``rm_scores`` (a multi-output agent loop's earlier output) leaves verl's scalar, and the share placed is the
+    step's metric; a row without token rewards is left alone."""
+    from verl_vllm_rm.plugin.token_placement import PLACED_METRIC, place_token_rewards, placed_rewards
+
+    batch = put_trajectories(queue, {"t": [([1], [2, 3, 4], 0.7), ([1], [5, 6], 0.2)], "u": [([1], [7, 8], 0.5)]},
+                             {"t": [{"token_rewards": [0.25, 0.0, 0.45]}, {"token_rewards": [0.5, 0.0, 1.5]}],
+                              "u": [{"token_rewards": None}]})
+    assert place_token_rewards(batch) == {PLACED_METRIC: 0.5}
+    assert placed_rewards(batch.partition_id, batch.keys) == [
+        pytest.approx([0.25, 0.0, 0.45]), pytest.approx([0.0, 2.0]), pytest.approx([0.0, 5.0])]
+    untouched = put_trajectories(queue, {"v": [([1], [9], 0.5)]}, {"v": [{"rm_valid": 1.0}]})
+    assert place_token_rewards(untouched) == {}
+    assert placed_rewards(untouched.partition_id, untouched.keys) == [pytest.approx([5.0])]

@@ -3,6 +3,7 @@ on the step tags of the reward tensor; expected values from transformers' head a
 
 from __future__ import annotations
 
+import asyncio
 import math
 
 import numpy as np
@@ -22,8 +23,8 @@ VERIFIER = "from verl.utils.reward_score import default_compute_score as compute
 
 @pytest.fixture()
 def batch_path(tmp_path) -> list[str]:
-    """verl's batch reward path, the only one that places token-level rewards (see the manager's refusal); verl
-    then needs a custom reward function file (here: its own default verifier)."""
+    """verl's batch reward path, which places token-level rewards from the manager's reward tensor under any
+    trainer; verl then needs a custom reward function file (here: its own default verifier)."""
     verifier = tmp_path / "verifier.py"
     verifier.write_text(VERIFIER)
     return ["reward.reward_model.enable=True", "reward.reward_model.enable_resource_pool=False",
@@ -84,31 +85,73 @@ def test_scalar_step_rewards_equal_transformers_steps(load_manager, step_server,
     assert np.allclose(tensor.sum(1).numpy(), want, atol=1e-4) and torch.count_nonzero(tensor) == len(want)
 
 
+TOKEN_LEVEL = "+reward.reward_kwargs.rewards={components:[rubric,verifiable],weights:{rubric:0.5,verifiable:1.0}}"
+
+
+def expected_token_rewards(hf_model, groups, step_id) -> list[torch.Tensor]:
+    """rubric 0.5 + verifiable 1.0: each step's 0.5 x transformers' score on its tag, the verifier's 0/1 (a+b
+    right, a*b and a+b+1 wrong) at the last token; one tensor per response, as long as it."""
+    out = []
+    responses = [r for g in groups for r in g.response_ids]
+    for response, steps, correct in zip(responses, expected_steps(hf_model, groups, step_id), [1.0, 0.0, 0.0] * 2):
+        want = torch.zeros(len(response))
+        want[[p for p, t in enumerate(response) if t == step_id]] = 0.5 * torch.tensor(steps)
+        want[-1] += correct
+        out.append(want)
+    return out
+
+
 def test_token_level_step_rewards_sit_on_the_step_tags(load_manager, step_server, verl_config, tokenizer, hf_model,
                                                        step_groups, step_id, batch_path):
-    """rubric 0.5 + verifiable 1.0: each step's 0.5 x score on its tag, the verifier's 0/1 at the last token."""
-    mgr = load_manager(verl_config(step_server.url, "+reward.reward_kwargs.rewards={components:[rubric,verifiable],"
-                                   "weights:{rubric:0.5,verifiable:1.0}}", *batch_path, step_reward="token"), tokenizer)
-    data = build_batch(step_groups, tokenizer.pad_token_id)
-    out = mgr(data, return_dict=True)
-    steps = expected_steps(hf_model, step_groups, step_id)
-    correct = [1.0, 0.0, 0.0] * 2  # a+b, a*b, a+b+1
-    responses = [r for g in step_groups for r in g.response_ids]
+    mgr = load_manager(verl_config(step_server.url, TOKEN_LEVEL, *batch_path, step_reward="token"), tokenizer)
+    out = mgr(build_batch(step_groups, tokenizer.pad_token_id), return_dict=True)
     tensor = out["reward_tensor"]
-    for i, (response, s, c) in enumerate(zip(responses, steps, correct)):
-        want = torch.zeros(tensor.shape[1])
-        positions = [p for p, t in enumerate(response) if t == step_id]
-        want[positions] = 0.5 * torch.tensor(s)
-        want[len(response) - 1] += c
-        assert torch.allclose(tensor[i], want, atol=1e-4), i
+    for i, want in enumerate(expected_token_rewards(hf_model, step_groups, step_id)):
+        assert torch.allclose(tensor[i, :len(want)], want, atol=1e-4) and not tensor[i, len(want):].any(), i
     info = out["reward_extra_info"]
+    steps = expected_steps(hf_model, step_groups, step_id)
     assert np.allclose(info["rm_score"], [sum(s) for s in steps], atol=1e-4)
     assert np.allclose(info["score"], tensor.sum(1).numpy(), atol=1e-4)
+    assert "token_rewards" not in info  # the tensor carries them
 
 
-def test_token_level_is_refused_where_verl_keeps_only_a_scalar(load_manager, step_server, verl_config, tokenizer):
-    with pytest.raises(ConfigError, match=r"agent loop.*reward\.reward_model\.enable=True.*enable_resource_pool=False"):
-        load_manager(verl_config(step_server.url, step_reward="token"), tokenizer)
+def test_in_verls_agent_loop_a_training_row_carries_its_token_rewards(load_manager, step_server, verl_config,
+                                                                      tokenizer, hf_model, step_groups, step_id):
+    """Under the package's trainer mode, ``run_single`` (verl's agent loop) returns the total as the scalar verl
+    keeps, and the per-token rewards in ``token_rewards`` for the trainer mode to write into ``rm_scores`` (the
+    write itself: tests/dev/test_tiny_ppo_two_rms.py's main_ppo run); a validation row's reward is its sum alone."""
+    mgr = load_manager(verl_config(step_server.url, TOKEN_LEVEL, "trainer.v1.trainer_mode=vllm_rm",
+                                   step_reward="token", pairwise="never"), tokenizer)
+    data = build_batch(step_groups, tokenizer.pad_token_id)
+
+    async def each_row(validate: bool) -> list[dict]:
+        rows = [data[i:i + 1] for i in range(len(data))]
+        for row in rows:
+            row.meta_info["validate"] = validate
+        return await asyncio.gather(*(mgr.run_single(row) for row in rows))
+
+    wants = expected_token_rewards(hf_model, step_groups, step_id)
+    for result, want in zip(mgr.loop.run_until_complete(each_row(False)), wants):
+        tokens = result["reward_extra_info"]["token_rewards"]
+        assert len(tokens) == len(want) and np.allclose(tokens, want.numpy(), atol=1e-4)
+        assert result["reward_score"] == pytest.approx(float(want.sum()), abs=1e-4)
+        assert result["reward_score"] == result["reward_extra_info"]["score"]
+    for result, want in zip(mgr.loop.run_until_complete(each_row(True)), wants):
+        assert result["reward_extra_info"]["token_rewards"] is None
+        assert result["reward_score"] == pytest.approx(float(want.sum()), abs=1e-4)
+
+
+@pytest.mark.parametrize(("overrides", "trainer"), [
+    ((), "trainer.v1.trainer_mode=sync"), (("trainer.use_v1=False",), "the legacy trainer")])
+def test_token_level_is_refused_under_a_trainer_that_keeps_only_the_scalar(load_manager, step_server, verl_config,
+                                                                           tokenizer, overrides, trainer):
+    with pytest.raises(ConfigError) as refused:
+        load_manager(verl_config(step_server.url, *overrides, step_reward="token"), tokenizer)
+    assert str(refused.value) == (
+        f"reward model(s) ['rm'] have step_reward=token, and this run's trainer ({trainer}) keeps only the scalar "
+        "verl's agent loop places at the last token, so the step rewards would be dropped: select this package's "
+        "trainer mode, trainer.v1.trainer_mode=vllm_rm (or vllm_rm_colocate_async, vllm_rm_separate_async; "
+        "trainer.use_v1=True), which places them, or use a scalar step_reward (min, last, mean, prod)")
 
 
 def test_a_response_without_steps_is_never_a_number(load_manager, step_server, verl_config, tokenizer, step_groups):

@@ -82,11 +82,6 @@ def test_the_rms_system_prompt_replaces_the_chats_own_and_leaves_the_rest():
                                   "mean, prod, token) or drop them"),
     ({"step_reward": "min", "step_split": ""}, "reward model 'rm': step_split is empty: give the text that ends a "
                                                "step (e.g. a blank line)"),
-    ({"step_reward": "token", "step_format": "math_shepherd"},
-     "reward model 'rm': step_reward=token puts each step's score on the policy token that ends the step, and with "
-     "step_format=math_shepherd the step tags are inserted into the RM's input, so no policy token carries them "
-     "(mapping a step back to the policy's tokens is not built yet): use a scalar step_reward (min, last, mean, "
-     "prod), or step_format=tagged with a policy that writes the step tag"),
     ({"system_prompt": "Be brief."}, "reward model 'rm': system_prompt goes into a conversation rendered with the "
                                      "RM's chat template, and this RM reads the policy's own ids "
                                      "(input_format=token_ids): set input_format=chat_template (with "

@@ -298,6 +298,7 @@ def test_internlm2_reward_is_scored_as_its_card_scores_a_conversation(served):
     served_scores = [d["score"] for d in requests.post(f"{served.url}/score", json={
         "input": [rendered, [*rendered, token_id]]}, timeout=60).json()["data"]]
     assert served_scores == pytest.approx([card, card], abs=TOL)
+    print(f"PARITY internlm2_rm card: max |server - card| = {max(abs(v - card) for v in served_scores):.2e}")
     assert abs(served_scores[0] - one_token_early) > 100 * TOL  # a reading one token early is told apart
     longest = health["max_model_len"] - 1  # what the client fits to (protocol.score.longest_input)
     assert requests.post(f"{served.url}/score", json={"input": [[5] * longest]}, timeout=60).status_code == 200
@@ -313,7 +314,8 @@ def test_plain_text_steps_reach_a_qwen_prm_as_its_card_writes_them(served, load_
     by the tag with one more after the last as the assistant's turn, rendered with the chat template and encoded;
     P(positive) = softmax(head)[1] at each tag. A policy on a tokenizer of its own writes its steps as plain text
     split by blank lines; ``vllm_rm`` with ``step_reward=min`` and the RM's tokenizer gives the card's minimum, and
-    with ``system_prompt`` the card's number for that system message. A response with no step text is an error
+    with ``system_prompt`` the card's number for that system message; ``step_reward=token`` puts each step's number
+    on the policy token that ends the step. A response with no step text is an error
     under ``failure_policy=raise``, masked under ``mask``: never a number. The other families: ``/health`` names
     the step tag exactly where the server reads steps."""
     from verl_vllm_rm.dev.grpo_batch import Group, build_batch
@@ -346,6 +348,7 @@ def test_plain_text_steps_reach_a_qwen_prm_as_its_card_writes_them(served, load_
     batch = build_batch([Group(policy(question).input_ids, [policy(r).input_ids for r in responses],
                                ground_truth="7", data_source="openai/gsm8k")], policy.pad_token_id)
     rm_tokenizer_path = f"'{served.model_dir}'"
+    batch_path = ("reward.reward_model.enable=True", "reward.reward_model.enable_resource_pool=False")  # for token
     masked = load_manager(verl_config(served.url, step_reward="min", failure_policy="mask",
                                       rm_tokenizer_path=rm_tokenizer_path), policy)
     info = masked(batch, return_dict=True)["reward_extra_info"]
@@ -363,6 +366,21 @@ def test_plain_text_steps_reach_a_qwen_prm_as_its_card_writes_them(served, load_
     assert str(refused.value) == ("reward model 'rm' (step_format=qwen_prm): the response has no step text (it is "
                                   "empty or only '\\n\\n'), so it has no process reward; failure_policy=mask masks "
                                   "such samples")
+    # step_reward=token (verl's batch path): each step's P(positive), x the rubric weight, on the policy token whose
+    # text reaches the step's end (growing prefixes decoded here); no other component, so nothing else is placed
+    token_level = load_manager(verl_config(served.url, "+reward.reward_kwargs.rewards={components:[rubric],"
+                                           "weights:{rubric:0.5}}", *batch_path, step_reward="token",
+                                           failure_policy="mask", rm_tokenizer_path=rm_tokenizer_path), policy)
+    placed = token_level(batch, return_dict=True)["reward_tensor"][0]
+    ids, text = policy("\n\n".join(steps)).input_ids, "\n\n".join(steps)
+    step_ends = [text.index(step) + len(step) for step in steps]
+    ending = [next(k for k in range(len(ids)) if len(policy.decode(ids[:k + 1], skip_special_tokens=True)) >= end)
+              for end in step_ends]
+    assert len(set(ending)) == 3 and all(steps[i][-1] in policy.decode([ids[k]]) for i, k in enumerate(ending))
+    assert torch.nonzero(placed).flatten().tolist() == ending
+    assert placed[ending].tolist() == pytest.approx([0.5 * p for p in published], abs=TOL)
+    print(f"PARITY qwen2_prm card: |vllm_rm min - card| = {abs(info['rm_score'][0] - min(published)):.2e}, max "
+          f"|vllm_rm token - card| = {max(abs(v / 0.5 - p) for v, p in zip(placed[ending].tolist(), published)):.2e}")
     # the policy writes the tag's characters as text (ids of its pieces, not its special token): a step holds it
     spelled = policy(f"a {STEP[:3]}").input_ids + policy(f"{STEP[3:]} b\n\nc").input_ids
     assert STEP in policy.decode(spelled, skip_special_tokens=True)
@@ -386,11 +404,9 @@ def test_plain_text_steps_reach_a_qwen_prm_as_its_card_writes_them(served, load_
          f"{where.format('tagged')}: system_prompt goes into a conversation rendered with the RM's chat template, and "
          "this RM reads the response as it is: drop system_prompt, or set step_format=qwen_prm or "
          "input_format=chat_template"),
-        (dict(step_reward="token"), StepRewardError, "step_format=qwen_prm the step tags are inserted"),
     ]
-    batch_path = ("reward.reward_model.enable=True", "reward.reward_model.enable_resource_pool=False")  # for token
     for options, error, message in refusals:
-        manager = load_manager(verl_config(served.url, *batch_path, **{
+        manager = load_manager(verl_config(served.url, **{
             "step_reward": "min", "rm_tokenizer_path": rm_tokenizer_path, **options}), policy)
         with pytest.raises(error) as refused:
             manager(batch, return_dict=True)

@@ -28,12 +28,13 @@ from verl.utils import tensordict_utils as tu
 from verl.utils.debug import marked_timer
 
 from verl_vllm_rm.monitor.alarms import warnings
-from verl_vllm_rm.extra_info import RM_VALID
+from verl_vllm_rm.extra_info import RM_VALID, TOKEN_REWARDS
 from verl_vllm_rm.monitor.metrics import StepRewards, attribute_rises, step_metrics
 from verl_vllm_rm.options import ConfigError
 from verl_vllm_rm.replicas.fleet import FleetReadings
 from verl_vllm_rm.rows import VALIDATION_FIELD
 from verl_vllm_rm.scoring.options import run_options
+from verl_vllm_rm.plugin.token_placement import place_token_rewards, placed_rewards
 from verl_vllm_rm.plugin.whitening_checkpoint import WhiteningCheckpoint, whitening_keys
 
 logger = logging.getLogger(__name__)
@@ -130,6 +131,9 @@ class RewardMetrics:
     base_mode = "sync"
     #: where in each ``global_step_N`` folder this trainer keeps its state (the whitening statistics)
     state_dir = "vllm_rm"
+    #: it writes ``step_reward=token``'s per-token rewards into ``rm_scores`` (the reward manager reads this
+    #: through verl's trainer registry, and refuses token-level rewards under a trainer without it)
+    places_token_rewards = True
 
     # verl picks the replay buffer, prompt refill, checkpoint contents and the
     # ``trainer.v1.<mode>`` options by ``self.trainer_mode``: the base trainer's mode.
@@ -155,7 +159,8 @@ class RewardMetrics:
         self.attribute_rises = attribute_rises(options.attribute_alarms if options is not None else ())
         self.step_rewards: tuple[list[str], StepRewards] | None = None
         self.step_data: dict[str, Any] = {}  # the last step's trajectories, as read_step gave them
-        self._dumping_rollouts = False
+        self.token_level = any(o.step_reward == "token" for o in reward_models)
+        self._dumping_rollouts: KVBatchMeta | None = None  # the batch whose rollouts verl is dumping
 
     def step_fields(self) -> list[str]:
         """The fields of each trajectory this trainer reads after a step (a subclass adds its own: one read)."""
@@ -174,6 +179,13 @@ class RewardMetrics:
     def fit(self, agent_loop_manager):
         return super().fit(ValidationTagging(agent_loop_manager))
 
+    # verl's _step_once computes every training batch's advantage from rm_scores, here: each step's reward is put
+    # on its token first (token_placement)
+    def _compute_advantage(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
+        if self.token_level:
+            metrics.update(place_token_rewards(batch))
+        return super()._compute_advantage(batch, metrics)
+
     def _save_checkpoint(self):
         if self.whitening is not None:
             self.whitening.save(os.path.join(step_folder(self.config, self.global_steps), self.state_dir))
@@ -188,15 +200,18 @@ class RewardMetrics:
     # verl's rollout dump keeps only the text, the total score and the trajectory key: while verl writes
     # it, each row also gets this step's reward components (matched by the key verl passes as "uid").
     def _log_rollout_data(self, batch, timing_raw, rollout_data_dir):
-        self._dumping_rollouts = True
+        self._dumping_rollouts = batch
         try:
             return super()._log_rollout_data(batch, timing_raw, rollout_data_dir)
         finally:
-            self._dumping_rollouts = False
+            self._dumping_rollouts = None
 
     def _dump_generations(self, inputs, outputs, gts, scores, reward_extra_infos_dict, dump_path):
-        if self._dumping_rollouts and self.step_rewards is not None:
+        if self._dumping_rollouts is not None and self.step_rewards is not None:
             keys, rewards = self.step_rewards
-            reward_extra_infos_dict = {**dump_columns(list(reward_extra_infos_dict["uid"]), keys, rewards),
-                                       **reward_extra_infos_dict}
+            dump_keys = list(reward_extra_infos_dict["uid"])
+            columns = dump_columns(dump_keys, keys, rewards)
+            if self.token_level:  # the per-token rewards verl trained on
+                columns[TOKEN_REWARDS] = placed_rewards(self._dumping_rollouts.partition_id, dump_keys)
+            reward_extra_infos_dict = {**columns, **reward_extra_infos_dict}
         return super()._dump_generations(inputs, outputs, gts, scores, reward_extra_infos_dict, dump_path)

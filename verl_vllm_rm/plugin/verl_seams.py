@@ -118,6 +118,7 @@ RAY = "verl.single_controller.ray.base"
 METRICS_MODES = "plugin/trainer_modes.py"
 ONLINE_MODE = "plugin/online_mode.py"
 STALENESS = "plugin/rm_staleness.py"
+TOKEN_PLACEMENT = "plugin/token_placement.py"
 RM_ENGINE = "online/engine.py"
 RM_WORKER = "online/worker.py"
 RM_DRIVER = "online/driver.py"
@@ -152,6 +153,14 @@ SEAMS: tuple[Seam, ...] = (
              Uses(("step", "_save_checkpoint", "on_step_end", "_consume_sync_metrics", "_log_rollout_data")),
              used_by=(METRICS_MODES,)),
     _trainer("on_step_end", Takes(), used_by=(ONLINE_MODE,)),
+    # step_reward=token: every training batch's advantage is computed from rm_scores, which the trainer modes
+    # rewrite first; the agent loop places the manager's scalar at the last token of each output's rm_scores
+    _trainer("_step_once", Takes(("metrics", "timing_raw", "sample_batch_size")), Uses(("_compute_advantage",)),
+             used_by=(METRICS_MODES,)),
+    _trainer("_compute_advantage", Takes(("batch", "metrics")), Uses(("rm_scores",)), used_by=(METRICS_MODES,)),
+    Seam("verl.experimental.agent_loop.agent_loop", "AgentLoopOutput", "as_dict", (Uses(("reward_score",
+                                                                                         "rm_scores")),),
+         (TOKEN_PLACEMENT,)),
     # validation generates through the agent-loop manager fit was given (ValidationTagging wraps it)
     _trainer("_validate", Takes(), Uses(("agent_loop_manager", "generate_sequences")), used_by=(METRICS_MODES,)),
     _trainer("get_reward_handles", Takes(), used_by=(METRICS_MODES,)),

@@ -3,7 +3,7 @@
 A server started with ``--step-tag-id`` returns, per input, the score at every position
 holding that token. ``aggregate_steps`` turns a response's steps into one scalar;
 ``token_rewards`` spreads a composed reward over the response so that each step's score
-lands on its step tag (token-level rewards, summing to the composed total).
+lands on the token that ends the step (token-level rewards, summing to the composed total).
 """
 
 from __future__ import annotations
@@ -46,16 +46,14 @@ def response_steps(steps: Sequence[float], rm_ids: Sequence[int], prompt_len: in
     return list(steps[in_prompt:])
 
 
-def token_rewards(response_ids: Sequence[int], step_tag_id: int, steps: Sequence[float], coef: float,
+def token_rewards(length: int, positions: Sequence[int], steps: Sequence[float], coef: float,
                   rest: float) -> list[float]:
-    """Per-token rewards of one response: ``coef * step_i`` at the i-th step tag and ``rest`` at the last token.
-    With the composed reward linear in the RM component ``r`` (``total(r) = rest + coef * r``) they sum to
-    ``total(sum(steps))``."""
-    positions = np.flatnonzero(np.asarray(response_ids) == step_tag_id).tolist()
+    """Per-token rewards of a response of ``length`` tokens: ``coef * step_i`` on the token that ends step ``i``
+    (``positions[i]``; a token ending two steps holds both) and ``rest`` on the last token. With the composed
+    reward linear in the RM component ``r`` (``total(r) = rest + coef * r``) they sum to ``total(sum(steps))``."""
     if len(positions) != len(steps):
-        raise ValueError(f"{len(steps)} step scores for {len(positions)} step tags ({step_tag_id}) in the response")
-    out = [0.0] * len(response_ids)
-    for position, step in zip(positions, steps):
-        out[position] += coef * step
+        raise ValueError(f"{len(steps)} step scores for {len(positions)} step-ending tokens in the response")
+    out = np.zeros(length)
+    np.add.at(out, np.asarray(positions, dtype=np.int64), coef * np.asarray(steps, dtype=np.float64))
     out[-1] += rest
-    return out
+    return out.tolist()

@@ -24,7 +24,7 @@ from verl_vllm_rm.rewards.ensemble import EnsembleMethod
 from verl_vllm_rm.rewards.steps import SCALAR_STEP_REWARDS, StepReward
 from verl_vllm_rm.rows import validate_reference_source
 from verl_vllm_rm.scoring.rm_inputs import check_rubric_template
-from verl_vllm_rm.scoring.step_format import CARD_STEP_FORMATS, StepFormat, token_level_needs_tags
+from verl_vllm_rm.scoring.step_format import StepFormat
 
 __all__ = ["ConfigError", "ManagerOptions", "RewardModelOptions", "RouteOptions", "parse_options"]
 
@@ -80,7 +80,7 @@ class RewardModelOptions:
     the ensemble."""
     step_reward: StepReward = "none"
     """Process rewards from a server started with ``--step-tag-id``: ``min``, ``last``, ``mean`` of the step scores,
-    ``prod`` of their sigmoids, or ``token`` (each step's score on its step tag)."""
+    ``prod`` of their sigmoids, or ``token`` (each step's score on the policy token that ends it)."""
     step_format: StepFormat = "auto"
     """How the response's steps reach a process RM: ``qwen_prm`` (steps joined by the step tag, one more after the
     last, in the RM's chat template after a system message and the question), ``math_shepherd`` (question, then one
@@ -140,8 +140,6 @@ class RewardModelOptions:
                              "token) or drop them")
         if self.step_split == "":
             raise ValueError(f"{where}: step_split is empty: give the text that ends a step (e.g. a blank line)")
-        if self.step_reward == "token" and self.step_format in CARD_STEP_FORMATS:
-            raise ValueError(token_level_needs_tags(self.name, self.step_format))
         if self.system_prompt is not None and self.input_format != "chat_template" and self.step_reward == "none":
             raise ValueError(f"{where}: system_prompt goes into a conversation rendered with the RM's chat template, "
                              "and this RM reads the policy's own ids (input_format=token_ids): set "

@@ -24,14 +24,15 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from verl_vllm_rm.extra_info import SCORE
+from verl_vllm_rm.extra_info import SCORE, TOKEN_REWARDS
 from verl_vllm_rm.rewards.steps import token_rewards
 from verl_vllm_rm.rows import Sample
 from verl_vllm_rm.scoring.examiner import Examiner
 from verl_vllm_rm.scoring.routing import Route, Router
 from verl_vllm_rm.scoring.scorer import Batch, Scorer
 
-Result = dict[str, Any]  # {"reward_score": float | list[float] (token-level), "reward_extra_info": {column: value}}
+#: {"reward_score": float | list[float] (token-level, batch call), "reward_extra_info": {column: value}}
+Result = dict[str, Any]
 
 
 class ScoringPipeline:
@@ -43,6 +44,8 @@ class ScoringPipeline:
             # internal: the scorers refuse the clashing names users choose; this stops a new scorer whose columns clash
             raise RuntimeError(f"two reward sources both write the reward_extra_info columns {clashes}")
         self.failed = 0  # rows masked (their reward 0.0)
+        #: a route gives token-level step rewards (``step_reward=token``)
+        self.token_level = any(route.token_level for route in router.routes)
 
     async def score(self, samples: Sequence[Sample | Exception], *, batch_call: bool) -> list[Result | Exception]:
         """Each row's result or its own error (``samples`` may hold a row's read error in its place).
@@ -107,6 +110,12 @@ class ScoringPipeline:
             except Exception as e:
                 results.append(e)
                 continue
+            if self.token_level and not batch.batch_call:
+                # verl's agent loop keeps one scalar: the trainer mode places a training row's tokens before the
+                # advantage (validation reads the sum alone)
+                placed = isinstance(reward, list) and not sample.validate
+                info[TOKEN_REWARDS] = reward if placed else None
+                reward = info[SCORE]
             self.examiner.maybe_print(sample, info)
             results.append({"reward_score": reward, "reward_extra_info": info})
         self.failed += int(np.count_nonzero(masked & np.array([e is None for e in errors])))
@@ -126,14 +135,15 @@ class ScoringPipeline:
 
     @staticmethod
     def _token_rewards(sample: Sample, route: Route, components: dict[str, np.ndarray], row: int,
-                       steps: tuple[list[float], int]) -> list[float]:
+                       steps: tuple[list[float], list[int]]) -> list[float]:
         """Token-level step rewards: the composed reward is linear in the RM component, so each step's score
-        lands on its step tag with the weight the composition gives the RM, and the rest on the last token."""
+        lands on the token that ends the step with the weight the composition gives the RM, and the rest on the
+        last token."""
         at = {name: column[row:row + 1] for name, column in components.items()}
         rest = float(route.composition.total({**at, "rubric": np.zeros(1)})[0])
         coef = float(route.composition.total({**at, "rubric": np.ones(1)})[0]) - rest
-        scores, step_tag_id = steps
-        return token_rewards(sample.response_ids, step_tag_id, scores, coef, rest)
+        scores, positions = steps
+        return token_rewards(len(sample.response_ids), positions, scores, coef, rest)
 
     def _texts(self, samples: list[Sample], routes: list[Route]) -> list[str]:
         """The decoded response of each row whose composition reads text ("" for the others)."""

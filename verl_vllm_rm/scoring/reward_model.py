@@ -14,6 +14,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+import numpy as np
+
 from verl_vllm_rm.protocol.model_shape import STEP_KINDS, HeadKind, ModelShape
 from verl_vllm_rm.protocol.score import longest_input
 from verl_vllm_rm.rewards.ensemble import RunningWhitening
@@ -26,7 +28,7 @@ from verl_vllm_rm.scoring.options import ConfigError, RewardModelOptions, attrib
 from verl_vllm_rm.scoring.pairwise import ReferenceCache
 from verl_vllm_rm.scoring.rm_inputs import RMInput, chat_template_ids, rubric_template_ids
 from verl_vllm_rm.scoring.step_format import (CARD_STEP_FORMATS, DEFAULT_STEP_SPLIT, math_shepherd_ids, qwen_prm_ids,
-                                              resolve_step_format, split_steps, token_level_needs_tags,
+                                              resolve_step_format, split_steps, step_end_tokens, step_spans,
                                               with_system_prompt)
 
 
@@ -256,8 +258,6 @@ class RewardModel:
                                   "template, and this RM reads the response as it is: drop system_prompt, or set "
                                   "step_format=qwen_prm or input_format=chat_template")
             return
-        if opts.step_reward == "token":
-            raise StepRewardError(token_level_needs_tags(self.name, self.step_format))
         if self.step_format == "math_shepherd" and opts.system_prompt is not None:
             raise ConfigError(f"{where}: Math-Shepherd's input is the question and the steps, with no chat template "
                               "to hold a system_prompt: drop system_prompt, or use step_format=qwen_prm")
@@ -271,9 +271,23 @@ class RewardModel:
                                   "this version's server (python -m verl_vllm_rm.server), or set step_format=tagged")
         self.step_tag = step_tag["token"]
 
+    @property
+    def step_split(self) -> str:
+        """Where a card format's steps end in the response text (the option, else the card's)."""
+        return self.options.step_split or DEFAULT_STEP_SPLIT[self.step_format]
+
+    def step_token_positions(self, response_ids: Sequence[int]) -> list[int]:
+        """The index of the policy token that ends each of the response's steps (``step_reward=token``): its step
+        tags as they are (``tagged``), else the token whose text reaches the end of each step of the decoded
+        response (a card format: the steps travel as text, so the RM's tokenizer need not be the policy's)."""
+        if self.step_format not in CARD_STEP_FORMATS:
+            return np.flatnonzero(np.asarray(response_ids) == self.step_tag_id).tolist()
+        text = self.tokenizer.decode(response_ids, skip_special_tokens=True)
+        return step_end_tokens(self.tokenizer, response_ids, [end for _, end in step_spans(text, self.step_split)])
+
     def card_step_ids(self, sample: Sample, response_text: str) -> tuple[list[int], list[int]]:
         """(prompt part, response part) ids of the question and the response's steps in the card's format."""
-        split = self.options.step_split or DEFAULT_STEP_SPLIT[self.step_format]
+        split = self.step_split
         steps = split_steps(response_text, split)
         where = f"reward model {self.name!r} (step_format={self.step_format})"
         if not steps:
@@ -318,18 +332,41 @@ class RewardModel:
         await self.client.close()
 
 
+#: the class attribute by which a verl trainer says it places ``step_reward=token``'s per-token rewards (the
+#: package's trainer modes, :class:`~verl_vllm_rm.plugin.trainer_modes.RewardMetrics`)
+PLACES_TOKEN_REWARDS = "places_token_rewards"
+
+
 def refuse_token_level_when_streaming(config: Any, rm_options: Sequence[RewardModelOptions]) -> None:
     """verl's agent loop scores each trajectory as it finishes and keeps one scalar at its last token: token-level
-    step rewards reach the reward tensor only through verl's batch path, which verl 0.9.1 takes only when its own
-    reward model is enabled on the training resources."""
+    step rewards reach the reward tensor through this package's trainer modes (which place each response's
+    ``token_rewards`` before the advantage), or through verl's batch path, which verl 0.9.1 takes only when its
+    own reward model is enabled on the training resources. A trainer that cannot place them is refused here,
+    before any step: it would train on the scalar alone."""
     token_level = [o.name for o in rm_options if o.step_reward == "token"]
     reward = config.get("reward", {}) if config is not None else {}
     rm_cfg = reward.get("reward_model", {}) or {}
     streaming = not rm_cfg.get("enable", False) or rm_cfg.get("enable_resource_pool", False)
-    if token_level and streaming:
-        raise ConfigError(
-            f"reward model(s) {token_level} have step_reward=token, but this run scores in verl's agent loop, which "
-            "keeps only a scalar at the last token and would drop the step rewards: use a scalar step_reward "
-            "(min, last, mean, prod), or take verl's batch reward path with reward.reward_model.enable=True, "
-            "reward.reward_model.enable_resource_pool=False and reward.custom_reward_function.path set (verl then "
-            "calls this manager and places its token rewards; it also starts its own reward_model replicas)")
+    if not token_level or not streaming:
+        return
+    trainer = config.get("trainer", {}) or {}
+    mode = (trainer.get("v1", {}) or {}).get("trainer_mode", "sync") if trainer.get("use_v1", True) else None
+    if mode is not None and getattr(trainer_class(mode), PLACES_TOKEN_REWARDS, False):
+        return
+    raise ConfigError(
+        f"reward model(s) {token_level} have step_reward=token, and this run's trainer "
+        f"({'the legacy trainer' if mode is None else f'trainer.v1.trainer_mode={mode}'}) keeps only the scalar "
+        "verl's agent loop places at the last token, so the step rewards would be dropped: select this package's "
+        "trainer mode, trainer.v1.trainer_mode=vllm_rm (or vllm_rm_colocate_async, vllm_rm_separate_async; "
+        "trainer.use_v1=True), which places them, or use a scalar step_reward (min, last, mean, prod)")
+
+
+def trainer_class(mode: str) -> type | None:
+    """The trainer class verl's registry holds for ``trainer.v1.trainer_mode`` (None: none; verl refuses the
+    name itself)."""
+    from verl.trainer.ppo.v1 import get_trainer_cls
+
+    try:
+        return get_trainer_cls(mode)
+    except ValueError:
+        return None

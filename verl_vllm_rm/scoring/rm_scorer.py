@@ -195,9 +195,10 @@ class RewardModelScorer:
             out.columns[key][a.row] = value
         out.components["rubric"][a.row] = info[RM_SCORE]
         out.masked[a.row] = not info[RM_VALID]
-        if route.token_level and info[RM_VALID]:  # each step's share of the reward on its step tag
+        if route.token_level and info[RM_VALID]:  # each step's share of the reward on the token ending the step
             rm, (scored, _) = route.members[0], answers[0]
-            out.token_steps[a.row] = (rm.response_steps(scored, a.inputs[0]), rm.step_tag_id)
+            out.token_steps[a.row] = (rm.response_steps(scored, a.inputs[0]),
+                                      rm.step_token_positions(sample.response_ids))
 
     async def _abandon(self, asked: list[_Asked]) -> None:
         pending = [f for a in asked for f in (*a.answers, a.references) if f is not None]

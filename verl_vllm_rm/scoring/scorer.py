@@ -44,14 +44,15 @@ class Scores:
     components it gives the composition (``rubric``, ``judge``, ``format``, ...), a float per row (NaN: none).
     ``masked``: the rows whose reward it masks (a failure under ``failure_policy=mask``: their reward is 0.0,
     never a number made up). ``errors``: each row's own error (None: scored); an erred row gets no reward.
-    ``token_steps``: token-level step rewards by row (its response's step scores and the step tag's id).
+    ``token_steps``: token-level step rewards by row (its response's step scores and the index of the policy token
+    ending each step).
     """
 
     columns: dict[str, list[Any]]
     components: dict[str, np.ndarray] = field(default_factory=dict)
     masked: np.ndarray | None = None
     errors: list[BaseException | None] | None = None
-    token_steps: dict[int, tuple[list[float], int]] = field(default_factory=dict)
+    token_steps: dict[int, tuple[list[float], list[int]]] = field(default_factory=dict)
 
     def fail(self, row: int, error: Exception, *, stop: bool) -> None:
         """``row``'s own error; with ``stop`` (:attr:`Batch.batch_call`) the whole batch's, raised at once."""

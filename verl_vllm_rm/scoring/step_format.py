@@ -39,15 +39,6 @@ def resolve_step_format(option: str, shape: ModelShape | None) -> str:
     return FORMAT_OF_KIND.get(shape.kind, "tagged") if shape is not None else "tagged"
 
 
-def token_level_needs_tags(rm_name: str, step_format: str) -> str:
-    """Why ``step_reward=token`` is refused with a format that inserts the tags: its steps are not tokens of the
-    policy's response."""
-    return (f"reward model {rm_name!r}: step_reward=token puts each step's score on the policy token that ends the "
-            f"step, and with step_format={step_format} the step tags are inserted into the RM's input, so no policy "
-            "token carries them (mapping a step back to the policy's tokens is not built yet): use a scalar "
-            "step_reward (min, last, mean, prod), or step_format=tagged with a policy that writes the step tag")
-
-
 def step_spans(text: str, step_split: str) -> list[tuple[int, int]]:
     """``(start, end)`` character offsets in ``text`` of each step: ``text`` split at ``step_split``, steps of
     whitespace only dropped."""
