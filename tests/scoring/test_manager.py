@@ -77,6 +77,37 @@ def test_the_batch_call_sends_its_samples_at_once_not_after_the_coalescing_windo
     assert [r["path"] for r in fault_proxy.requests] == ["/score"] and mgr.rm.batcher.requests_sent == 1
 
 
+@pytest.mark.timeout(120)
+def test_rows_verl_hands_over_together_are_sent_at_once_and_a_lone_row_waits_for_the_window(
+        load_manager, fault_proxy, verl_config, tokenizer, hf_model, grpo_groups):
+    """verl's reward loop hands every row of a batch to ``run_single`` in one event-loop iteration: the row queue
+    gathers them, and the set is sent then, not after the coalescing window (an hour here: without the flush this
+    test would time out). A row that arrives alone still waits for the window, so two lone rows of consecutive
+    iterations go out in one request."""
+    import asyncio
+
+    data = build_batch(grpo_groups, tokenizer.pad_token_id)
+    together = load_manager(verl_config(fault_proxy.url, coalesce_ms=3_600_000, max_length=512), tokenizer)
+
+    async def all_rows():
+        return await asyncio.gather(*(together.run_single(data[i:i + 1]) for i in range(len(data))))
+
+    outs = together.loop.run_until_complete(all_rows())
+    assert np.allclose([o["reward_score"] for o in outs], expected_scores(hf_model, grpo_groups), atol=1e-4)
+    assert together.rm.batcher.requests_sent == 1
+    alone = load_manager(verl_config(fault_proxy.url, coalesce_ms=500, max_length=512), tokenizer)
+
+    async def two_lone_rows():
+        first = asyncio.ensure_future(alone.run_single(data[0:1]))
+        for _ in range(3):  # the first row's set is drained and queued in the batcher before the second arrives
+            await asyncio.sleep(0)
+        return await asyncio.gather(first, alone.run_single(data[1:2]))
+
+    outs = alone.loop.run_until_complete(two_lone_rows())
+    assert np.allclose([o["reward_score"] for o in outs], expected_scores(hf_model, grpo_groups)[:2], atol=1e-4)
+    assert alone.rm.batcher.requests_sent == 1
+
+
 @pytest.mark.parametrize("mode", ["add", "multiply", "weighted"])
 def test_combination_with_verifiable_reward(load_manager, rm_server, verl_config, tokenizer, hf_model, grpo_groups, mode):
     mgr = load_manager(verl_config(rm_server.url, combine=mode, alpha=0.25), tokenizer)

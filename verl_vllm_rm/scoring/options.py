@@ -221,7 +221,8 @@ class ManagerOptions:
     alpha: float = 0.5
     """``combine=weighted``: ``alpha * rm + (1 - alpha) * verifiable``."""
     coalesce_ms: float = 5.0
-    """How long per-sample calls (``run_single``) arriving over time are collected into one grouped request."""
+    """How long per-sample calls (``run_single``) arriving one at a time are collected into one grouped request
+    (rows verl hands over together, in one event-loop iteration, are sent at once)."""
     num_examine: int = 1
     """Samples printed per data source (prompt, response, every component)."""
     rewards: RewardConfig | None = None

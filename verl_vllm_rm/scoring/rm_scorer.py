@@ -132,7 +132,9 @@ class RewardModelScorer:
                         asked.append(self._ask(i, sample, route))
                     except Exception as e:
                         out.fail(i, e, stop=batch.batch_call)
-            if batch.batch_call:
+            # several rows at once (the batch call, or verl handing a batch's rows to run_single in one loop
+            # iteration, gathered by the row queue) go out now; a lone row waits coalesce_ms for others
+            if batch.batch_call or len(asked) > 1:
                 for rm in self.reward_models.values():
                     rm.batcher.flush()
             for a in asked:
