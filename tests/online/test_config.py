@@ -45,6 +45,34 @@ def test_options_reach_verls_engine_config_under_verls_names(tiny_rm):
     assert full.model_config.lora_rank == 0 and full.engine_config.mixed_precision == {"param_dtype": "bf16"}
 
 
+def test_the_attention_is_flash_attention_where_it_imports_else_sdpa_and_padding_removal_follows(tiny_rm, caplog):
+    """``auto`` (the default) resolves in the trainer's process; ``use_remove_padding`` unset follows it. This
+    machine has no flash_attn (the CPU environment), so the default is sdpa without padding removal, and naming
+    flash_attention_2 is refused here, not at each rank's load."""
+    import logging
+
+    from verl_vllm_rm.online.config import flash_attn_imports, resolve_attention
+
+    assert resolve_attention("auto", lambda: True) == "flash_attention_2"
+    assert resolve_attention("auto", lambda: False) == "sdpa"
+    assert resolve_attention("eager", lambda: False) == "eager"
+    assert resolve_attention("flash_attention_2", lambda: True) == "flash_attention_2"
+    assert not flash_attn_imports()
+    base = {**BASE, "model_path": tiny_rm}
+    with caplog.at_level(logging.INFO, logger="verl_vllm_rm.online.config"):
+        model = OnlineRMConfig.from_dict(base).training_worker_config().model_config
+    assert (model.override_config["attn_implementation"], model.use_remove_padding) == ("sdpa", False)
+    assert "online_rm.attn_implementation=auto: the RM uses sdpa (flash_attn does not import)" in caplog.text
+    kept = OnlineRMConfig.from_dict({**base, "use_remove_padding": True}).training_worker_config().model_config
+    assert kept.use_remove_padding is True  # as the user set it
+    with pytest.raises(ValueError) as refused:
+        OnlineRMConfig.from_dict({**base, "attn_implementation": "flash_attention_2"}).training_worker_config()
+    assert str(refused.value) == (
+        "online_rm.attn_implementation=flash_attention_2 needs the flash_attn package, which does not import in this "
+        "environment: install it (pip install flash-attn --no-build-isolation, see docs/quickstart.md), or set "
+        "attn_implementation=auto (sdpa without it) or sdpa")
+
+
 def test_colocated_placement_needs_the_actors_pool():
     from verl_vllm_rm.online.driver import OnlineRewardModel
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import asdict, dataclass, field
-from typing import Any, ClassVar, Literal, Mapping
+from typing import Any, Callable, ClassVar, Literal, Mapping
 
 from verl_vllm_rm.options import build, check_ranges, inline
 from verl_vllm_rm.parity.probe import ParityProbe
@@ -13,6 +14,34 @@ from verl_vllm_rm.protocol.wire import DEFAULT_BUCKET_BYTES
 
 #: ``param_dtype`` (verl's names) -> the torch dtype name the server and parity speak
 TORCH_DTYPE_NAMES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+FLASH_ATTENTION = "flash_attention_2"
+
+logger = logging.getLogger(__name__)
+
+
+def flash_attn_imports() -> bool:
+    """Whether the ``flash_attn`` package imports here (an install built for another torch or CUDA does not)."""
+    try:
+        import flash_attn  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+def resolve_attention(option: str, flash_available: Callable[[], bool] = flash_attn_imports) -> str:
+    """The attention the RM is built with: ``auto`` is ``flash_attention_2`` when flash-attn imports, else
+    ``sdpa`` (logged); ``flash_attention_2`` without flash-attn is refused here rather than at the model's load
+    on every rank. Decided in the trainer's process: the RM's ranks run in the same environment."""
+    if option == "auto":
+        chosen = FLASH_ATTENTION if flash_available() else "sdpa"
+        logger.info("online_rm.attn_implementation=auto: the RM uses %s (%s)", chosen,
+                    "flash_attn imports" if chosen == FLASH_ATTENTION else "flash_attn does not import")
+        return chosen
+    if option == FLASH_ATTENTION and not flash_available():
+        raise ValueError("online_rm.attn_implementation=flash_attention_2 needs the flash_attn package, which does "
+                         "not import in this environment: install it (pip install flash-attn --no-build-isolation, "
+                         "see docs/quickstart.md), or set attn_implementation=auto (sdpa without it) or sdpa")
+    return option
 
 
 # The RM's engine settings where verl has a config dataclass for them: each section's fields are that dataclass's
@@ -51,8 +80,9 @@ class RMModelOptions:
     """verl's ``model.target_modules``: the modules LoRA adapts (``training_mode=lora``)."""
     enable_gradient_checkpointing: bool = True
     """verl's ``model.enable_gradient_checkpointing``."""
-    use_remove_padding: bool = True
-    """verl's ``model.use_remove_padding``; needs flash attention (GPU): false on CPU."""
+    use_remove_padding: bool | None = None
+    """verl's ``model.use_remove_padding`` (its padding-free kernels); unset: on exactly when the RM's attention is
+    ``flash_attention_2``."""
 
     def __post_init__(self) -> None:
         check_ranges(self, {">= 1": ("lora_rank", "lora_alpha")})
@@ -104,8 +134,9 @@ class OnlineRMConfig:
     """The optimizer: ``lr``, ``weight_decay``, ``clip_grad`` (verl's ``FSDPOptimizerConfig``)."""
     model: RMModelOptions = inline(RMModelOptions)
     """The model's build: LoRA, gradient checkpointing, padding removal (verl's ``HFModelConfig``)."""
-    attn_implementation: str = "flash_attention_2"
-    """verl's ``model.override_config.attn_implementation``; ``sdpa`` on CPU."""
+    attn_implementation: str = "auto"
+    """verl's ``model.override_config.attn_implementation``: ``auto`` takes ``flash_attention_2`` when the
+    ``flash_attn`` package imports, else ``sdpa`` (and logs which); or any transformers attention by name."""
     engine: RMEngineOptions = inline(RMEngineOptions)
     """FSDP and the micro-batches (verl's ``FSDPEngineConfig``)."""
     param_dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
@@ -177,9 +208,12 @@ class OnlineRMConfig:
         from verl_vllm_rm.online.engine import MODEL_TYPE
 
         lora = RewardModelTrainingMode.parse(self.training_mode) is RewardModelTrainingMode.LORA
+        attention = resolve_attention(self.attn_implementation)
         model_options = asdict(self.model) if lora else {**asdict(self.model), "lora_rank": 0}  # 0: no LoRA
+        if model_options["use_remove_padding"] is None:
+            model_options["use_remove_padding"] = attention == FLASH_ATTENTION
         model = HFModelConfig(path=self.model_path, **model_options,
-                              override_config={"attn_implementation": self.attn_implementation})
+                              override_config={"attn_implementation": attention})
         engine = FSDPEngineConfig(**asdict(self.engine), model_dtype="fp32", use_torch_compile=False,
                                   mixed_precision={"param_dtype": self.param_dtype})
         return TrainingWorkerConfig(model_type=MODEL_TYPE, model_config=model, engine_config=engine,

@@ -8,8 +8,8 @@ express for an RM, and nothing else (in the two builders verl's ``_build_model_o
 
 - **loading.** verl's ``load_valuehead_model`` (``verl/utils/model.py``) hard-codes
   ``attn_implementation="flash_attention_2"`` and reports nothing about which weights
-  loaded. Here the attention comes from ``override_config.attn_implementation`` (sdpa on
-  CPU), and a head or backbone weight that did not load is an error: an RM whose head
+  loaded. Here the attention comes from ``override_config.attn_implementation`` (the
+  option resolved by ``online.config.resolve_attention``), and a head or backbone weight that did not load is an error: an RM whose head
   silently starts from random weights would train and publish noise. The token
   classifier's ``score.bias``, which an RM's sequence classifier does not have, is
   removed, so the value at the last token is the RM's score exactly. A two-class head ([bad, good]) keeps its
@@ -74,7 +74,7 @@ class RewardModelEngine(FSDPEngineWithValueHead):
             warnings.simplefilter("ignore")
             module, info = AutoModelForTokenClassification.from_pretrained(
                 cfg.local_path, torch_dtype=dtype, config=hf_config, trust_remote_code=cfg.trust_remote_code,
-                attn_implementation=cfg.override_config.get("attn_implementation", "flash_attention_2"),
+                attn_implementation=cfg.override_config["attn_implementation"],
                 output_loading_info=True)
         missing = drop_missing_biases(module, list(info["missing_keys"]))
         if missing:
