@@ -62,3 +62,18 @@ def wait_until(predicate, timeout_s: float, what: str) -> None:
         if time.monotonic() - t0 > timeout_s:
             raise AssertionError(f"not within {timeout_s:.0f}s: {what}")
         time.sleep(0.5)
+
+
+def engine_core_pid(server_pid: int) -> int:
+    """The vLLM engine-core process under a reward server (its title ``VLLM::EngineCore``): the process that runs
+    the model, apart from the API server that answers HTTP."""
+    cores = []
+    for proc in psutil.Process(server_pid).children(recursive=True):
+        try:
+            title = " ".join(proc.cmdline()) + " " + proc.name()
+        except psutil.Error:
+            continue
+        if "EngineCore" in title:
+            cores.append(proc.pid)
+    assert len(cores) == 1, f"server {server_pid}: engine-core processes {cores}"
+    return cores[0]

@@ -12,9 +12,10 @@ import threading
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 import torch
-from process_helpers import pid_alive, wait_for_no_orphaned_engines, wait_until
+from process_helpers import engine_core_pid, pid_alive, wait_for_no_orphaned_engines, wait_until
 from ray_helpers import start_local_ray
 
 from verl_vllm_rm.dev.grpo_batch import build_batch, last_token_rewards, row_token_ids
@@ -27,6 +28,7 @@ SPLIT_GROUPS = np.array([0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15])
 
 
 HUNG_RESTART_S = 10.0  # the module's fleet restarts a replica silent this long
+ENGINE_STALL_S = 16.0  # the replicas' --engine-stall-timeout (an idle one is probed after 8 s)
 FAILOVER_AFTER_S = 4.0  # the workers' clients check a server's /health after this long without an answer
 
 
@@ -114,7 +116,8 @@ def fleet_run(fleet_ray, tiny_rm, server_args):
     import ray
     from verl.experimental.reward_loop.reward_loop import RewardLoopManager
 
-    block = replicas_block(tiny_rm, [*server_args, "--enable-weight-updates"])
+    block = replicas_block(tiny_rm, [*server_args, "--enable-weight-updates",
+                                     "--engine-stall-timeout", str(ENGINE_STALL_S)])
     # requests of at most 16 rows: a step is many requests, spread over both replicas
     cfg = vllm_rm_config(None, tiny_rm, {"replicas": block, "failover_after_s": FAILOVER_AFTER_S,
                                          "health_timeout_s": 2, "max_batch_seqs": 16}, ["reward.num_workers=2"])
@@ -257,14 +260,15 @@ def route_over_both(manager, tokenizer) -> None:
     wait_until(routed, 60, "every worker routes over both replicas")
 
 
-def signal_mid_step(manager, tiny_rm: str, tokenizer, seed: int, signum: int) -> dict:
+def signal_mid_step(manager, tiny_rm: str, tokenizer, seed: int, signum: int, engine_only: bool = False) -> dict:
     """Publish known weights (both replicas routed), SIGSTOP replica 0's server (its process group) and start a step
     of 64 groups of distinct random rows (many requests): the fleet keeps a silent replica in routing for its
     health_timeout_s (5 s) and the step's first requests go out within it, so some hang there. SIGSTOP: leave it so.
     SIGKILL: kill it once a request of the step is seen held there (a crash mid-request: the connection is reset
-    before the clients' fail-over check, FAILOVER_AFTER_S + 2 s, would end it). Wait for the step: every score must
-    be the published model's, every sample valid. What the test reads next: the fleet status before, the victim's
-    pid and URL, the workers' client counters for it before and after, the rows scored."""
+    before the clients' fail-over check, FAILOVER_AFTER_S + 2 s, would end it). ``engine_only``: SIGSTOP its engine-core
+    process alone (the API server answers on). Wait for the step: every score must be the published model's, every
+    sample valid. What the test reads next: the fleet status before, the victim's pid and URL, the workers' client
+    counters for it before and after, the rows scored and the step's output."""
     import ray
     from sync_helpers import load_rm, perturbed
 
@@ -279,7 +283,10 @@ def signal_mid_step(manager, tiny_rm: str, tokenizer, seed: int, signum: int) ->
     data = build_batch(groups, tokenizer.pad_token_id)
     results: dict = {}
     step = threading.Thread(target=lambda: results.update(out=manager.compute_rm_score(data)))
-    os.killpg(victim, signal.SIGSTOP)
+    if engine_only:
+        os.kill(engine_core_pid(victim), signal.SIGSTOP)
+    else:
+        os.killpg(victim, signal.SIGSTOP)
     step.start()
     if signum == signal.SIGKILL:
         wait_until(lambda: client_stats(manager, url).get("outstanding", 0) > 0, 60,
@@ -292,7 +299,7 @@ def signal_mid_step(manager, tiny_rm: str, tokenizer, seed: int, signum: int) ->
                           torch.tensor(sequence_scores(serving, rows)), atol=1e-4)
     assert out.non_tensor_batch["rm_valid"].tolist() == [1.0] * len(data)
     return {"before": before, "victim": victim, "url": url, "seen": seen, "after": client_stats(manager, url),
-            "rows": rows}
+            "rows": rows, "out": out}
 
 
 def wait_restarted(index: int, restarts_before: int, what: str) -> list[dict]:
@@ -357,6 +364,40 @@ def test_a_hung_replica_leaves_routing_its_requests_fail_over_and_it_is_restarte
             if pid is not None:
                 os.killpg(pid, signal.SIGCONT)  # never leave a stopped server behind a failed check
     assert status[0]["evictions"] > before[0]["evictions"] and (status[0]["version"], status[0]["routed"]) == (0, False)
+    publish_known(tiny_rm, load_rm(tiny_rm))  # the re-sync
+
+
+def test_a_replica_whose_engine_stalls_answers_503_its_requests_fail_over_and_it_is_restarted(fleet_run, tiny_rm,
+                                                                                          tokenizer):
+    """SIGSTOP of replica 0's engine-core process alone while a step is scoring: its API server answers on and
+    vLLM's check_health passes, but within --engine-stall-timeout (ENGINE_STALL_S) its /health answers 503 naming
+    the stall and its /score 503 at once: the step's requests fail over to replica 1 (every score right, the
+    samples' ``rm_failovers`` counted, which ``reward/rm_failed_over`` reports), the fleet takes it out of routing
+    and, unhealthy for HUNG_RESTART_S, restarts it (the stopped engine ends with its server)."""
+    import ray
+    import requests
+    from sync_helpers import load_rm
+
+    fleet = ray.get_actor(fleet_name("rm"))
+    try:
+        run = signal_mid_step(fleet_run, tiny_rm, tokenizer, 9, signal.SIGSTOP, engine_only=True)
+        before, seen, after = run["before"], run["seen"], run["after"]
+        assert after["failovers"] > seen.get("failovers", 0), after
+        failed_over = int((np.asarray(run["out"].non_tensor_batch["rm_failovers"], dtype=float) > 0).sum())
+        assert failed_over > 0
+        health = requests.get(f"{run['url']}/health", timeout=10)
+        if health.status_code == 503:  # not yet restarted: it says why
+            assert health.json()["error"].startswith("the engine has stalled: "), health.json()
+        wait_until(lambda: not ray.get(fleet.replica_status.remote())[0]["routed"], 60, "replica 0 out of routing")
+        status = wait_restarted(0, before[0]["restarts"], "the replica with the stalled engine restarted")
+        assert not pid_alive(run["victim"])
+    finally:
+        for pid in ray.get(fleet.server_pids.remote()):
+            if pid is not None:
+                for proc in psutil.Process(pid).children(recursive=True):
+                    proc.send_signal(signal.SIGCONT)  # never leave a stopped engine behind a failed check
+    assert status[0]["evictions"] > before[0]["evictions"] and (status[0]["version"], status[0]["routed"]) == (0, False)
+    print(f"ENGINE STALL (fleet): {failed_over} of {len(run['rows'])} samples failed over to replica 1")
     publish_known(tiny_rm, load_rm(tiny_rm))  # the re-sync
 
 

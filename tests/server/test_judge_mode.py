@@ -18,6 +18,7 @@ JUDGE_CASES = [
     ["--runner", "generate", "--step-tag-id", "5"],
     ["--runner", "generate", "--step-tokens", "+,-"],
     ["--runner", "generate", "--reward-head", "attributes"],
+    ["--runner", "generate", "--engine-stall-timeout", "30"],  # the watch probes a reward model's pooling engine
 ]
 WEIGHT_UPDATE_CASES = [  # flags that would undo what --enable-weight-updates sets
     ["--enable-weight-updates", "--weight-transfer-config", '{"backend": "nccl"}'],
@@ -25,13 +26,14 @@ WEIGHT_UPDATE_CASES = [  # flags that would undo what --enable-weight-updates se
     ["--enable-weight-updates", "--weight-update-lora-bases-max-bytes", "-1"],  # not a flag conflict: a bad value
     ["--enable-weight-updates", "--weight-update-rollback-max-bytes", "-1"],
 ]
+STALL_CASES = [["--engine-stall-timeout", "-1"], ["--engine-stall-timeout", "inf"]]
 
 
 @pytest.fixture(scope="module")
 def before_the_engine() -> tuple[list, str]:
     """What ``apply_reward_defaults`` made of each case (its exit message, or the judge's structured-output
     settings), and the interpreter's stderr."""
-    cases = [["--model", "m", *case] for case in JUDGE_CASES + WEIGHT_UPDATE_CASES]
+    cases = [["--model", "m", *case] for case in JUDGE_CASES + WEIGHT_UPDATE_CASES + STALL_CASES]
     return run_before_the_engine(cases, ["args.structured_outputs_config.backend",
                                          "args.structured_outputs_config.disable_any_whitespace"])
 
@@ -41,7 +43,7 @@ def test_judge_defaults_and_refusals_before_the_engine(before_the_engine):
     got = results[:len(JUDGE_CASES)]
     assert got[:3] == [["xgrammar", True], ["guidance", False], ["auto", False]]
     for (kind, message), flag in zip(got[3:], ("--enable-weight-updates", "--step-tag-id", "--step-tokens",
-                                                "--reward-head")):
+                                                "--reward-head", "--engine-stall-timeout")):
         assert kind == "exit" and message == (
             f"verl-vllm-rm: {flag} is for a reward model (--runner pooling); a generative judge (--runner generate) "
             f"takes no {flag}: drop one of the two")
@@ -52,7 +54,7 @@ def test_weight_updates_refuse_an_engine_or_extension_of_the_users_before_the_en
     """--enable-weight-updates sets vLLM's weight-transfer engine and worker extension itself: an operator's own
     choice of either would silently replace ours, so the server refuses to start, naming the flag to drop."""
     results, _ = before_the_engine
-    assert results[len(JUDGE_CASES):] == [
+    assert results[len(JUDGE_CASES):len(JUDGE_CASES) + len(WEIGHT_UPDATE_CASES)] == [
         ["exit", "verl-vllm-rm: --enable-weight-updates sets the weight-transfer engine itself; drop "
                  "--weight-transfer-config and choose the transport with --weight-update-backend"],
         ["exit", "verl-vllm-rm: --enable-weight-updates needs --worker-extension-cls "
@@ -61,3 +63,10 @@ def test_weight_updates_refuse_an_engine_or_extension_of_the_users_before_the_en
         ["exit", "verl-vllm-rm: --weight-update-lora-bases-max-bytes must be a number of bytes >= 0, got -1"],
         ["exit", "verl-vllm-rm: --weight-update-rollback-max-bytes must be a number of bytes >= 0, got -1"],
     ]
+
+
+def test_the_engine_stall_timeout_must_be_a_number_of_seconds(before_the_engine):
+    results, _ = before_the_engine
+    assert results[len(JUDGE_CASES) + len(WEIGHT_UPDATE_CASES):] == [
+        ["exit", f"verl-vllm-rm: --engine-stall-timeout must be a number of seconds >= 0 (0: off), got {value}"]
+        for value in ("-1.0", "inf")]

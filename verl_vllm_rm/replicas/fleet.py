@@ -292,13 +292,14 @@ class ReplicaFleet:
             now = time.monotonic()
             if silent_since is None:
                 silent_since = now
-                logger.warning("%s: replica %d (%s) did not answer /health within %gs: out of routing", self.name,
-                               index, st.url, self.options.health_timeout_s)
+                logger.warning("%s: replica %d (%s) gave no ok /health within %gs (silent, or a 503 such as a "
+                               "stalled engine): out of routing", self.name, index, st.url,
+                               self.options.health_timeout_s)
             alive = self._alive(index)
             if alive and now - silent_since < self.options.hung_restart_s:
                 continue
             logger.warning("%s: replica %d (%s) %s: restarting", self.name, index, st.url,
-                           "is hung (no /health for %.0fs)" % (now - silent_since) if alive else "is down")
+                           "is hung (no ok /health for %.0fs)" % (now - silent_since) if alive else "is down")
             self._restart(index)
             silent_since = None
 

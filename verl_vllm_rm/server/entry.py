@@ -31,7 +31,9 @@ from verl_vllm_rm.server import auth
 from verl_vllm_rm.server.exposure import OPT_OUT_FLAG, check_exposure
 from verl_vllm_rm.server.reward_head import (add_reward_head_args, configure_reward_head, reward_token, served_shape,
                                              step_tag)
+from verl_vllm_rm.server.engine_watch import DEFAULT_ENGINE_STALL_TIMEOUT_S, EngineWatch
 from verl_vllm_rm.server.runtime_dir import private_tmpdir
+from verl_vllm_rm.server.score import serving
 from verl_vllm_rm.server.score.router import install_reward_routes
 from verl_vllm_rm.server.state import RewardServerState
 from verl_vllm_rm.server.weights.state import DEFAULT_JOIN_TIMEOUT_S
@@ -57,6 +59,12 @@ def build_parser():
     )
     group.add_argument(
         "--max-request-bytes", type=int, default=64 << 20, help="Largest accepted request body (else 413)."
+    )
+    group.add_argument(
+        "--engine-stall-timeout", type=float, default=DEFAULT_ENGINE_STALL_TIMEOUT_S, metavar="SECONDS",
+        help="A reward model's engine that answers none of its requests for this long (an idle one: a one-token "
+        "probe after half of it, unanswered for the other half) counts as stalled: /health and /score answer "
+        "503 naming it until it answers again, so clients fail over and a fleet restarts the replica; 0: off.",
     )
     group.add_argument(
         "--enable-weight-updates", action="store_true",
@@ -121,6 +129,9 @@ def apply_reward_defaults(args: argparse.Namespace, parser) -> None:
         # vLLM-CPU otherwise reserves 92% of a NUMA node and refuses to start on small machines.
         args.kv_cache_memory_bytes = CPU_KV_CACHE_BYTES
     _check_model_path(args.model)
+    if not (args.engine_stall_timeout >= 0 and math.isfinite(args.engine_stall_timeout)):
+        raise SystemExit(f"verl-vllm-rm: --engine-stall-timeout must be a number of seconds >= 0 (0: off), got "
+                         f"{args.engine_stall_timeout}")
     tokens = [k for k in (args.api_key or [envs.VLLM_API_KEY]) if k]
     _check_exposure(args, bool(tokens))
     if tokens:
@@ -147,7 +158,8 @@ def _judge_defaults(args: argparse.Namespace, parser) -> None:
                         ("--step-tag-id", args.step_tag_id is not None),
                         ("--step-tag", args.step_tag is not None),
                         ("--step-tokens", args.step_tokens is not None),
-                        ("--reward-head", args.reward_head != "auto")):
+                        ("--reward-head", args.reward_head != "auto"),
+                        ("--engine-stall-timeout", args.engine_stall_timeout != DEFAULT_ENGINE_STALL_TIMEOUT_S)):
         if given:
             raise SystemExit(f"verl-vllm-rm: {flag} is for a reward model (--runner pooling); a generative judge "
                              f"(--runner generate) takes no {flag}: drop one of the two")
@@ -214,6 +226,16 @@ def _reward_state(args: argparse.Namespace, model_config, shape) -> RewardServer
     )
 
 
+def _engine_watch(app, timeout_s: float, shape) -> EngineWatch:
+    """The watch of this server's engine (``app.state.engine_client`` is set after ``build_app``: read per probe)."""
+    weights = app.state.reward.weights
+
+    def updating() -> bool:
+        return weights.update_task is not None and not weights.update_task.done()
+
+    return EngineWatch(timeout_s, lambda: serving.probe(app.state.engine_client, shape), updating)
+
+
 def _check_judge_model(args: argparse.Namespace, supported_tasks, model_config) -> None:
     """With ``--runner generate``, a model that generates."""
     if "generate" not in supported_tasks:
@@ -230,6 +252,8 @@ def _hooked_build_app(original):
         app = original(args, supported_tasks, model_config)
         install_reward_routes(app)
         app.state.reward = _reward_state(args, model_config, shape)
+        if not judge and args.engine_stall_timeout > 0:
+            app.state.reward.engine_watch = _engine_watch(app, args.engine_stall_timeout, shape)
         if args.enable_weight_updates:
             from verl_vllm_rm.server.weights.router import install_weight_routes
 

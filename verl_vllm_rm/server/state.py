@@ -9,6 +9,7 @@ from starlette.responses import JSONResponse
 
 from verl_vllm_rm.protocol.errors import RequestError, error_body
 from verl_vllm_rm.protocol.model_shape import ModelShape
+from verl_vllm_rm.server.engine_watch import EngineWatch
 from verl_vllm_rm.server.weights.state import WeightSyncState
 
 
@@ -44,6 +45,7 @@ class RewardServerState:
     max_request_bytes: int
     weights: WeightSyncState = field(default_factory=WeightSyncState)
     scoring: ScoreCounters = field(default_factory=ScoreCounters)
+    engine_watch: EngineWatch | None = None  # a reward model's (--engine-stall-timeout); None for a judge
 
 
 def error_response(message: str, status: int) -> JSONResponse:

@@ -25,6 +25,8 @@ async def health(request: Request) -> JSONResponse:
         await request.app.state.engine_client.check_health()
     except Exception as e:  # the engine is dead: say so, with the cause
         return JSONResponse({"status": "error", "type": state.kind, "error": str(e)}, status_code=503)
+    if (stalled := engine_stalled(request)) is not None:  # alive, but answers nothing
+        return JSONResponse({"status": "error", "type": state.kind, "error": stalled}, status_code=503)
     if state.weights.lost is not None:  # a reload failed and could not be undone: nothing it scores is right
         return JSONResponse({"status": "error", "type": state.kind, "error": state.weights.lost_message(),
                              "version": None, "last_failed_update": state.weights.last_failed_update},
@@ -63,6 +65,9 @@ async def score(request: Request) -> JSONResponse:
     if state.weights.lost is not None:
         counters.failed += 1
         return error_response(state.weights.lost_message(), 503)
+    if (stalled := engine_stalled(request)) is not None:  # at once: the client fails over instead of waiting
+        counters.failed += 1
+        return error_response(stalled, 503)
     if state.kind != "reward_model":
         counters.refused += 1
         return error_response(f"this server serves {state.served_models[0]} as a generative judge (--runner "
@@ -91,6 +96,15 @@ async def score(request: Request) -> JSONResponse:
     counters.requests += 1
     counters.inputs += len(token_ids)
     return answer
+
+
+def engine_stalled(request: Request) -> str | None:
+    """Why the engine counts as stalled (None: it answers, or this server is a judge); starts the watch."""
+    watch = request.app.state.reward.engine_watch
+    if watch is None:
+        return None
+    watch.ensure_running()
+    return watch.stalled
 
 
 @router.get("/runtime_version")
