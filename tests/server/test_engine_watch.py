@@ -1,5 +1,5 @@
 """The engine watch's decisions over a clock the test moves (the stall itself, on a real server whose engine
-process is stopped: tests/server/test_engine_stall.py)."""
+process is stopped: tests/server/test_server_lifecycle.py)."""
 
 from __future__ import annotations
 

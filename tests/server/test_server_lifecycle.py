@@ -4,6 +4,9 @@
   runs the server environment's python);
 * with ``VLLM_CPU_KVCACHE_SPACE=1`` (one of the three overrides of the server's 2 GiB CPU KV-cache default),
   read back from vLLM's own ``/metrics``; the default is read from the session's server;
+* with ``--engine-stall-timeout`` 4 s: its engine core process SIGSTOPped, then SIGCONTed: ``/health`` and
+  ``/score`` answer 503 naming the stall within the timeout, a request already waiting for the engine is
+  answered after the resume, exactly as before (managed replicas whose engine stalls: tests/replicas/test_fleet.py);
 * and last, its engine core process SIGKILLed: ``/health`` must answer 503 with the cause.
 
 The other two overrides (``--kv-cache-memory-bytes``, ``--gpu-memory-utilization``) are checked on the
@@ -18,10 +21,11 @@ import re
 import signal
 import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
 
-import psutil
 import pytest
 import requests
+from process_helpers import engine_core_pid, wait_until
 
 from verl_vllm_rm.replicas.launcher import SERVER_PYTHON_ENV, find_server_python, running_server, start_server
 
@@ -29,6 +33,8 @@ pytestmark = pytest.mark.server  # starts and kills its own server
 
 KV_BYTES_PER_TOKEN = 2 * 2 * 2 * 32 * 4  # tiny RM: 2 layers x (K, V) x 2 kv heads x head_dim 32 x fp32
 DEFAULT_KV_BYTES = 2 << 30  # docs/concepts.md, "The server": "on CPU a 2 GiB KV cache"
+STALL_S = 4.0  # the module server's --engine-stall-timeout
+STALL_IDS = [[5, 17, 29, 41, 53], [7, 19, 31]]
 
 
 def cache_config(url: str) -> dict[str, str]:
@@ -49,7 +55,7 @@ def own_server(tmp_path_factory, tiny_rm, server_args_default_kv):
     with pytest.MonkeyPatch.context() as mp:  # for this start only: servers started later must not inherit it
         mp.setenv(SERVER_PYTHON_ENV, str(wrapper))
         mp.setenv("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB
-        server = start_server(tiny_rm, server_args_default_kv)
+        server = start_server(tiny_rm, [*server_args_default_kv, "--engine-stall-timeout", str(STALL_S)])
     try:
         yield server, marker
     finally:
@@ -105,12 +111,6 @@ def test_each_override_turns_the_kv_cache_default_off():
     assert got[2][1] == 0.5
 
 
-def engine_core(server) -> psutil.Process:
-    cores = [p for p in psutil.Process(server.process.pid).children(recursive=True)
-             if "EngineCore" in " ".join(p.cmdline())]
-    assert len(cores) == 1, [p.cmdline() for p in psutil.Process(server.process.pid).children(recursive=True)]
-    return cores[0]
-
 
 def test_health_counts_what_the_server_scored(own_server):
     """/health's scoring counters (what a fleet reports per replica): answered requests and their inputs, refused
@@ -125,12 +125,52 @@ def test_health_counts_what_the_server_scored(own_server):
     assert after["busy_s"] > before["busy_s"]
 
 
+def score(url: str, timeout_s: float = 120) -> requests.Response:
+    return requests.post(f"{url}/score", json={"input": STALL_IDS}, timeout=timeout_s)
+
+
+def test_a_stopped_engine_is_a_503_within_the_timeout_and_serves_exactly_when_it_resumes(own_server):
+    """Only the engine-core process stopped: the API server lives and vLLM's check_health passes, yet /health and
+    /score answer 503 naming the stall; nothing waiting is lost, and after SIGCONT the server serves as before."""
+    server, _ = own_server
+    url = server.url
+    before = score(url).json()["data"]
+    assert requests.get(f"{url}/health", timeout=30).status_code == 200
+    core = engine_core_pid(server.process.pid)
+    with ThreadPoolExecutor(1) as pool:
+        os.kill(core, signal.SIGSTOP)
+        stopped = time.monotonic()
+        try:
+            waiting = pool.submit(score, url)  # sent to the stopped engine: it waits, and is answered after
+            health = None
+
+            def unhealthy() -> bool:
+                nonlocal health
+                health = requests.get(f"{url}/health", timeout=30)
+                return health.status_code == 503
+
+            wait_until(unhealthy, STALL_S + 2, "/health answers 503 within --engine-stall-timeout")
+            detected = time.monotonic() - stopped
+            assert health.json()["error"].startswith("the engine has stalled: "), health.json()
+            assert health.json()["error"].endswith(f"(--engine-stall-timeout {STALL_S:g} s)")
+            refused = score(url, timeout_s=10)  # the engine is stopped: only an answer that skips it comes back
+            assert refused.status_code == 503 and refused.json()["error"]["message"] == health.json()["error"]
+            assert not waiting.done()
+        finally:
+            os.kill(core, signal.SIGCONT)
+        resumed = waiting.result(timeout=120)
+    assert resumed.status_code == 200 and resumed.json()["data"] == before  # nothing lost, nothing changed
+    wait_until(lambda: requests.get(f"{url}/health", timeout=30).status_code == 200, 30, "/health ok again")
+    assert score(url).json()["data"] == before
+    print(f"ENGINE STALL: /health 503 {detected:.1f} s after the engine stopped (--engine-stall-timeout {STALL_S:g})")
+
+
 def test_health_is_503_with_the_cause_when_the_engine_dies(own_server):
     """Runs last: SIGKILL the engine core (a real crash, nothing faked). /health must turn from 200 to 503
     naming the cause; vLLM's watchdog then shuts the API server down within ~5 s, so poll quickly."""
     server, _ = own_server
     assert requests.get(f"{server.url}/health", timeout=10).status_code == 200
-    os.kill(engine_core(server).pid, signal.SIGKILL)
+    os.kill(engine_core_pid(server.process.pid), signal.SIGKILL)
     deadline = time.monotonic() + 30
     while True:
         try:
