@@ -385,8 +385,11 @@ def test_a_replica_whose_engine_stalls_answers_503_its_requests_fail_over_and_it
         assert after["failovers"] > seen.get("failovers", 0), after
         failed_over = int((np.asarray(run["out"].non_tensor_batch["rm_failovers"], dtype=float) > 0).sum())
         assert failed_over > 0
-        health = requests.get(f"{run['url']}/health", timeout=10)
-        if health.status_code == 503:  # not yet restarted: it says why
+        try:
+            health = requests.get(f"{run['url']}/health", timeout=10)
+        except requests.ConnectionError:  # already restarting: its old server is gone
+            health = None
+        if health is not None and health.status_code == 503:  # not restarted yet: it says why
             assert health.json()["error"].startswith("the engine has stalled: "), health.json()
         wait_until(lambda: not ray.get(fleet.replica_status.remote())[0]["routed"], 60, "replica 0 out of routing")
         status = wait_restarted(0, before[0]["restarts"], "the replica with the stalled engine restarted")
