@@ -152,10 +152,10 @@ def run_ours_both_ways(url, model, tokenizer, data, rep: int) -> dict[str, float
     async def floor():
         answer = asyncio.get_running_loop().create_future()
 
-        async def wait(_row):
+        async def wait():
             return await answer
 
-        waiting = asyncio.gather(*(wait(row) for row in rows))
+        waiting = asyncio.gather(*(wait() for _ in rows))
         await asyncio.sleep(0)  # every task started and suspended
         answer.set_result({"reward_score": 0.0, "reward_extra_info": {}})
         return await waiting

@@ -9,8 +9,9 @@ express for an RM, and nothing else (in the two builders verl's ``_build_model_o
 - **loading.** verl's ``load_valuehead_model`` (``verl/utils/model.py``) hard-codes
   ``attn_implementation="flash_attention_2"`` and reports nothing about which weights
   loaded. Here the attention comes from ``override_config.attn_implementation`` (the
-  option resolved by ``online.config.resolve_attention``), and a head or backbone weight that did not load is an error: an RM whose head
-  silently starts from random weights would train and publish noise. The token
+  option resolved by ``online.config.resolve_attention``), and a head or backbone weight
+  that did not load is an error: an RM whose head silently starts from random weights
+  would train and publish noise. The token
   classifier's ``score.bias``, which an RM's sequence classifier does not have, is
   removed, so the value at the last token is the RM's score exactly. A two-class head ([bad, good]) keeps its
   two rows and gives their margin (:class:`~verl_vllm_rm.online.trainable.MarginHead`), the reward the server
