@@ -371,6 +371,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=str(RESULTS / "grpo_scoring.json"))
     parser.add_argument("--eager", action="store_true", help="--enforce-eager (faster start, slower scoring)")
+    parser.add_argument("--ceiling-only", action="store_true",
+                        help="only the zero-compute ceiling (no vLLM server): more repetitions of it in one sitting")
     args = parser.parse_args(argv)
 
     from transformers import AutoTokenizer
@@ -383,8 +385,10 @@ def main(argv=None) -> dict:
     shapes = [(32, 8, 300, 60), (32, 8, 100, 300)]
     server_args = ["--dtype", "float32", "--max-model-len", "1024"] + (["--enforce-eager"] if args.eager else [])
     HTTP.install()
-    with running_server(model, server_args) as server:
-        results = [bench_shape(server.url, model, tokenizer, s, args.reps, args.seed) for s in shapes]
+    results = []
+    if not args.ceiling_only:
+        with running_server(model, server_args) as server:
+            results = [bench_shape(server.url, model, tokenizer, s, args.reps, args.seed) for s in shapes]
     ceiling = [bench_ceiling(model, tokenizer, s, args.ceiling_reps, args.seed) for s in shapes]
     report = {
         "benchmark": "grpo_scoring",
