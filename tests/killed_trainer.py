@@ -1,10 +1,14 @@
-"""A trainer process that dies (SIGKILL) in the middle of a publish: fault injection only.
+"""A trainer process that dies (SIGKILL) at one phase of a publish: fault injection only.
 
-Usage: killed_trainer.py URL MODEL_PATH VERSION KILL_AFTER_BUCKETS TIMEOUT_S
+Usage: killed_trainer.py PHASE URLS MODEL_PATH VERSION TIMEOUT_S
 
-It publishes a perturbed copy of the model in small buckets and kills itself once
-KILL_AFTER_BUCKETS buckets have reached the server, so the server holds part of
-an update and never gets the rest.
+It publishes a perturbed copy of the model (seed 1, ``full``) in small buckets and kills itself at PHASE:
+
+- ``init``: once the server joined its transfer group (``/init_communicator`` answered), before any update;
+- ``bucket:N``: once N buckets have reached the server, the rest never sent;
+- ``last_bucket``: a staged update (``commit=False``) whose last bucket reached the server, before the commit;
+- ``stage_commit``: URLS is two servers; both stage the version, the first commits it, and the trainer dies
+  before it commits the second.
 """
 
 from __future__ import annotations
@@ -12,15 +16,55 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 
 import torch
 
-from verl_vllm_rm.weight_sync import RewardModelPublisher
-from verl_vllm_rm.protocol.wire import TransferGroup
+from verl_vllm_rm.protocol.wire import TransferGroup, plan_buckets
+from verl_vllm_rm.weight_sync import MultiServerPublisher, RewardModelPublisher
+
+BUCKET_BYTES = 64 << 10
+
+
+def die() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def die_after_buckets(n: int) -> None:
+    """Die once the n-th broadcast reached every receiver."""
+    sent = []
+    broadcast = TransferGroup.broadcast
+
+    def broadcast_then_die(self, tensor, root=0):
+        work = broadcast(self, tensor, root)
+        if tensor.numel() > 1:  # a bucket, not the warm-up that formed the group
+            sent.append(work)
+        if len(sent) == n:
+            work.wait()
+            die()
+        return work
+
+    TransferGroup.broadcast = broadcast_then_die
+
+
+def die_before_second_commit(first_url: str) -> None:
+    """The first server's commit goes through; the trainer dies before any other's."""
+    committed = threading.Event()
+    commit = RewardModelPublisher.commit
+
+    def commit_then_die(self, version):
+        if self.server_url == first_url:
+            record = commit(self, version)
+            committed.set()
+            return record
+        committed.wait()
+        die()
+
+    RewardModelPublisher.commit = commit_then_die
 
 
 def main() -> None:
-    url, model_path, version, kill_after, timeout_s = sys.argv[1:6]
+    phase, urls, model_path, version, timeout_s = sys.argv[1:6]
     from transformers import AutoModelForSequenceClassification
 
     model = AutoModelForSequenceClassification.from_pretrained(model_path, dtype=torch.float32)
@@ -28,20 +72,22 @@ def main() -> None:
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.05)
-    sent = []
-    broadcast = TransferGroup.broadcast
-
-    def broadcast_then_die(self, tensor, root=0):
-        work = broadcast(self, tensor, root)
-        sent.append(work)
-        if len(sent) == int(kill_after):
-            work.wait()
-            os.kill(os.getpid(), signal.SIGKILL)
-        return work
-
-    TransferGroup.broadcast = broadcast_then_die
-    pub = RewardModelPublisher(url, timeout_s=float(timeout_s), bucket_bytes=64 << 10)
-    pub.publish(model.state_dict(), int(version), "full")
+    options = dict(timeout_s=float(timeout_s), bucket_bytes=BUCKET_BYTES)
+    if phase == "stage_commit":
+        servers = urls.split(",")
+        die_before_second_commit(servers[0])
+        MultiServerPublisher(servers, **options).publish(model, int(version), "full")
+    else:
+        pub = RewardModelPublisher(urls, **options)
+        if phase == "init":
+            pub.connect()
+            die()
+        if phase == "last_bucket":
+            specs = [item.spec for item in pub.plan(model, "full").items]
+            die_after_buckets(len(plan_buckets(specs, BUCKET_BYTES)))
+        else:
+            die_after_buckets(int(phase.removeprefix("bucket:")))
+        pub.publish(model, int(version), "full", commit=phase != "last_bucket")
     print("publish completed: the fault was not injected", flush=True)
     sys.exit(3)
 

@@ -4,15 +4,26 @@ from __future__ import annotations
 
 import copy
 import time
+from pathlib import Path
 
 import requests
 import torch
 
 from verl_vllm_rm.parity.reference import sequence_scores
 from verl_vllm_rm.protocol.names import is_head
+from verl_vllm_rm.replicas.launcher import running_server
+from verl_vllm_rm.server.weights.reload_fault import RELOAD_FAULT_ENV
 from verl_vllm_rm.weight_sync import RewardModelPublisher
 
 PARITY_ATOL = 1e-4
+FAULT_SERVER_STALL_S = 6.0  # the fault server's --weight-update-stall-timeout (tests/weight_sync/conftest.py)
+
+
+def faulty_server(tiny_rm: str, server_args: list[str], fault_file: Path, *extra: str):
+    """A real weight-update server (context manager) whose reloads fail as ``fault_file`` asks (the test-only
+    switch ``RELOAD_FAULT_ENV``; absent: none)."""
+    return running_server(tiny_rm, [*server_args, "--enable-weight-updates", *extra],
+                          env={RELOAD_FAULT_ENV: str(fault_file)})
 
 
 def load_rm(path: str):

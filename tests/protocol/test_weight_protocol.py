@@ -130,13 +130,14 @@ def test_an_nccl_group_is_built_to_raise_on_a_failed_collective_not_to_kill(monk
     """torch reads TORCH_NCCL_BLOCKING_WAIT when a ProcessGroupNCCL is constructed: set, a timed-out or failed
     collective is aborted and raises from ``wait()`` and no watchdog tears the process down. This CPU build of
     torch has no ProcessGroupNCCL (it needs CUDA), so a recorder stands in for the class to see the environment
-    it is constructed in; the real store is made. The process's own setting is back afterwards."""
+    it is constructed in, and for the warm-up broadcast that forms the group (a CUDA tensor); the real store is
+    made. The process's own setting is back afterwards."""
     import os
 
     import torch.distributed as dist
 
     from verl_vllm_rm.client.http import free_port
-    from verl_vllm_rm.protocol.wire import open_group
+    from verl_vllm_rm.protocol.wire import TransferGroup, open_group
 
     seen = {}
 
@@ -148,8 +149,43 @@ def test_an_nccl_group_is_built_to_raise_on_a_failed_collective_not_to_kill(monk
             seen.update(blocking_wait=os.environ.get("TORCH_NCCL_BLOCKING_WAIT"), timeout=options._timeout)
 
     monkeypatch.setattr(dist, "ProcessGroupNCCL", RecordingProcessGroupNCCL, raising=False)
+    monkeypatch.setattr(TransferGroup, "form", lambda group, timeout_s: seen.update(formed_within=timeout_s))
     monkeypatch.setenv("TORCH_NCCL_BLOCKING_WAIT", "0")
-    group = open_group("nccl", "127.0.0.1", free_port("127.0.0.1"), 0, 1, 7.0, "s", device=torch.device("cuda", 1))
+    group = open_group("nccl", "127.0.0.1", free_port("127.0.0.1"), 0, 1, 7.0, "s", join_timeout_s=3.0,
+                       device=torch.device("cuda", 1))
     assert seen["blocking_wait"] == "1" and seen["timeout"].total_seconds() == 7.0
+    assert seen["formed_within"] == 3.0  # formed eagerly, within the join's bound
     assert os.environ["TORCH_NCCL_BLOCKING_WAIT"] == "0"  # the process's own setting, for its own groups
     assert group.device == torch.device("cuda", 1)
+
+
+def test_a_group_is_formed_when_opened_and_a_wait_with_no_progress_is_a_named_stall():
+    """Two ranks over gloo in this process: ``open_group`` returns only once the warm-up broadcast reached both
+    (the group is formed, not lazily connected at the first bucket); then a rank that never receives again makes
+    the sender's wait end after the group's timeout with :class:`TransferStalled` naming what it waited for."""
+    import threading
+
+    import torch
+
+    from verl_vllm_rm.client.http import free_port
+    from verl_vllm_rm.protocol.wire import TransferStalled, open_group
+
+    port = free_port("127.0.0.1")
+    formed, silent = threading.Event(), threading.Event()
+
+    def receiver() -> None:
+        group = open_group("gloo", "127.0.0.1", port, 1, 2, 1.0, "stall")
+        formed.set()
+        silent.wait(30)  # joined and formed, then never receives (the group kept: its sockets stay open)
+        del group
+
+    thread = threading.Thread(target=receiver, daemon=True)
+    thread.start()
+    sender = open_group("gloo", "127.0.0.1", port, 0, 2, 1.0, "stall", join_timeout_s=30.0)
+    assert formed.wait(30)  # the receiver's open_group returned too: the warm-up reached it
+    try:
+        with pytest.raises(TransferStalled, match=r"^sending bucket 1 of 1: no progress for 1 s \((?i:.*timed out)"):
+            sender.wait(sender.broadcast(torch.ones(1 << 20, dtype=torch.uint8)), "sending bucket 1 of 1")
+    finally:
+        silent.set()
+        thread.join(30)

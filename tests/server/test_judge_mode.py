@@ -25,6 +25,8 @@ WEIGHT_UPDATE_CASES = [  # flags that would undo what --enable-weight-updates se
     ["--enable-weight-updates", "--worker-extension-cls", "my_pkg.MyExtension"],
     ["--enable-weight-updates", "--weight-update-lora-bases-max-bytes", "-1"],  # not a flag conflict: a bad value
     ["--enable-weight-updates", "--weight-update-rollback-max-bytes", "-1"],
+    ["--enable-weight-updates", "--weight-update-stall-timeout", "0"],
+    ["--enable-weight-updates", "--weight-update-join-timeout", "nan"],
 ]
 STALL_CASES = [["--engine-stall-timeout", "-1"], ["--engine-stall-timeout", "inf"]]
 
@@ -62,6 +64,8 @@ def test_weight_updates_refuse_an_engine_or_extension_of_the_users_before_the_en
                  "drop --worker-extension-cls (the server sets it)"],
         ["exit", "verl-vllm-rm: --weight-update-lora-bases-max-bytes must be a number of bytes >= 0, got -1"],
         ["exit", "verl-vllm-rm: --weight-update-rollback-max-bytes must be a number of bytes >= 0, got -1"],
+        ["exit", "verl-vllm-rm: --weight-update-stall-timeout must be a positive number of seconds, got 0.0"],
+        ["exit", "verl-vllm-rm: --weight-update-join-timeout must be a positive number of seconds, got nan"],
     ]
 
 

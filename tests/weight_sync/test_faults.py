@@ -28,7 +28,7 @@ def test_trainer_killed_mid_transfer_leaves_old_weights_serving(ws_server, tiny_
     old_version = reset_server(ws_server.url, tiny_rm)
     old_model = load_rm(tiny_rm)
     proc = subprocess.run(
-        [sys.executable, str(KILLED_TRAINER), ws_server.url, tiny_rm, str(old_version + 1), "3",
+        [sys.executable, str(KILLED_TRAINER), "bucket:3", ws_server.url, tiny_rm, str(old_version + 1),
          str(TRANSFER_TIMEOUT_S)],
         capture_output=True, text=True, timeout=LIVENESS_DEADLINE_S,
     )

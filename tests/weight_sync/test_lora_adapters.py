@@ -3,7 +3,8 @@
 The session's ``ws_server`` keeps the default ``--weight-update-lora-bases host``; the fallback runs on a tiny
 server of its own whose store cap (1 byte) cannot hold the bases, the same path as a server short of memory, and
 the lazy capture (the copy made at the first publish with adapters, never by a head-only one) on another, whose
-checkpoint files a test rewrites between the inventory and that publish.
+checkpoint files a test rewrites between the inventory and that publish; the copy off the engine's loop (scoring
+answered while it is held) on a third, through the test-only switch ``CAPTURE_HOLD_ENV``.
 """
 
 from __future__ import annotations
@@ -11,11 +12,13 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import threading
 from pathlib import Path
 
 import pytest
 import requests
 import torch
+from process_helpers import wait_until
 from sync_helpers import (UnreadableTensor, assert_parity, load_rm, max_diff, reset_server, runtime_version,
                           server_scores, unreadable, wait_for_failed_update)
 
@@ -25,6 +28,7 @@ from verl_vllm_rm.online.trainable import prepare_reward_model
 from verl_vllm_rm.protocol.lora import merge_lora_weight
 from verl_vllm_rm.protocol.names import normalize_name
 from verl_vllm_rm.replicas.launcher import running_server
+from verl_vllm_rm.server.weights.capture_hold import CAPTURE_HOLD_ENV
 from verl_vllm_rm.weight_sync import MultiServerPublisher, RewardModelPublisher, WeightSyncError
 from verl_vllm_rm.weight_sync.lora_wire import find_lora_modules, lora_scalings
 from verl_vllm_rm.protocol.inventory import WeightUpdateRefused
@@ -287,3 +291,41 @@ def test_the_bases_are_copied_only_for_adapters_and_a_rewritten_checkpoint_falls
     assert_parity(server.url, model, probe_ids)
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING and "cannot merge LoRA adapters" in r.message]
     assert len(warnings) == 1 and "changed after the server read its inventory" in warnings[0].message, caplog.text
+
+
+@pytest.fixture(scope="module")
+def held_copy_server(tiny_rm, server_args, tmp_path_factory):
+    """A server whose copy of the LoRA base store a test can hold (the test-only switch ``CAPTURE_HOLD_ENV``)."""
+    hold = tmp_path_factory.mktemp("capture_hold") / "hold"
+    with running_server(tiny_rm, [*server_args, "--enable-weight-updates"],
+                        env={CAPTURE_HOLD_ENV: str(hold)}) as server:
+        yield server, hold
+
+
+def test_scoring_goes_on_while_the_lora_bases_are_copied(held_copy_server, tiny_rm, probe_ids):
+    """The first publish with adapters copies the base store on the workers' own threads: held mid-copy (an 8B
+    model's checkpoint read, on CPU as long as the test wants), the engine keeps answering /score with the old
+    weights; released, the publish merges the adapters and the server scores like the trainer."""
+    server, hold = held_copy_server
+    before = server_scores(server.url, probe_ids)
+    model = _lora_model(tiny_rm)
+    _random_adapters(model, 8)
+    hold.touch()
+    published: dict = {}
+
+    def publish() -> None:
+        with RewardModelPublisher(server.url, timeout_s=60) as pub:
+            published["result"] = pub.publish(model, pub.version + 1, "lora")
+
+    thread = threading.Thread(target=publish, daemon=True)
+    thread.start()
+    try:
+        wait_until(Path(f"{hold}.held").exists, 120, "the copy of the LoRA bases began")
+        for _ in range(3):  # answered while the copy is held (a copy on the engine's loop would hold these too)
+            assert server_scores(server.url, probe_ids) == before
+        assert _bases(server.url)["captured"] is False and thread.is_alive()
+    finally:
+        hold.unlink()
+    thread.join(120)
+    assert published["result"].lora_adapters is True and _bases(server.url)["captured"] is True
+    assert_parity(server.url, model, probe_ids)

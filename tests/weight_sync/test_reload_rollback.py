@@ -15,30 +15,18 @@ from pathlib import Path
 import pytest
 import requests
 import torch
-from sync_helpers import assert_parity, load_rm, perturbed, reset_server, runtime_version, server_scores
+from sync_helpers import (assert_parity, faulty_server, load_rm, perturbed, reset_server, runtime_version,
+                          server_scores)
 
 from verl_vllm_rm.online.trainable import prepare_reward_model
-from verl_vllm_rm.replicas.launcher import running_server
-from verl_vllm_rm.server.weights.reload_fault import RELOAD_FAULT_ENV
 from verl_vllm_rm.weight_sync import RewardModelPublisher, WeightSyncError, WeightUpdateRefused
 
 LOST_TAIL = "; it scores nothing until a full publish (training_mode full) succeeds or it restarts"
 
 
-@pytest.fixture(scope="module")
-def fault_file(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("reload_fault") / "fail_after"
-
-
-def faulty_server(tiny_rm, server_args, fault_file: Path, *extra: str):
-    return running_server(tiny_rm, [*server_args, "--enable-weight-updates", *extra],
-                          env={RELOAD_FAULT_ENV: str(fault_file)})
-
-
-@pytest.fixture(scope="module")
-def server(tiny_rm, server_args, fault_file):
-    with faulty_server(tiny_rm, server_args, fault_file) as server:
-        yield server
+@pytest.fixture
+def server(fault_server):
+    return fault_server
 
 
 def publish(url: str, model, mode: str, version: int) -> None:

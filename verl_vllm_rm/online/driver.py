@@ -14,6 +14,7 @@ from typing import Any, Hashable, Sequence
 
 from verl_vllm_rm.online.config import OnlineRMConfig
 from verl_vllm_rm.online.pairs import best_vs_worst_pairs
+from verl_vllm_rm.online.placement import place_rm_ranks
 from verl_vllm_rm.online.worker import RewardModelWorker
 from verl_vllm_rm.options import flat_values
 
@@ -43,41 +44,6 @@ def master_port_range(rng: random.Random | None = None) -> list[int]:
         ephemeral_low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     low = (rng or random).randrange(10000, max(ephemeral_low - 1000, 10001))
     return [low, low + 1000]
-
-
-class RewardModelPlacementError(RuntimeError):
-    """Ray cannot place the RM trainer's ranks (``placement=separate``)."""
-
-
-def place_rm_ranks(config: OnlineRMConfig, name: str) -> Any:
-    """The placement group of the RM's own pool (one bundle a rank, on one node, as verl places a pool), or a
-    :class:`RewardModelPlacementError` naming what was asked and what the cluster has: at once when the cluster
-    has too little in all, after ``placement_timeout_s`` when other pools (verl's) hold what it needs."""
-    import ray
-    from ray.util.placement_group import placement_group, remove_placement_group
-    from verl.utils.device import get_resource_name
-
-    bundle = {"CPU": 1, **({get_resource_name(): 1} if config.use_gpu else {})}
-    asked = {key: value * config.num_workers for key, value in bundle.items()}
-    total, free = ray.cluster_resources(), ray.available_resources()
-
-    def error(why: str) -> RewardModelPlacementError:
-        have = ", ".join(f"{key} {free.get(key, 0):g} free of {total.get(key, 0):g}" for key in asked)
-        return RewardModelPlacementError(
-            f"the online RM trainer asks Ray for {config.num_workers} rank(s) of {bundle} (+online_rm.num_workers="
-            f"{config.num_workers}, use_gpu={config.use_gpu}) and {why}; the cluster has {have}. Lower "
-            "+online_rm.num_workers, give Ray more resources, or set +online_rm.placement=colocated (one RM rank "
-            "beside each actor rank)")
-
-    short = [key for key, value in asked.items() if total.get(key, 0) < value]
-    if short:
-        raise error(f"the cluster has too little {', '.join(short)} in all")
-    group = placement_group([bundle] * config.num_workers, strategy="STRICT_PACK", name=f"{name}_rm_ranks")
-    if not ray.wait([group.ready()], timeout=config.placement_timeout_s)[0]:
-        remove_placement_group(group)
-        raise error(f"they were not free within online_rm.placement_timeout_s={config.placement_timeout_s:g}: "
-                    "other pools (verl's actor, rollout, reward workers) hold them")
-    return group
 
 
 class RewardModelIdleError(RuntimeError):
@@ -130,9 +96,10 @@ class OnlineRewardModel:
                                  "mode vllm_rm_online passes it)")
             pool = colocated_pool
         else:  # one worker per bundle (verl's default reserves 10 CPUs per bundle for colocated roles)
-            pool = self.own_pool = RayResourcePool([config.num_workers], use_gpu=config.use_gpu,
-                                                   max_colocate_count=1, name_prefix=name)
-            pool.pgs = [place_rm_ranks(config, name)]  # verl's own wait for a placement has no timeout
+            ranks_per_node, groups = place_rm_ranks(config, name)  # verl's own wait for a placement has no timeout
+            pool = self.own_pool = RayResourcePool(ranks_per_node, use_gpu=config.use_gpu, max_colocate_count=1,
+                                                   name_prefix=name)
+            pool.pgs = groups
         worker = RayClassWithInitArgs(cls=ray.remote(RewardModelWorker), config=config.training_worker_config(),
                                       online=flat_values(config))
         self.worker_group = RayWorkerGroup(pool, worker, name_prefix=name, master_port_range=master_port_range())

@@ -16,6 +16,7 @@ from __future__ import annotations
 import datetime
 import os
 import threading
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterable, Iterator, Sequence
@@ -174,21 +175,46 @@ def _environment(values: dict[str, str]):
                     os.environ[name] = value
 
 
+class TransferStalled(RuntimeError):
+    """A wait of a transfer that saw no progress for the group's timeout (the peer stopped sending or receiving)."""
+
+
 @dataclass
 class TransferGroup:
-    """A process group private to one trainer<->server session (rank 0 = trainer)."""
+    """A process group private to one trainer<->server session (rank 0 = trainer).
+
+    ``timeout_s``: the most any one wait on it lasts (each bucket is one wait: a wait is a transfer's progress)."""
 
     store: dist.Store
     group: dist.ProcessGroup
     rank: int
     world_size: int
     device: torch.device
+    timeout_s: float
 
     def broadcast(self, tensor: torch.Tensor, root: int = 0):
-        """Start a broadcast; returns the work handle to ``wait()`` on."""
+        """Start a broadcast; returns the work handle to ``wait()`` on (or to :meth:`wait`)."""
         opts = dist.BroadcastOptions()
         opts.rootRank = root
         return self.group.broadcast([tensor], opts)
+
+    def form(self, timeout_s: float) -> None:
+        """One warm-up broadcast from rank 0, within ``timeout_s``: every rank's connections exist afterwards."""
+        warm_up = torch.zeros(1, dtype=torch.uint8, device=self.device)
+        self.wait(self.broadcast(warm_up), f"forming the transfer group (rank {self.rank} of {self.world_size})",
+                  timeout_s)
+
+    def wait(self, work, what: str, timeout_s: float | None = None) -> None:
+        """``work.wait()`` for at most ``timeout_s`` (default: the group's); a wait that ran out raises
+        :class:`TransferStalled` naming ``what`` and the bound, any other failure its own error."""
+        bound = self.timeout_s if timeout_s is None else timeout_s
+        t0 = time.monotonic()
+        try:
+            work.wait(datetime.timedelta(seconds=bound))
+        except RuntimeError as e:
+            if time.monotonic() - t0 < 0.9 * bound:
+                raise
+            raise TransferStalled(f"{what}: no progress for {bound:g} s ({e})") from e
 
 
 def open_group(
@@ -210,11 +236,15 @@ def open_group(
     would then stage on GPU 0, and NCCL fails with "Duplicate GPU detected").
 
     Blocks until all ``world_size`` ranks have joined, for at most ``join_timeout_s``
-    (default ``timeout_s``) on the store and the rendezvous. Every collective on the
-    group then fails after ``timeout_s`` instead of hanging, which is what lets a
-    server survive a trainer that dies mid-transfer: gloo raises from ``wait()``, and an
-    NCCL group is built in blocking-wait mode (:data:`NCCL_RAISES_ENV`) so that it
-    raises too, where torch's default would kill the process.
+    (default ``timeout_s``) on the store and the rendezvous, then forms the group's
+    connections with one warm-up broadcast from rank 0 within the same bound (NCCL would
+    otherwise connect lazily at the first bucket: a peer that died after the join would
+    then be found only by a transfer's wait). Every rank of a group calls this function,
+    so every rank takes part in the warm-up. Every collective on the group then fails
+    after ``timeout_s`` instead of hanging, which is what lets a server survive a trainer
+    that dies mid-transfer: gloo raises from ``wait()``, and an NCCL group is built in
+    blocking-wait mode (:data:`NCCL_RAISES_ENV`) so that it raises too, where torch's
+    default would kill the process.
     """
     if backend not in BACKENDS:
         # internal: the server takes an argparse choice (gloo/nccl), the trainer that server's /weight_inventory answer
@@ -240,4 +270,6 @@ def open_group(
             group = dist.ProcessGroupNCCL(prefixed, rank, world_size, options)
     if join != timeout:
         store.set_timeout(timeout)
-    return TransferGroup(store, group, rank, world_size, device)
+    formed = TransferGroup(store, group, rank, world_size, device, timeout_s)
+    formed.form(join.total_seconds())
+    return formed

@@ -36,7 +36,7 @@ from verl_vllm_rm.server.runtime_dir import private_tmpdir
 from verl_vllm_rm.server.score import serving
 from verl_vllm_rm.server.score.router import install_reward_routes
 from verl_vllm_rm.server.state import RewardServerState
-from verl_vllm_rm.server.weights.state import DEFAULT_JOIN_TIMEOUT_S
+from verl_vllm_rm.server.weights.state import DEFAULT_JOIN_TIMEOUT_S, DEFAULT_STALL_TIMEOUT_S
 from verl_vllm_rm.protocol.defaults import DEFAULT_HOST, DEFAULT_PORT, PARENT_PID_ENV
 from verl_vllm_rm.server.lifeline import mark_server_process
 from verl_vllm_rm.protocol.names import DEFAULT_HEAD_PATTERNS
@@ -87,6 +87,13 @@ def build_parser():
         "--weight-update-join-timeout", type=float, default=DEFAULT_JOIN_TIMEOUT_S, metavar="SECONDS",
         help="Most seconds /init_communicator spends joining the trainer's process group (a request's "
         "timeout_s may only shorten it); it answers with an error within this bound plus about a second.",
+    )
+    group.add_argument(
+        "--weight-update-stall-timeout", type=float, default=DEFAULT_STALL_TIMEOUT_S, metavar="SECONDS",
+        help="Most seconds any wait of a weight transfer lasts with no progress: a bucket that does not come (the "
+        "trainer stopped sending), and a staged update neither committed nor aborted (its trainer is gone). The "
+        "update then fails, or the staged one is dropped, the old weights keep serving, and the next publish is "
+        "accepted; publishers read it and bound their own waits by it.",
     )
     group.add_argument(
         "--weight-update-lora-bases", choices=["host", "device", "off"], default="host",
@@ -199,6 +206,9 @@ def _enable_weight_updates(args: argparse.Namespace) -> None:
     if not (0 < args.weight_update_join_timeout and math.isfinite(args.weight_update_join_timeout)):
         raise SystemExit(f"verl-vllm-rm: --weight-update-join-timeout must be a positive number of seconds, "
                          f"got {args.weight_update_join_timeout}")
+    if not (0 < args.weight_update_stall_timeout and math.isfinite(args.weight_update_stall_timeout)):
+        raise SystemExit(f"verl-vllm-rm: --weight-update-stall-timeout must be a positive number of seconds, "
+                         f"got {args.weight_update_stall_timeout}")
     if getattr(args, "data_parallel_size", 1) > 1:
         raise SystemExit(f"verl-vllm-rm: --enable-weight-updates with --data-parallel-size "
                          f"{args.data_parallel_size}: each data-parallel engine would need a transfer group of its "
@@ -260,7 +270,8 @@ def _hooked_build_app(original):
             patterns = tuple(p.strip() for p in args.weight_update_head_patterns.split(",") if p.strip())
             install_weight_routes(app, args.weight_update_backend, patterns, args.weight_update_max_bytes,
                                   args.weight_update_join_timeout, args.weight_update_lora_bases,
-                                  args.weight_update_lora_bases_max_bytes, args.weight_update_rollback_max_bytes)
+                                  args.weight_update_lora_bases_max_bytes, args.weight_update_rollback_max_bytes,
+                                  args.weight_update_stall_timeout)
         return app
 
     return build_app

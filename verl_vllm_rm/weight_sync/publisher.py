@@ -109,7 +109,7 @@ class RewardModelPublisher(ClosedOnExit):
         self.server_dtype = coarsest(*{p.dtype for p in self.inventory.params.values()} & UNIT_ROUNDOFF.keys())
         self.session = TransferSession(
             self.http, self.transport, info["world_size"], timeout_s=timeout_s, bucket_bytes=bucket_bytes,
-            master_address=master_address or local_address_towards(server_url),
+            master_address=master_address or local_address_towards(server_url), stall_timeout_s=info["stall_timeout_s"],
         )
 
     @property

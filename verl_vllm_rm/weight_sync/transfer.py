@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 import urllib.parse
 import uuid
 import weakref
@@ -44,16 +45,25 @@ def local_address_towards(url: str) -> str:
         return s.getsockname()[0]
 
 
+BUSY_RETRY_S = (0.2, 2.0)  # the first and the longest pause between asks of a busy server
+
+
 class TransferSession:
-    """One trainer rank's side of the tensor plane with one server (connected on rank 0 only)."""
+    """One trainer rank's side of the tensor plane with one server (connected on rank 0 only).
+
+    ``stall_timeout_s``: the server's ``--weight-update-stall-timeout``. Each wait of a transfer (one bucket) lasts
+    at most it (or ``timeout_s`` when shorter), as the server's own do; a server busy with another trainer's update
+    (one that died mid-transfer, or staged and never committed) is asked again for twice that bound, within which
+    the server frees itself."""
 
     def __init__(self, http: JsonHttp, transport: str, server_world_size: int, *, master_address: str,
-                 timeout_s: float, bucket_bytes: int) -> None:
+                 timeout_s: float, bucket_bytes: int, stall_timeout_s: float) -> None:
         self.http = http
         self.transport = transport
         self.server_world_size = server_world_size
         self.master_address = master_address
         self.timeout_s = timeout_s
+        self.stall_timeout_s = stall_timeout_s
         self.bucket_bytes = bucket_bytes
         self._group: TransferGroup | None = None
         self._buffers: BufferPool | None = None
@@ -71,11 +81,13 @@ class TransferSession:
             return
         port, session = free_port(""), uuid.uuid4().hex
         result: dict[str, Any] = {}
+        busy_s = 2 * self.stall_timeout_s
 
         def join() -> None:
             try:
                 result["group"] = open_group(
-                    self.transport, self.master_address, port, 0, 1 + self.server_world_size, self.timeout_s, session,
+                    self.transport, self.master_address, port, 0, 1 + self.server_world_size,
+                    min(self.timeout_s, self.stall_timeout_s), session, join_timeout_s=self.timeout_s + busy_s,
                     device=self.device,
                 )
             except Exception as e:  # surfaced below, after the server's answer
@@ -86,7 +98,7 @@ class TransferSession:
         body = {"master_address": self.master_address, "master_port": port, "session": session,
                 "timeout_s": self.timeout_s}
         try:
-            self.http.post("/init_communicator", body, timeout_s=self.timeout_s + 30)
+            self._ask_to_join(body, time.monotonic() + busy_s)
         except HttpError as e:
             if is_refusal(e):
                 raise WeightUpdateRefused(e.message) from None
@@ -98,6 +110,25 @@ class TransferSession:
             # internal: the server answers ok only once all ranks joined one rendezvous, this one's open_group included
             raise WeightSyncError(f"could not open the transfer group: {result.get('error', 'timed out')}")
         self._group = result["group"]
+
+    def _ask_to_join(self, body: dict[str, Any], busy_until: float) -> None:
+        """``/init_communicator``; a 409 (the server is busy with another session's update) is asked again until
+        ``busy_until``, then raised saying how long the server stayed busy."""
+        pause = BUSY_RETRY_S[0]
+        while True:
+            try:
+                self.http.post("/init_communicator", body, timeout_s=self.timeout_s + 30)
+                return
+            except HttpError as e:
+                if e.status != 409:
+                    raise
+                if time.monotonic() + pause > busy_until:
+                    raise WeightUpdateRefused(
+                        f"{self.http.base_url} stayed busy with another trainer's update for "
+                        f"{2 * self.stall_timeout_s:g} s, twice its --weight-update-stall-timeout "
+                        f"({self.stall_timeout_s:g} s): {e.message}") from None
+            time.sleep(pause)
+            pause = min(2 * pause, BUSY_RETRY_S[1])
 
     def drop(self) -> None:
         """Forget a group a failed transfer broke (the server closed its side); the next update rejoins."""
@@ -155,17 +186,23 @@ class TransferSession:
         for i, bucket in enumerate(buckets):
             tensors = [live.track(item.produce(), item.gathers) for item in (by_name[s.spec.name] for s in bucket.slots)]
             if self._group is not None:
-                if in_flight[i % 2] is not None:
-                    in_flight[i % 2].wait()
+                self._wait(in_flight, i - 2, len(buckets))
                 if self._buffers is None or self._buffers.device != self._group.device:
                     self._buffers = BufferPool(self._group.device)
                 buffer = pack(bucket, tensors, self._buffers.get(i % 2, bucket.nbytes))
                 in_flight[i % 2] = self._group.broadcast(buffer)
             del tensors
-        for work in in_flight:
-            if work is not None:
-                work.wait()
+        for i in (len(buckets) - 2, len(buckets) - 1):
+            self._wait(in_flight, i, len(buckets))
         return live.peak
+
+    def _wait(self, in_flight: list, i: int, n: int) -> None:
+        """Wait for bucket ``i``'s broadcast, if it is in flight: at most the group's timeout (a stall)."""
+        if i >= 0 and in_flight[i % 2] is not None:
+            work, in_flight[i % 2] = in_flight[i % 2], None
+            self._group.wait(work, f"sending bucket {i + 1} of {n} to {self.http.base_url} (the shorter of its "
+                                   f"--weight-update-stall-timeout {self.stall_timeout_s:g} s and the publisher's "
+                                   f"timeout_s {self.timeout_s:g} s)")
 
 
 class _LiveBytes:

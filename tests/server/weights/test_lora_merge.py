@@ -89,16 +89,41 @@ def test_quantized_weights_hold_no_store_and_the_plan_is_made_once():
     assert lora.report()["state"] == "unavailable"
 
 
-def test_the_store_is_reported_planned_then_captured_once():
+def test_the_store_is_reported_planned_then_captured_once_on_a_thread_of_its_own():
+    """The copy runs on its own thread (the engine's loop scores meanwhile): begun, it is under way until the read
+    it makes returns; finished, the store is held, and a second begin reads nothing again."""
+    import threading
+
     lora = _planned()
     assert isinstance(lora.bases, PendingLoraBases) and lora.report()["captured"] is False
-    checkpoint = _checkpoint()
-    assert lora.capture(lambda: checkpoint.items())["captured"] is True
+    checkpoint, release = _checkpoint(), threading.Event()
+
+    def slow_read():
+        assert release.wait(30)
+        return checkpoint.items()
+
+    lora.begin_capture(slow_read)
+    assert not lora.capture_done()  # the read waits: the copy is still under way, and begin_capture returned
+    release.set()
+    assert lora.finish_capture()["captured"] is True and lora.capture_done()
     store = lora.bases
     assert isinstance(store, LoraBaseStore)
-    assert lora.capture(lambda: pytest.fail("read again")) == store.report().to_json()
+    lora.begin_capture(lambda: pytest.fail("read again"))
+    assert lora.finish_capture() == store.report().to_json()
     with pytest.raises(RuntimeError, match="reported only after the first inventory read"):
         LoraMerge(0).report()
+
+
+def test_a_copy_that_fails_unforeseen_is_reported_unavailable_with_its_error():
+    lora = _planned()
+
+    def broken_read():
+        raise KeyError("model.layers.0.self_attn.q_proj.weight")
+
+    lora.begin_capture(broken_read)
+    report = lora.finish_capture()
+    assert (report["state"], report["reason"]) == (
+        "unavailable", "holding the LoRA bases failed: KeyError: 'model.layers.0.self_attn.q_proj.weight'")
 
 
 def test_adapters_that_are_not_finite_are_refused_naming_them():

@@ -19,6 +19,7 @@ from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
 
 from verl_vllm_rm.protocol.inventory import ParamSpec
 from verl_vllm_rm.protocol.names import RewardModelTrainingMode
+from verl_vllm_rm.protocol.wire import TransferStalled
 from verl_vllm_rm.server.weights.state import WeightSyncState
 from verl_vllm_rm.server.weights.worker_extension import ABORT_PHASE
 
@@ -31,9 +32,10 @@ RECEIVE_POLL_S = 0.005  # the wait between polls; with several workers it double
 # timed out); backing off past the busy loop lets them sleep while the buckets arrive. One worker is called
 # in-process: no busy loop, no back-off.
 RECEIVE_POLL_MAX_S = 2.0  # longer than the busy loop (vLLM's MessageQueue busy_loop_s = 1 s)
+RECEIVE_STALL_GRACE_S = 5.0  # the workers' own bounded waits end first, with the more telling error
 
 
-async def _receive(engine, specs: list[ParamSpec], bucket_bytes: int, workers: int,
+async def _receive(engine, specs: list[ParamSpec], bucket_bytes: int, workers: int, stall_s: float,
                    lora_scaling: dict[str, float] | None = None, rollback_max_bytes: int | None = None
                    ) -> dict[str, int]:
     """Start the workers' background receive and wait for it without blocking the engine; returns the most
@@ -42,14 +44,27 @@ async def _receive(engine, specs: list[ParamSpec], bucket_bytes: int, workers: i
     A long ``collective_rpc`` would hold the engine's loop (and every score) for the
     whole transfer; short polls let scoring go on with the old weights meanwhile.
     The final ``join`` raises the receive's error through vLLM's own lifecycle, which
-    then clears its update state.
+    then clears its update state. Each worker's wait for a bucket ends by itself after
+    the group's timeout (at most ``stall_s``); should a receive neither end nor move for
+    ``stall_s`` plus a grace, the update fails here all the same.
     """
     await engine.start_weight_update()
     info = {"params": [s.to_json() for s in specs], "bucket_bytes": bucket_bytes, "lora_scaling": lora_scaling,
             "rollback_max_bytes": rollback_max_bytes}
     await engine.update_weights(WeightTransferUpdateRequest({**info, "phase": "begin"}))
-    wait_s = RECEIVE_POLL_S
-    while not all(await engine.collective_rpc("rm_receive_done")):
+    wait_s, received, moved_at = RECEIVE_POLL_S, -1, time.monotonic()
+    while True:
+        progress = await engine.collective_rpc("rm_receive_progress")
+        if all(done for done, _ in progress):
+            break
+        if sum(buckets for _, buckets in progress) != received:
+            received, moved_at = sum(buckets for _, buckets in progress), time.monotonic()
+        elif time.monotonic() - moved_at > stall_s + RECEIVE_STALL_GRACE_S:
+            await engine.collective_rpc("rm_close_failed_reload")  # no reload began: closes vLLM's update session
+            # a backstop: each worker's wait for a bucket ends first (the group's timeout is at most stall_s)
+            # internal: only a receive thread stuck outside its bounded waits reaches it, no fault a test can make
+            raise TransferStalled(f"the workers received no bucket for {stall_s:g} s (--weight-update-stall-"
+                                  "timeout) and their receive did not end")
         await asyncio.sleep(wait_s)
         wait_s = min(2 * wait_s, RECEIVE_POLL_MAX_S) if workers > 1 else wait_s
     await engine.update_weights(WeightTransferUpdateRequest({**info, "phase": "join"}))
@@ -84,11 +99,12 @@ async def apply_update(app: FastAPI, specs: list[ParamSpec], mode: RewardModelTr
     state.pending_update = version
     try:
         record.update(await _receive(app.state.engine_client, specs, bucket_bytes, app.state.reward.world_size,
-                                     lora_scaling, state.rollback_max_bytes))
+                                     state.stall_timeout_s, lora_scaling, state.rollback_max_bytes))
         record["receive_s"] = time.monotonic() - t0
         if deferred:
             state.staged_update = record
             record["status"] = "staged"
+            state.staged_expiry = asyncio.create_task(_drop_when_not_committed(app, record))
         else:
             await _reload(app, version, record)
     except Exception as e:
@@ -102,10 +118,33 @@ async def apply_update(app: FastAPI, specs: list[ParamSpec], mode: RewardModelTr
     return record
 
 
+async def _drop_when_not_committed(app: FastAPI, staged: dict[str, Any]) -> None:
+    """Abort ``staged`` when neither ``/commit_update`` nor ``/abort_update`` came within the stall timeout: the
+    trainer that staged it is gone (a staged update refuses every other update, so it would block the next trainer
+    for ever). A slow trainer's late commit is then refused naming this."""
+    state: WeightSyncState = app.state.reward.weights
+    await asyncio.sleep(state.stall_timeout_s)
+    async with state.control:
+        if state.staged_update is staged:
+            logger.warning("staged weight version %d dropped: not committed within --weight-update-stall-timeout "
+                           "%g s", staged["version"], state.stall_timeout_s)
+            await abort_update(app, f"version {staged['version']} was staged and neither committed nor aborted "
+                                    f"within {state.stall_timeout_s:g} s (--weight-update-stall-timeout): dropped")
+
+
+def _end_staging(state: WeightSyncState) -> dict[str, Any]:
+    """Take the staged update out of the state (its expiry no longer applies); a copy of its record."""
+    record, state.staged_update = dict(state.staged_update), None
+    expiry, state.staged_expiry = state.staged_expiry, None
+    if expiry is not None and expiry is not asyncio.current_task():
+        expiry.cancel()
+    return record
+
+
 async def commit_update(app: FastAPI) -> dict[str, Any]:
     """Apply the staged update (the caller checked there is one)."""
     state: WeightSyncState = app.state.reward.weights
-    record, state.staged_update = dict(state.staged_update), None
+    record = _end_staging(state)
     t0 = time.monotonic()
     try:
         await _reload(app, record["version"], record)
@@ -117,16 +156,19 @@ async def commit_update(app: FastAPI) -> dict[str, Any]:
     return record
 
 
-async def abort_update(app: FastAPI) -> dict[str, Any]:
-    """Drop the staged update; the serving weights never changed (the caller checked there is one)."""
+async def abort_update(app: FastAPI, reason: str | None = None) -> dict[str, Any]:
+    """Drop the staged update; the serving weights never changed (the caller checked there is one). ``reason``:
+    why the server dropped it by itself (else the trainer asked)."""
     state: WeightSyncState = app.state.reward.weights
-    record, state.staged_update = dict(state.staged_update), None
+    record = _end_staging(state)
     try:  # the worker extension drops its buffers and raises: vLLM then closes the update session
         await app.state.engine_client.update_weights(WeightTransferUpdateRequest({"phase": ABORT_PHASE}))
     except Exception as e:
         if "update aborted" not in str(e):
             raise
     record.update(status="aborted", serving_version=state.version, at=time.time())
+    if reason is not None:
+        record["error"] = reason
     state.last_failed_update = record
     return record
 

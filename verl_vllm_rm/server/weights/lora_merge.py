@@ -3,7 +3,9 @@
 A LoRA publish may send adapters (:mod:`verl_vllm_rm.protocol.lora`) instead of
 merged weights. On each worker :class:`LoraMerge` plans the base store at the
 first inventory read (:func:`.lora_bases.plan_lora_bases`, or ``unavailable`` for
-quantized weights), copies it at the first update that carries adapters, refuses
+quantized weights), copies it at the first update that carries adapters (on a thread of
+its own: a checkpoint read of an 8B model's adapted weights would otherwise hold the
+engine's loop, and every score, for its whole length), refuses
 received adapters that are not finite before the reload, and turns a staged update
 into what the reload loads (:func:`merge_plan`): each adapted weight merged from
 the stored base, whole module groups, the head as sent. A tensor computed from the
@@ -15,12 +17,14 @@ Imports torch only, so its units run without vLLM.
 
 from __future__ import annotations
 
+import threading
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import torch
 
 from verl_vllm_rm.protocol.inventory import module_key
 from verl_vllm_rm.protocol.lora import LoraBases, merge_lora_weight, split_adapter_name
+from verl_vllm_rm.server.weights.capture_hold import hold_while_asked
 from verl_vllm_rm.server.weights.lora_bases import LoraBaseStore, PendingLoraBases, plan_lora_bases
 
 Staged = list[tuple[str, torch.Tensor]]
@@ -99,6 +103,8 @@ class LoraMerge:
         self.bases: LoraBaseStore | PendingLoraBases | LoraBases | None = None
         self.scaling: dict[str, float] | None = None
         self.loaded_at_ns = loaded_at_ns  # when the worker loaded the checkpoint the store will be read from
+        self._copying: threading.Thread | None = None  # the store's copy, under way
+        self._copied: LoraBaseStore | LoraBases | None = None
 
     def plan(self, place: str, device: torch.device, fused_modules: Mapping[str, Sequence[str]],
              specs: Sequence[tuple[str, Sequence[int], torch.dtype]], max_bytes: int | None, model_dir: str,
@@ -120,10 +126,32 @@ class LoraMerge:
             raise RuntimeError("the LoRA base store is reported only after the first inventory read")
         return (self.bases if isinstance(self.bases, LoraBases) else self.bases.report()).to_json()
 
-    def capture(self, read: Callable[[], Iterable[tuple[str, torch.Tensor]]]) -> dict[str, Any]:
-        """Copy a planned store from what ``read()`` yields (the checkpoint's weights), once; its report."""
-        if isinstance(self.bases, PendingLoraBases):
-            self.bases = self.bases.capture(read)
+    def begin_capture(self, read: Callable[[], Iterable[tuple[str, torch.Tensor]]]) -> None:
+        """Start copying a planned store from what ``read()`` yields (the checkpoint's weights) on a thread of its
+        own, and return; nothing to do when it was copied (or found unavailable) before, or a copy is under way."""
+        if not isinstance(self.bases, PendingLoraBases) or self._copying is not None:
+            return
+        pending = self.bases
+
+        def copy() -> None:
+            try:
+                hold_while_asked()
+                self._copied = pending.capture(read)
+            except Exception as e:  # what PendingLoraBases.capture does not foresee: reported like what it does
+                self._copied = LoraBases("unavailable", pending.place,
+                                         reason=f"holding the LoRA bases failed: {type(e).__name__}: {e}")
+
+        self._copying = threading.Thread(target=copy, daemon=True, name="rm-lora-bases-copy")
+        self._copying.start()
+
+    def capture_done(self) -> bool:
+        return self._copying is None or not self._copying.is_alive()
+
+    def finish_capture(self) -> dict[str, Any]:
+        """The store once its copy has ended (waiting for it), as reported."""
+        if self._copying is not None:
+            self._copying.join()
+            self.bases, self._copying, self._copied = self._copied, None, None
         return self.report()
 
     def check_received(self, staged: Staged) -> None:

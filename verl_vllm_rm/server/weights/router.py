@@ -32,11 +32,12 @@ from verl_vllm_rm.protocol.json_body import is_int, parse_json, preview
 from verl_vllm_rm.server.state import RewardServerState, error_response, read_body
 from verl_vllm_rm.server.weights.apply import abort_update, apply_update, commit_update
 from verl_vllm_rm.server.weights.join import JoinTimedOut, join_bound, join_group
-from verl_vllm_rm.server.weights.state import DEFAULT_JOIN_TIMEOUT_S, WeightSyncState
+from verl_vllm_rm.server.weights.state import DEFAULT_JOIN_TIMEOUT_S, DEFAULT_STALL_TIMEOUT_S, WeightSyncState
 
 WEIGHT_ROUTES = ("/weight_inventory", "/init_communicator", "/update_param_batch", "/commit_update", "/abort_update",
                  "/close_communicator")
 COMMIT_MODES = ("now", "deferred")
+CAPTURE_POLL_S = (0.05, 2.0)  # the first and the longest wait between polls of the LoRA base store's copy
 
 
 router = APIRouter()
@@ -69,8 +70,15 @@ def _fleet_bases(reports: list[dict[str, Any]]) -> dict[str, Any]:
 
 async def _capture_lora_bases(request: Request, inventory: Inventory) -> None:
     """Copy the workers' planned LoRA base stores (the first update that carries adapters); refuses the update,
-    before any tensor moves, when a worker could not, and from then on the inventory says ``unavailable``."""
-    results = await request.app.state.engine_client.collective_rpc("rm_capture_lora_bases")
+    before any tensor moves, when a worker could not, and from then on the inventory says ``unavailable``. The
+    copies run on the workers' own threads, polled with short engine calls: scoring goes on meanwhile."""
+    engine = request.app.state.engine_client
+    await engine.collective_rpc("rm_begin_lora_capture")
+    wait_s = CAPTURE_POLL_S[0]
+    while not all(await engine.collective_rpc("rm_lora_capture_done")):
+        await asyncio.sleep(wait_s)
+        wait_s = min(2 * wait_s, CAPTURE_POLL_S[1])  # past vLLM's 1 s busy loop of a worker after each call
+    results = await engine.collective_rpc("rm_finish_lora_capture")
     bases = LoraBases.from_json(_fleet_bases(results))
     inventory.set_lora_bases(bases)
     if bases.state != "held":
@@ -96,6 +104,7 @@ async def weight_inventory(request: Request) -> JSONResponse:
         transport=sync.transport,
         nccl_version=sync.nccl_version,
         head_patterns=list(sync.head_patterns),
+        stall_timeout_s=sync.stall_timeout_s,
         world_size=state.world_size,
         version=sync.version,
     )
@@ -139,6 +148,7 @@ async def init_communicator(request: Request) -> JSONResponse:
             return error_response(busy, 409)
         sync.session = None
         bound = join_bound(info["timeout_s"], sync.join_timeout_s)
+        info["timeout_s"] = min(info["timeout_s"], sync.stall_timeout_s)  # each wait of a transfer: a stall's bound
         try:
             await join_group(request.app.state.engine_client, info, bound)
         except JoinTimedOut as e:
@@ -234,9 +244,14 @@ async def update_param_batch(request: Request):
 
 async def _staged_version(request: Request) -> int:
     """The ``version`` the request names, which must be the staged one."""
-    staged = request.app.state.reward.weights.staged_update
+    sync: WeightSyncState = request.app.state.reward.weights
+    staged = sync.staged_update
     version = (await _body(request)).get("version")
     if staged is None:
+        dropped = sync.last_failed_update
+        if dropped.get("version") == version and dropped.get("status") == "aborted" and dropped.get("error"):
+            raise RequestError(f"no update is staged (asked for version {version}): {dropped['error']}; the old "
+                               "weights serve: publish it again (stage and commit within the stall timeout)", 409)
         raise RequestError(f"no update is staged (asked for version {preview(version)}); stage one with "
                            "/update_param_batch and \"commit\": \"deferred\"", 409)
     if not is_int(version) or version != staged["version"]:
@@ -271,9 +286,10 @@ async def abort_staged(request: Request) -> JSONResponse:
 def install_weight_routes(
     app: FastAPI, transport: str, head_patterns: tuple[str, ...], max_update_bytes: int | None = None,
     join_timeout_s: float = DEFAULT_JOIN_TIMEOUT_S, lora_bases: str = "host", lora_bases_max_bytes: int | None = None,
-    rollback_max_bytes: int | None = None,
+    rollback_max_bytes: int | None = None, stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S,
 ) -> None:
     sync: WeightSyncState = app.state.reward.weights
+    sync.stall_timeout_s = stall_timeout_s
     sync.lora_bases, sync.lora_bases_max_bytes = lora_bases, lora_bases_max_bytes
     sync.rollback_max_bytes = rollback_max_bytes
     sync.transport, sync.head_patterns = transport, head_patterns

@@ -17,6 +17,7 @@ from verl_vllm_rm.protocol.inventory import Inventory
 from verl_vllm_rm.server.weights.gate import UpdateGate
 
 DEFAULT_JOIN_TIMEOUT_S = 30.0  # --weight-update-join-timeout
+DEFAULT_STALL_TIMEOUT_S = 120.0  # --weight-update-stall-timeout
 
 
 class WeightsLost(RuntimeError):
@@ -31,6 +32,7 @@ class WeightSyncState:
     last_failed_update: dict[str, Any] = field(default_factory=dict)
     pending_update: int | None = None  # the version being received or applied
     staged_update: dict[str, Any] | None = None  # a received update waiting for /commit_update or /abort_update
+    staged_expiry: asyncio.Task | None = None  # drops the staged update when no commit comes in time
     # set by install_weight_routes (--enable-weight-updates)
     transport: str | None = None
     nccl_version: str | None = None  # the workers' NCCL (None without CUDA): a trainer must use the same
@@ -41,6 +43,8 @@ class WeightSyncState:
     rollback_max_bytes: int | None = None  # --weight-update-rollback-max-bytes
     lost: str | None = None  # why the serving weights are lost (a reload failed with no copy): nothing scores
     join_timeout_s: float = DEFAULT_JOIN_TIMEOUT_S
+    # the most any wait of a transfer lasts with no progress (a bucket, a staged update's commit)
+    stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S
     inventory: Inventory | None = None
     inventory_lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one engine read, however many ask at once
     session: str | None = None
@@ -72,5 +76,6 @@ class WeightSyncState:
             return "a weight update is in progress; retry after it finishes"
         if self.staged_update is not None:
             return (f"version {self.staged_update['version']} is staged: POST /commit_update or /abort_update "
-                    "with it first")
+                    f"with it first (the server drops it by itself {self.stall_timeout_s:g} s after it was staged, "
+                    "--weight-update-stall-timeout)")
         return None

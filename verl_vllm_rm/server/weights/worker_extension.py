@@ -109,6 +109,7 @@ class ProcessGroupWeightTransferEngine(WeightTransferEngine[ProcessGroupInitInfo
         self.staged: list[tuple[str, torch.Tensor]] = []
         self.receiver: threading.Thread | None = None
         self.receive_error: BaseException | None = None
+        self.received_buckets = 0  # of the update being received: its progress
         self.pending_join: PendingJoin | None = None
         self.loaded_at_ns = time.time_ns()  # vLLM makes this engine right after loading the model's weights
         self.lora = LoraMerge(self.loaded_at_ns)
@@ -169,9 +170,9 @@ class ProcessGroupWeightTransferEngine(WeightTransferEngine[ProcessGroupInitInfo
             # internal: /update_param_batch needs a session (else 409); whatever drops this group clears the session
             raise RuntimeError("no communicator: the trainer must call /init_communicator first")
         if self.receiver is not None and self.receiver.is_alive():
-            # internal: an update's task waits for all receives to end (rm_receive_done), and blocks others (409)
+            # internal: an update's task waits for all receives to end (rm_receive_progress), and blocks others (409)
             raise RuntimeError("a weight transfer is still being received")
-        self.staged, self.receive_error = [], None
+        self.staged, self.receive_error, self.received_buckets = [], None, 0
         self.lora.scaling, self.rollback_max_bytes = update_info.lora_scaling, update_info.rollback_max_bytes
         device = self.group.device
 
@@ -188,8 +189,9 @@ class ProcessGroupWeightTransferEngine(WeightTransferEngine[ProcessGroupInitInfo
         self.receiver = threading.Thread(target=receive, name="rm-weight-receive", daemon=True)
         self.receiver.start()
 
-    def receive_done(self) -> bool:
-        return self.receiver is None or not self.receiver.is_alive()
+    def receive_progress(self) -> tuple[bool, int]:
+        """Whether the receive has ended, and how many buckets it has received so far."""
+        return self.receiver is None or not self.receiver.is_alive(), self.received_buckets
 
     def join_receive(self) -> None:
         if self.receiver is None:
@@ -209,12 +211,15 @@ class ProcessGroupWeightTransferEngine(WeightTransferEngine[ProcessGroupInitInfo
         if self.staging is None:
             self.staging = BufferPool(torch.device("cpu"), pin_memory=device.type == "cuda")
         staged: list[tuple[str, torch.Tensor]] = []
-        for i, bucket in enumerate(plan_buckets(specs, update_info.bucket_bytes)):
+        buckets = plan_buckets(specs, update_info.bucket_bytes)
+        for i, bucket in enumerate(buckets):
             landing = self.landing.get(0, bucket.nbytes)
-            self.group.broadcast(landing, root=0).wait()
+            self.group.wait(self.group.broadcast(landing, root=0),
+                            f"waiting for bucket {i + 1} of {len(buckets)} from the trainer")
             host = self.staging.get(i, bucket.nbytes)
             host.copy_(landing)  # blocking: the landing buffer is free for the next bucket when this returns
             staged.extend(unpack(bucket, host))
+            self.received_buckets = i + 1
         self.lora.check_received(staged)
         self.staged = staged
 
@@ -272,16 +277,17 @@ class WeightSyncWorkerExtension:
         """Whether the background join started by /init_communicator has ended (polled by the server)."""
         return self.weight_transfer_engine.join_done()
 
-    def rm_receive_done(self) -> bool:
-        """Whether the background receive of the current update has ended (polled by the server)."""
-        return self.weight_transfer_engine.receive_done()
+    def rm_receive_progress(self) -> tuple[bool, int]:
+        """Whether the background receive of the current update has ended, and its buckets so far (polled by the
+        server)."""
+        return self.weight_transfer_engine.receive_progress()
 
     def rm_close_failed_reload(self) -> str | None:
-        """After ``finish_weight_update`` raised: close vLLM's update session, which it leaves open then (vLLM
-        0.32's ``Worker.finish_weight_update``, ``vllm/v1/worker/gpu_worker.py``, clears ``_weight_update_active``
-        and resets the reload target only after the engine's finish returns: every later update would be refused
-        as already active, and dropping the session would raise); why this worker's weights are lost, None when
-        the reload was undone exactly (or never began)."""
+        """After ``finish_weight_update`` raised (or a receive stalled past its bound): close vLLM's update session,
+        which it leaves open then (vLLM 0.32's ``Worker.finish_weight_update``, ``vllm/v1/worker/gpu_worker.py``,
+        clears ``_weight_update_active`` and resets the reload target only after the engine's finish returns: every
+        later update would be refused as already active, and dropping the session would raise); why this worker's
+        weights are lost, None when the reload was undone exactly (or never began)."""
         self._weight_update_active = False
         engine = self.weight_transfer_engine
         engine.reset_weight_update_target()
@@ -311,7 +317,7 @@ class WeightSyncWorkerExtension:
         The first call also plans the LoRA base store (``lora_bases``: ``host``,
         ``device`` or ``off``; see :mod:`.lora_merge`): every weight and bias of the
         linear modules outside the head, in its served dtype. Only the room for it is
-        checked here; :meth:`rm_capture_lora_bases` copies it. It also makes the
+        checked here; :meth:`rm_begin_lora_capture` copies it. It also makes the
         worker's undoable reload (:mod:`.rollback`), which reads the weight files
         again only to undo a failed reload of weights no update has replaced.
         """
@@ -348,10 +354,19 @@ class WeightSyncWorkerExtension:
         """The LoRA base store as ``/weight_inventory`` reports it."""
         return self.weight_transfer_engine.lora.report()
 
-    def rm_capture_lora_bases(self) -> dict[str, Any]:
-        """Copy the planned LoRA base store from the model's weight files (a second read of them), once; its
-        report, ``unavailable`` with the reason when the copy could not be made."""
-        return self.weight_transfer_engine.lora.capture(self._read_weight_files)
+    def rm_begin_lora_capture(self) -> None:
+        """Start copying the planned LoRA base store from the model's weight files (a second read of them), once,
+        on a thread of its own: the engine goes on scoring meanwhile."""
+        self.weight_transfer_engine.lora.begin_capture(self._read_weight_files)
+
+    def rm_lora_capture_done(self) -> bool:
+        """Whether the copy of the LoRA base store has ended (polled by the server)."""
+        return self.weight_transfer_engine.lora.capture_done()
+
+    def rm_finish_lora_capture(self) -> dict[str, Any]:
+        """The LoRA base store's report once copied, ``unavailable`` with the reason when the copy could not be
+        made."""
+        return self.weight_transfer_engine.lora.finish_capture()
 
     def _read_weight_files(self) -> Iterable[tuple[str, torch.Tensor]]:
         """The model's weight files as vLLM's loader reads them, under checkpoint names."""
