@@ -426,7 +426,8 @@ def test_a_source_that_lists_no_server_yet_is_retried_then_reported():
 
     client = VLLMRewardClient(max_retries=2, **FAST)
     client.follow(source, refresh_s=0.0)
-    with pytest.raises(RewardServerError, match=r"after 3 attempt\(s\) \(servers \[\]\); last error: \(no server\): "
-                                                r"no reward server in routing yet: the followed source lists none"):
+    with pytest.raises(RewardServerError, match=r"after 3 attempt\(s\), max_retries 2 used up \(servers \[\]\); last "
+                                                r"error: \(no server\): no reward server in routing yet: the followed "
+                                                r"source lists none"):
         run(client, client.score_batch([[1, 2, 3]]))
     assert len(asked) == 3

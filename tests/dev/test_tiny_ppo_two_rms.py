@@ -3,8 +3,8 @@ trainer mode ``vllm_rm_colocate_async``: the next batch is generated and scored 
 server, ``safety`` on two replicas the plugin starts and manages on verl's Ray cluster, and two published families
 on servers of this module: ``attrs``, a multi-attribute head (HelpSteer-style) weighted by the run, and ``prm``, a
 two-class process reward model (Qwen2.5-Math-PRM kind) read as its card reads the policy's plain-text steps, with
-``step_reward=min``. Half the prompts (``math_dapo``) take a route of their own: the same PRM with
-``step_reward=token``, each step's reward on the policy token that ends it. Each dumped reward of the other half is
+``step_reward=min``. A quarter of the prompts (``math_dapo``) take a route of their own: the same PRM with
+``step_reward=token``, each step's reward on the policy token that ends it. Each dumped reward of the others is
 the uncertainty-penalised ensemble of the RMs' scores of the exact token ids verl generated (``safety`` whitened),
 plus the rules, each member equal to a direct score; the per-token rewards verl trained on sit on the step-ending
 tokens, each the card's number for that step; both replicas served, every per-replica, per-attribute metric and the
@@ -30,10 +30,12 @@ from verl_vllm_rm.dev.ppo_report import read_dump, read_metrics
 from verl_vllm_rm.dev.tiny_rm import STEP, TinyRMSpec, build_tiny_rm
 from verl_vllm_rm.dev.tiny_rm_families import build_tiny_attribute_rm, build_tiny_qwen2_prm
 from verl_vllm_rm.dev.tiny_task import MATH_DAPO
+from verl_vllm_rm.monitor.alarms import MIN_SAMPLES
 from verl_vllm_rm.replicas.launcher import start_server
 
 pytestmark = [pytest.mark.server, pytest.mark.ray]
 PENALTY = 0.5
+MATH_DAPO_EVERY = 4  # every fourth prompt from the first is a math_dapo one (the PRM's token-level route)
 ATTRIBUTES = {"helpfulness": 1.0, "verbosity": -0.5}  # helpfulness minus a share of verbosity
 MEMBERS = ("helpful", "safety", "attrs", "prm")
 #: the tiny policy writes no line breaks: its steps are its words
@@ -96,9 +98,12 @@ def two_rm_run(tmp_path_factory, tiny_rm, tiny_task, rm_server, second_rm, serve
         f"uncertainty_penalty:{PENALTY}}}]",
         # one reward-loop worker: one whitening stream, which test_whitened_scores_replay_from_the_raw_ones replays
         "reward.num_workers=1",
+        # the prompts in the dataset's order (verl shuffles with an unseeded generator by default): the two steps
+        # train on the first 8 prompts, 2 of them math_dapo ones, in an order colocate_async's completions decide
+        "data.shuffle=False",
     ]
     run = tiny_ppo(tmp_path_factory.mktemp("ppo_two_rms"), tiny_rm, tiny_task["policy"], rm_server.url, steps=2,
-                   validate=False, mode="colocate_async", math_dapo_every=2,
+                   validate=False, mode="colocate_async", math_dapo_every=MATH_DAPO_EVERY,
                    extra_overrides=[*overrides, "trainer.save_freq=2"])
     deadline = time.monotonic() + 60  # each server notices its replica actor is gone within a second or two
     while server_processes(second_rm) and time.monotonic() < deadline:
@@ -288,8 +293,9 @@ def test_per_rm_metrics_are_in_verls_logger(two_rm_run):
 
 
 def test_the_attribute_alarm_is_in_verls_logger_from_the_runs_attributes(two_rm_run):
-    """``alarm/attribute_rise/attrs/verbosity_over_helpfulness`` at every step: 0 at the first (nothing has risen
-    since it), then the rise of verbosity's step mean minus helpfulness's, each in its first-step std."""
+    """``alarm/attribute_rise/attrs/verbosity_over_helpfulness`` in verl's logger: 0 at the first step with enough
+    scored samples (nothing has risen since it), then the rise of verbosity's step mean minus helpfulness's, each
+    in that step's std; absent at a step with fewer than MIN_SAMPLES."""
     work = Path(two_rm_run["rollout_data_dir"]).parent
     metrics = dict(read_metrics(work))
     key = "alarm/attribute_rise/attrs/verbosity_over_helpfulness"
@@ -297,9 +303,21 @@ def test_the_attribute_alarm_is_in_verls_logger_from_the_runs_attributes(two_rm_
     def column(step: int, attribute: str) -> np.ndarray:
         return np.array([row[f"rm_attr_attrs_{attribute}"] for row in ensemble_rows(work, step)])
 
-    rise = {a: (column(2, a).mean() - column(1, a).mean()) / column(1, a).std() for a in ("verbosity", "helpfulness")}
-    assert metrics[1][key] == pytest.approx(0.0, abs=1e-9)
-    assert metrics[2][key] == pytest.approx(rise["verbosity"] - rise["helpfulness"], rel=1e-4, abs=1e-6)
+    # a step takes the first 4 groups to complete (colocate_async), so how many are the attribute RM's (gsm8k)
+    # varies; with 2 math_dapo prompts among the first 8 each step has at least 2 (MIN_SAMPLES) unless it also took
+    # one of the next batch's. The alarm's rule: the first step with MIN_SAMPLES scored samples sets the baseline
+    # (0), later ones rise from it, and a step with fewer logs nothing.
+    counted = [step for step in (1, 2) if len(column(step, "verbosity")) >= MIN_SAMPLES]
+    assert counted, [len(column(step, "verbosity")) for step in (1, 2)]
+    for step in set((1, 2)) - set(counted):
+        assert key not in metrics[step]
+    first = counted[0]
+    assert metrics[first][key] == pytest.approx(0.0, abs=1e-9)
+    for step in counted[1:]:
+        rise = {a: (column(step, a).mean() - column(first, a).mean()) / column(first, a).std()
+                for a in ("verbosity", "helpfulness")}
+        assert metrics[step][key] == pytest.approx(rise["verbosity"] - rise["helpfulness"], rel=1e-4, abs=1e-6)
+    print(f"attribute alarm: logged at steps {counted}")
 
 
 def test_the_checkpoint_holds_the_whitened_rms_statistics(two_rm_run):

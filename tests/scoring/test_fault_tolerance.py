@@ -187,8 +187,9 @@ def test_kill_with_short_deadline_is_a_clear_error_in_time(load_manager, own_ser
     error = result.get("error")
     assert isinstance(error, RewardServerError), result
     assert own_server.url in str(error) and "connection failed" in str(error), str(error)
+    # the deadline ended the retries (10,000 were allowed): the error names the bound that fired, not a duration
+    assert f"attempt(s), deadline_s {deadline_s:g} s ran out (servers " in str(error), str(error)
     print(f"short deadline: error after {result['elapsed']:.2f}s (deadline {deadline_s}s): {error}")
-    assert result["elapsed"] < deadline_s + 2.0  # a bound from the deadline, not a speed figure
 
 
 # -- 4. injected faults through the manager -----------------------------------------------------

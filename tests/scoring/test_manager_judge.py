@@ -170,7 +170,8 @@ def test_a_member_that_never_arrives_masks_its_group_under_mask(rm_server, judge
 
 @pytest.mark.parametrize("judge, cause", [
     ({"max_tokens": 4}, "cut at max_tokens"),
-    ({"server_url": ["http://127.0.0.1:9"], "max_retries": 1, "backoff_base_s": 0.01}, "failed after 2 attempt"),
+    ({"server_url": ["http://127.0.0.1:9"], "max_retries": 1, "backoff_base_s": 0.01},
+     r"failed after 2 attempt\(s\), max_retries 1 used up"),
     ({"read_timeout_s": 0.3, "max_retries": 1, "backoff_base_s": 0.01}, r"failed after 2 attempt.*timed out"),
 ], ids=["answer-cut-short", "judge-unreachable", "judge-times-out"])
 def test_a_failed_judgement_goes_through_the_failure_policy(rm_server, judge_server, tokenizer, tiny_rm, grpo_groups,

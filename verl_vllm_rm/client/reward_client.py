@@ -255,6 +255,7 @@ class VLLMRewardClient:
         deadline = time.monotonic() + opts.deadline_s
         errors: list[str] = []
         failed: _Endpoint | None = None
+        ended = ""  # which bound ended the retries
         async with state.semaphore:
             for attempt in range(opts.max_retries + 1):
                 endpoint = None
@@ -277,14 +278,18 @@ class VLLMRewardClient:
                     if e.endpoint_down:
                         endpoint.down_until = time.monotonic() + opts.endpoint_cooldown_s
                 delay = min(opts.backoff_max_s, opts.backoff_base_s * 2**attempt) * random.uniform(0.5, 1.0)
-                if attempt == opts.max_retries or time.monotonic() + delay >= deadline:
+                if attempt == opts.max_retries:
+                    ended = f"max_retries {opts.max_retries} used up"
+                    break
+                if time.monotonic() + delay >= deadline:
+                    ended = f"deadline_s {opts.deadline_s:g} s ran out"
                     break
                 if failed is not None and any(e is not failed and e.down_until <= time.monotonic()
                                               for e in self._endpoints):
                     delay = 0.0  # another server looks up: fail over now
                 await asyncio.sleep(delay)
         raise RewardServerError(
-            f"{method} {path} failed after {len(errors)} attempt(s) (servers {self.urls}); "
+            f"{method} {path} failed after {len(errors)} attempt(s), {ended} (servers {self.urls}); "
             f"last error: {errors[-1]}"
         )
 
