@@ -19,8 +19,9 @@ import sys
 import threading
 
 import torch
+from sync_helpers import after_buckets
 
-from verl_vllm_rm.protocol.wire import TransferGroup, plan_buckets
+from verl_vllm_rm.protocol.wire import plan_buckets
 from verl_vllm_rm.weight_sync import MultiServerPublisher, RewardModelPublisher
 
 BUCKET_BYTES = 64 << 10
@@ -28,23 +29,6 @@ BUCKET_BYTES = 64 << 10
 
 def die() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
-
-
-def die_after_buckets(n: int) -> None:
-    """Die once the n-th broadcast reached every receiver."""
-    sent = []
-    broadcast = TransferGroup.broadcast
-
-    def broadcast_then_die(self, tensor, root=0):
-        work = broadcast(self, tensor, root)
-        if tensor.numel() > 1:  # a bucket, not the warm-up that formed the group
-            sent.append(work)
-        if len(sent) == n:
-            work.wait()
-            die()
-        return work
-
-    TransferGroup.broadcast = broadcast_then_die
 
 
 def die_before_second_commit(first_url: str) -> None:
@@ -84,9 +68,9 @@ def main() -> None:
             die()
         if phase == "last_bucket":
             specs = [item.spec for item in pub.plan(model, "full").items]
-            die_after_buckets(len(plan_buckets(specs, BUCKET_BYTES)))
+            after_buckets(len(plan_buckets(specs, BUCKET_BYTES)), die)
         else:
-            die_after_buckets(int(phase.removeprefix("bucket:")))
+            after_buckets(int(phase.removeprefix("bucket:")), die)
         pub.publish(model, int(version), "full", commit=phase != "last_bucket")
     print("publish completed: the fault was not injected", flush=True)
     sys.exit(3)

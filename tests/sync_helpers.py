@@ -26,6 +26,27 @@ def faulty_server(tiny_rm: str, server_args: list[str], fault_file: Path, *extra
                           env={RELOAD_FAULT_ENV: str(fault_file)})
 
 
+def after_buckets(n: int, action) -> None:
+    """Fault injection on this process's trainer side: once the n-th bucket's broadcast has reached every receiver,
+    ``action()`` (kill this trainer, stop the server's worker). Counts buckets only, not the warm-up broadcast
+    that forms a group (one byte). Patches ``TransferGroup.broadcast``; the caller restores it if it lives on."""
+    from verl_vllm_rm.protocol.wire import TransferGroup
+
+    sent = []
+    broadcast = TransferGroup.broadcast
+
+    def broadcast_then_act(group, tensor, root=0):
+        work = broadcast(group, tensor, root)
+        if tensor.numel() > 1:
+            sent.append(work)
+            if len(sent) == n:
+                work.wait()
+                action()
+        return work
+
+    TransferGroup.broadcast = broadcast_then_act
+
+
 def load_rm(path: str):
     """A fresh, trainable copy of the reward model (fp32)."""
     from transformers import AutoModelForSequenceClassification

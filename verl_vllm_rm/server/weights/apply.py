@@ -57,8 +57,8 @@ async def _receive(engine, specs: list[ParamSpec], bucket_bytes: int, workers: i
         progress = await engine.collective_rpc("rm_receive_progress")
         if all(done for done, _ in progress):
             break
-        if sum(buckets for _, buckets in progress) != received:
-            received, moved_at = sum(buckets for _, buckets in progress), time.monotonic()
+        if (buckets := sum(count for _, count in progress)) != received:
+            received, moved_at = buckets, time.monotonic()
         elif time.monotonic() - moved_at > stall_s + RECEIVE_STALL_GRACE_S:
             await engine.collective_rpc("rm_close_failed_reload")  # no reload began: closes vLLM's update session
             # a backstop: each worker's wait for a bucket ends first (the group's timeout is at most stall_s)
