@@ -15,7 +15,7 @@
 #   VERL_VLLM_RM_CPU_PROFILE=1  the same recipe on a machine without a GPU: tiny sizes, 2 steps
 #               (VERL_VLLM_RM_CPU_STEPS=N for N), verl's
 #               main_ppo made to run on CPU by verl_vllm_rm.dev.cpu_harness (MODEL, DATA and RM_PATH
-#               must then be tiny: `make test` runs every recipe this way)
+#               must then be tiny: `make test` runs every recipe this way; one that another execs, inside that one)
 
 REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 SERVER_PYTHON=${VERL_VLLM_RM_SERVER_PYTHON:-$REPO_ROOT/.venv-server/bin/python}

@@ -84,8 +84,8 @@ def hf_model(tiny_rm):
 @pytest.fixture(scope="session")
 def rm_server(tiny_rm, server_args):
     """The main reward server (no API key, no step pooling; the small KV cache: each xdist worker holds one for the
-    session, beside a main_ppo run on the other; the 2 GiB default is checked on a server of its own in
-    tests/server/test_server_lifecycle.py)."""
+    session, beside a main_ppo run on the other; the 2 GiB default is set by the server's arguments and reaches the
+    engine like this size: tests/server/test_server_lifecycle.py)."""
     with running_server(tiny_rm, server_args) as server:
         yield server
 

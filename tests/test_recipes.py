@@ -1,6 +1,9 @@
 """Every recipe's trainer overrides compose with verl's own ``ppo_trainer`` config and resolve to our
 manager with valid options (the recipes' dry-run mode), and every recipe runs for real: the same script
-with its CPU profile (tiny models, 1 or 2 steps, verl's main_ppo on CPU through the harness)."""
+with its CPU profile (tiny models, 1 or 2 steps, verl's main_ppo on CPU through the harness). A recipe that
+another one execs with more overrides (grpo_math_rm_weighted.sh, which grpo_math_online_rm.sh extends) runs
+inside that one's run: its overrides are the first of that run's, checked here, and it pays no main_ppo start-up
+of its own."""
 
 import json
 import os
@@ -16,6 +19,11 @@ from verl_vllm_rm.scoring.options import parse_options
 from verl_vllm_rm.scoring.manager import VLLMRewardManager
 
 RECIPES = sorted(p for p in (Path(__file__).resolve().parents[1] / "recipes").glob("*.sh") if p.name != "common.sh")
+#: recipe -> the recipe that execs it with more overrides (and so runs it)
+EXTENDED_BY = {inner: outer for outer in RECIPES for inner in RECIPES
+               if f'exec bash "$(dirname "$0")/{inner.name}"' in outer.read_text()}
+#: the recipes main_ppo runs from their own script (the others run inside the one that extends them)
+OUTERMOST = [p for p in RECIPES if p not in EXTENDED_BY]
 
 
 def recipe_overrides(path: Path) -> list[str]:
@@ -39,6 +47,17 @@ def test_recipe_resolves_to_vllm_rm(recipe, compose_config):
     assert not cfg.reward.reward_model.enable  # verl's own RM path would bypass vllm_rm
 
 
+def test_a_recipe_another_one_extends_runs_in_its_run():
+    """The extending recipe passes its overrides after the extended one's: main_ppo gets every setting of the
+    extended script first, in its order (values from the same script, under the extending one's environment: the
+    online recipe exports N_GPUS=6), so the extending recipe's run is also the extended one's."""
+    assert EXTENDED_BY, "no recipe extends another: every recipe needs its own run"
+    for inner, outer in EXTENDED_BY.items():
+        inner_keys, outer_keys = ([o.split("=", 1)[0] for o in recipe_overrides(path)] for path in (inner, outer))
+        assert outer_keys[:len(inner_keys)] == inner_keys, (inner.name, outer.name)
+        assert len(outer_keys) > len(inner_keys)
+
+
 @pytest.mark.parametrize(("env", "gpus"), [
     ({"CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7", "RM_GPUS": "7"}, "0,1,2,3,4,5,6"),
     ({"CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7", "RM_GPUS": "2,5"}, "0,1,3,4,6,7"),
@@ -57,7 +76,7 @@ def test_verl_never_gets_the_reward_servers_gpu(env, gpus):
 
 @pytest.mark.server
 @pytest.mark.ray
-@pytest.mark.parametrize("recipe", RECIPES, ids=[p.name for p in RECIPES])
+@pytest.mark.parametrize("recipe", OUTERMOST, ids=[p.name for p in OUTERMOST])
 def test_recipe_runs_on_cpu(recipe, tmp_path, tiny_rm, tiny_task, rm_server, online_rm_server):
     """The exact script users start, with VERL_VLLM_RM_CPU_PROFILE=1: one GRPO step of verl's main_ppo
     (VERL_VLLM_RM_CPU_STEPS=1), two for the online recipe, whose run max_idle_steps stops at step 2: its RM

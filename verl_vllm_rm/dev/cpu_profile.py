@@ -58,7 +58,8 @@ def cpu_profile(steps: int, batch_prompts: int = 4, group_size: int = 4, online:
                 external_modules: str | None = None, mode: str = "sync") -> list[str]:
     """Overrides that turn any GRPO run into a tiny one verl runs on CPU (appended last, they win).
 
-    ``make test`` runs every script in ``recipes/`` with these (``VERL_VLLM_RM_CPU_PROFILE=1``).
+    ``make test`` runs every script in ``recipes/`` with these (``VERL_VLLM_RM_CPU_PROFILE=1``; one that another
+    execs, inside that one's run).
     ``external_modules`` (the harness first) also goes into Ray's runtime env, for recipes that set it
     there for workers on other nodes. ``mode``: verl's trainer mode the run uses (one of :data:`BASE_MODES`).
     """
