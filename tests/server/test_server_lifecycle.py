@@ -28,7 +28,7 @@ import pytest
 import requests
 from process_helpers import engine_core_pid, wait_until
 
-from verl_vllm_rm.replicas.launcher import SERVER_PYTHON_ENV, find_server_python, running_server, start_server
+from verl_vllm_rm.replicas.launcher import SERVER_PYTHON_ENV, find_server_python, start_server
 
 pytestmark = pytest.mark.server  # starts and kills its own server
 
