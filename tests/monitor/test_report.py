@@ -72,6 +72,19 @@ def test_the_report_says_per_step_whether_the_online_rm_trained_and_on_how_many_
     assert "pairs per step" not in plain
 
 
+def test_the_report_names_the_steps_whose_publish_left_a_server_behind(tmp_path):
+    run = write_run(tmp_path / "run")
+    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    for entry, behind in zip(lines[1:], [0.0, 1.0, 0.0]):
+        entry["data"]["rm/publish_left_behind"] = behind
+    (run / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    _, text = write_report(run)
+    assert ("online RM publishes left servers behind (no request until the next publish re-synced them): "
+            "1 at step 2") in text
+    _, plain = write_report(write_run(tmp_path / "plain"))
+    assert "left servers behind" not in plain
+
+
 def test_the_report_counts_each_fleets_evictions_resyncs_restarts_and_the_failed_over_scores(tmp_path):
     run = write_run(tmp_path / "run")
     lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]

@@ -84,6 +84,6 @@ def test_online_rm_recipe_options_are_valid(compose_config):
     assert "trainer.v1.trainer_mode=vllm_rm_online" in overrides
     config = online_rm_config(compose_config(overrides))
     assert (config.model_path, config.training_mode, config.reward_key) == ("/models/rm", "lora", ["verifiable_score"])
-    assert config.server_url == "http://127.0.0.1:8001", "the reward manager's server (the recipe's RM_URL)"
+    assert config.server_url == ["http://127.0.0.1:8001"], "the reward manager's server (the recipe's RM_URL)"
     with pytest.raises(ValueError, match="valid options"):
         OnlineRMConfig.from_dict({"model_path": "/models/rm", "server_url": "http://x", "learning_rate": 1e-5})

@@ -128,25 +128,35 @@ def test_trainer_without_online_rm_options_names_them(compose_config):
 
 
 @pytest.mark.parametrize("reward_url, expected", [
-    (None, "http://127.0.0.1:8001"),  # the manager's own default
-    ("http://rm-host:9000", "http://rm-host:9000"),
-    ("[http://rm-host:9000]", "http://rm-host:9000"),
+    (None, ["http://127.0.0.1:8001"]),  # the manager's own default
+    ("http://rm-host:9000", ["http://rm-host:9000"]),
+    ("[http://rm-host:9000]", ["http://rm-host:9000"]),
+    ("[http://a:1,http://b:2]", ["http://a:1", "http://b:2"]),  # every server the manager routes over
 ])
-def test_online_rm_publishes_to_the_reward_managers_server_by_default(compose_config, reward_url, expected):
+def test_online_rm_publishes_to_the_reward_managers_servers_by_default(compose_config, reward_url, expected):
     from verl_vllm_rm.plugin.online_mode import online_rm_config
 
     overrides = ["+online_rm.model_path=/rm"] + ([f"+reward.reward_kwargs.server_url={reward_url}"] if reward_url else [])
-    assert online_rm_config(compose_config(overrides)).server_url == expected
+    online = online_rm_config(compose_config(overrides))
+    assert online.server_url == expected and online.on_server_failure is None  # a failed server aborts the version
     explicit = compose_config([*overrides, "+online_rm.server_url=http://other:1"])
-    assert online_rm_config(explicit).server_url == "http://other:1"
+    assert online_rm_config(explicit).server_url == ["http://other:1"]
 
 
-def test_online_rm_needs_its_server_named_when_the_manager_has_several(compose_config):
+def test_on_server_failure_is_for_a_fixed_list_and_names_its_two_choices(compose_config):
     from verl_vllm_rm.plugin.online_mode import online_rm_config
 
-    config = compose_config(["+online_rm.model_path=/rm", "+reward.reward_kwargs.server_url=[http://a:1,http://b:2]"])
-    with pytest.raises(ValueError, match=r"online_rm.server_url is unset and .* lists \['http://a:1', 'http://b:2'\]"):
-        online_rm_config(config)
+    fixed = ["+online_rm.model_path=/rm", "+reward.reward_kwargs.server_url=[http://a:1,http://b:2]"]
+    assert online_rm_config(compose_config([*fixed, "+online_rm.on_server_failure=leave_behind"])
+                            ).on_server_failure == "leave_behind"
+    with pytest.raises(ValueError, match=r"online_rm.on_server_failure.*one of \['abort', 'leave_behind'\]"):
+        online_rm_config(compose_config([*fixed, "+online_rm.on_server_failure=skip"]))
+    managed = ["+online_rm.model_path=/rm", "reward.reward_manager.name=vllm_rm",
+               "+reward.reward_kwargs.replicas={model:/rm,num_replicas:2}", "+online_rm.on_server_failure=abort"]
+    with pytest.raises(ValueError, match=r"online_rm.on_server_failure='abort' decides what a fixed server_url list "
+                                         r"does .* the managed replicas of reward_model always leave it behind .*: "
+                                         r"drop on_server_failure"):
+        online_rm_config(compose_config(managed))
 
 
 def test_online_rm_with_managed_replicas_publishes_to_every_replica_of_the_rm(compose_config):
@@ -161,7 +171,7 @@ def test_online_rm_with_managed_replicas_publishes_to_every_replica_of_the_rm(co
         online_rm_config(compose_config([*managed, "+online_rm.reward_model=safety"]))
     both = compose_config(["+online_rm.model_path=/rm", "+online_rm.server_url=http://a:1",
                            "+online_rm.reward_model=safety"])
-    with pytest.raises(ValueError, match=r"exactly one of server_url \(one server\) and reward_model"):
+    with pytest.raises(ValueError, match=r"exactly one of server_url \(the servers\) and reward_model"):
         online_rm_config(both)
 
 
@@ -372,3 +382,19 @@ def test_the_tiny_rm_and_the_family_builders_configs_read_as_they_are(tiny_rm, t
     check_trainable_head(str(build_tiny_two_class_rm(tmp_path / "two_class")))
     attributes = json.loads((build_tiny_attribute_rm(tmp_path / "attributes") / "config.json").read_text())
     assert untrainable_head_reason(attributes).startswith("Qwen2ForSequenceClassification has 5 attribute outputs")
+
+
+def test_the_drift_probe_scores_on_the_listed_server_with_the_newest_version(rm_server, ws_server, dead_url):
+    """With ``on_server_failure=leave_behind`` a listed server may be behind or down: the probe asks ``/health``
+    and takes the first on the newest version; none answering is an error naming the list."""
+    from sync_helpers import runtime_version
+
+    from verl_vllm_rm.client.reward_client import RewardServerError
+    from verl_vllm_rm.plugin.online_mode import newest_server
+
+    newer = max((rm_server.url, ws_server.url), key=runtime_version)
+    assert newest_server([dead_url, rm_server.url, ws_server.url], None) == newer
+    assert newest_server([dead_url], None) == dead_url  # the only one: not asked
+    with pytest.raises(RewardServerError, match=rf"none of online_rm.server_url \['{dead_url}', '{dead_url}/'\] "
+                                                r"answered /health within 5 s with its weight version"):
+        newest_server([dead_url, dead_url + "/"], None)

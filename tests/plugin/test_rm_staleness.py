@@ -174,7 +174,7 @@ def test_an_online_rm_no_reward_model_is_served_by_is_named():
 
     online = OnlineRMConfig(model_path="/rm", server_url="http://c:1")
     with pytest.raises(ConfigError, match=r"no reward model of reward.reward_kwargs is served by what online_rm "
-                                          r"trains \(online_rm.server_url='http://c:1'; the manager's: "
+                                          r"trains \(online_rm.server_url=\['http://c:1'\]; the manager's: "
                                           r"\{'rm': \['http://a:1'\]"):
         trained_rm_version_keys([rm("rm", server_url=["http://a:1"])], online)
     with pytest.raises(ConfigError, match="none: reward.reward_manager.name is not vllm_rm"):

@@ -7,7 +7,14 @@ with fail-over. A request a server has not answered after ``failover_after_s`` h
 ``/health`` checked (``health_timeout_s``): a hung server (no answer) is taken out of routing and the
 request goes to another server, so a hung server never holds a request for the read timeout; it
 rejoins routing once its ``/health`` answers again. Each attempt goes through
-:mod:`verl_vllm_rm.client.http`. The server list is
+:mod:`verl_vllm_rm.client.http`.
+
+Requests go only to the servers on the newest weight version among those up (:func:`on_newest_version`): each
+``/score`` answer and ``/health`` says its server's version, and a server seen on an older one (left behind by a
+publish, or restarted from the checkpoint on disk) gets no request until its ``/health`` shows the newest; it is
+asked again once another server shows a newer version and then every ``endpoint_cooldown_s``. When no server up
+is on a newer version than it, it serves (a run whose only live server is the one left behind scores with its
+weights, each score labelled with its version). The server list is
 fixed (``server_url``) or follows a source (:meth:`VLLMRewardClient.follow`: managed
 replicas), asked again at most once a second (a due answer is awaited: no request routes on an older list).
 
@@ -67,6 +74,8 @@ class _Endpoint:
     outstanding: int = 0
     down_until: float = 0.0
     hung: bool = False  # found hung: back in routing only once its /health answers
+    version: int | None = None  # its weight version, as its last /score answer or /health said
+    version_read: float = -math.inf  # when that was
     requests: int = 0  # attempts sent to this server, failures among them, and their summed time
     failures: int = 0
     busy_s: float = 0.0
@@ -76,9 +85,27 @@ class _Endpoint:
 
 @dataclass
 class _Trace:
-    """What one request met on its way: how often it moved to another server after a failure."""
+    """What one request met on its way: how often it moved to another server after a failure, and the server
+    that answered."""
 
     failovers: int = 0
+    answered: _Endpoint | None = None
+
+
+def on_newest_version(endpoints: Sequence[_Endpoint], newest_since: float, now: float,
+                      recheck_s: float) -> tuple[list[_Endpoint], list[_Endpoint]]:
+    """Of the servers up, ``(routable, to_check)``: those on the newest version any of them is known to serve, or
+    whose version is not known yet (none of its answers said), and those known on an older one whose ``/health`` is
+    due: read before ``newest_since`` (when a server was first seen on the newest version) or over ``recheck_s``
+    ago. The others are behind: no request until a check shows the newest version."""
+    newest = max((e.version for e in endpoints if e.version is not None), default=None)
+    routable, to_check = [], []
+    for e in endpoints:
+        if e.version is None or e.version == newest:
+            routable.append(e)
+        elif e.version_read < newest_since or now - e.version_read >= recheck_s:
+            to_check.append(e)
+    return routable, to_check
 
 
 @dataclass
@@ -117,6 +144,7 @@ class VLLMRewardClient:
         self._source: Callable[[], Awaitable[list[str]]] | None = None
         self._refresh_s, self._refreshed = 1.0, -math.inf
         self._pending: asyncio.Future | None = None
+        self._newest_since = -math.inf  # when a server was first seen on the newest version known
 
     @property
     def urls(self) -> list[str]:
@@ -154,6 +182,7 @@ class VLLMRewardClient:
         scores = await self._call("POST", "/score", payload, validate=lambda body: _validate_scores(body, len(chunk)),
                                   trace=trace)
         scores.failovers = trace.failovers
+        self._saw_version(trace.answered, scores.version)
         return scores
 
     async def post(self, path: str, payload: Any, validate: Callable[[Any], Any] | None = None) -> Any:
@@ -234,18 +263,35 @@ class VLLMRewardClient:
         if urls:
             self._endpoints = [self._seen.setdefault(u.rstrip("/"), _Endpoint(u.rstrip("/"))) for u in urls]
 
-    def _pick(self, avoid: _Endpoint | None = None) -> _Endpoint:
-        """Least outstanding among the servers that look up; a retry avoids the one that just failed."""
+    def _saw_version(self, endpoint: _Endpoint | None, version: int | None) -> None:
+        """``endpoint`` serves ``version`` (a /score answer or a /health said so)."""
+        if endpoint is None or version is None:
+            return
+        others = [e.version for e in self._endpoints if e is not endpoint and e.version is not None]
+        if version > max(others, default=-math.inf) and (endpoint.version is None or version > endpoint.version):
+            self._newest_since = time.monotonic()  # every other server is asked for its version again
+        endpoint.version, endpoint.version_read = version, time.monotonic()
+
+    async def _pick(self, session, avoid: _Endpoint | None = None) -> _Endpoint:
+        """Least outstanding among the servers that look up and are on the newest version; a retry avoids the one
+        that just failed. A server whose version may have caught up has its ``/health`` read first."""
         if not self._endpoints:
             raise _Retryable("no reward server in routing yet: the followed source lists none (managed replicas still "
                              "starting, or every one out of routing; their own log lines say why)", endpoint_down=False)
         now = time.monotonic()
         up = [e for e in self._endpoints if e.down_until <= now]
-        up = [e for e in up if e is not avoid] or up  # a slow (timed-out) server is not marked down
         if not up:  # every server looks down: try the one that went down first
             return min(self._endpoints, key=lambda e: e.down_until)
-        least = min(e.outstanding for e in up)
-        return random.choice([e for e in up if e.outstanding == least])
+        routable, to_check = on_newest_version(up, self._newest_since, now, self.options.endpoint_cooldown_s)
+        if to_check:  # whether each caught up (asked once: the requests picking meanwhile do not ask again)
+            for e in to_check:
+                e.version_read = now
+            await asyncio.gather(*(self._answers_health(session, e) for e in to_check))
+            routable, _ = on_newest_version(up, self._newest_since, time.monotonic(), math.inf)
+        # a slow (timed-out) server is not marked down: a retry goes elsewhere when another is on the newest version
+        routable = [e for e in routable if e is not avoid] or routable
+        least = min(e.outstanding for e in routable)
+        return random.choice([e for e in routable if e.outstanding == least])
 
     async def _call(
         self, method: str, path: str, payload: Any = None, validate: Callable[[Any], Any] | None = None,
@@ -262,7 +308,7 @@ class VLLMRewardClient:
                 try:
                     if self._source is not None:
                         await self._refresh()
-                    endpoint = self._pick(avoid=failed)
+                    endpoint = await self._pick(state.session, avoid=failed)
                     if failed is not None and endpoint is not failed:
                         failed.failovers += 1
                         if trace is not None:
@@ -271,7 +317,10 @@ class VLLMRewardClient:
                         raise _Retryable(f"/health did not answer within {opts.health_timeout_s:g}s (hung)",
                                          endpoint_down=True)
                     body = await self._once(state.session, endpoint, method, path, payload, deadline)
-                    return validate(body) if validate else body
+                    answer = validate(body) if validate else body
+                    if trace is not None:
+                        trace.answered = endpoint
+                    return answer
                 except _Retryable as e:
                     errors.append(f"{endpoint.url if endpoint else '(no server)'}: {e}")
                     failed = endpoint
@@ -295,7 +344,7 @@ class VLLMRewardClient:
 
     async def _answers_health(self, session, endpoint: _Endpoint) -> bool:
         """Whether the server answers ``/health`` ok within ``health_timeout_s`` (a hung server does not); an answer
-        clears its hung mark."""
+        clears its hung mark and says its weight version."""
         limit = self.options.health_timeout_s
         try:
             body = await http.request_json(session, "GET", endpoint.url + "/health", total_s=limit,
@@ -304,6 +353,8 @@ class VLLMRewardClient:
             return False
         ok = isinstance(body, dict) and body.get("status") == "ok"
         endpoint.hung = endpoint.hung and not ok
+        if ok and isinstance(body.get("version"), int) and not isinstance(body.get("version"), bool):
+            self._saw_version(endpoint, body["version"])
         return ok
 
     async def _once(self, session, endpoint: _Endpoint, method: str, path: str, payload: Any, deadline: float) -> Any:

@@ -58,7 +58,7 @@ class TinyPPOConfig:
     policy: str | None = None  # None: the tiny policy, built on the RM's tokenizer in work_dir
     online: str = "off"
     extra_overrides: list[str] = field(default_factory=list)
-    server_url: str | None = None  # None: start a server on the RM (and stop it at the end)
+    server_url: str | list[str] | None = None  # None: start a server on the RM (and stop it at the end)
     replicas: int = 0  # > 0: no server of ours; the plugin runs the RM on this many replicas on verl's Ray cluster
     rm_train_seconds: float = 60.0
     seed: int = 0
@@ -124,15 +124,16 @@ def server_args(cfg: TinyPPOConfig) -> list[str]:
     return SERVER_ARGS + (["--enable-weight-updates"] if cfg.online != "off" else [])
 
 
-def reward_model_overrides(cfg: TinyPPOConfig, inputs: Inputs, server_url: str | None) -> list[str]:
-    """Where the RM is served: ``server_url``, or (``cfg.replicas``) replicas the plugin starts; the online RM
-    publishes to the same place (``online_rm.reward_model`` defaults to those replicas)."""
+def reward_model_overrides(cfg: TinyPPOConfig, inputs: Inputs, server_url: str | list[str] | None) -> list[str]:
+    """Where the RM is served: ``server_url`` (one server or a list), or (``cfg.replicas``) replicas the plugin
+    starts; the online RM publishes to the same place (``online_rm.reward_model`` defaults to those replicas)."""
     if cfg.replicas:
         args = ",".join(f"'{a}'" for a in server_args(cfg))
         return [f"+reward.reward_kwargs.replicas={{model:'{inputs.rm}',num_replicas:{cfg.replicas},"
                 f"server_args:[{args}]}}"]
-    online = [f"+online_rm.server_url={server_url}"] if cfg.online != "off" else []
-    return [f"+reward.reward_kwargs.server_url={server_url}", *online]
+    urls = server_url if isinstance(server_url, str) else f"[{','.join(server_url)}]"
+    online = [f"+online_rm.server_url={urls}"] if cfg.online != "off" else []
+    return [f"+reward.reward_kwargs.server_url={urls}", *online]
 
 
 def trainer_mode(cfg: TinyPPOConfig) -> str:
@@ -141,7 +142,7 @@ def trainer_mode(cfg: TinyPPOConfig) -> str:
     return ours if cfg.mode == "sync" else f"{ours}_{cfg.mode}"
 
 
-def main_ppo_overrides(cfg: TinyPPOConfig, inputs: Inputs, server_url: str | None) -> list[str]:
+def main_ppo_overrides(cfg: TinyPPOConfig, inputs: Inputs, server_url: str | list[str] | None) -> list[str]:
     """Every Hydra override of the run: the task, vllm_rm, the CPU profile, online RM, then the user's."""
     work = cfg.work_dir
     overrides = [
@@ -200,22 +201,26 @@ def main_ppo_env(cfg: TinyPPOConfig) -> dict[str, str]:
     )
 
 
-def served_version(url: str | None, metrics: dict) -> int | None:
-    """The RM weight version served right after a step: the server's ``/runtime_version``, or, on managed
-    replicas (no ``url``), the version the step published, else the one the replicas served during it."""
+def served_version(url: str | list[str] | None, metrics: dict) -> int | None:
+    """The RM weight version served right after a step: the server's ``/runtime_version`` (of a list: the newest
+    of those that answer), or, on managed replicas (no ``url``), the version the step published, else the one the
+    replicas served during it."""
     from verl_vllm_rm.client.http import HttpError, get_json
     from verl_vllm_rm.scoring.options import DEFAULT_RM_NAME
 
     if url is None:
         version = metrics.get("rm/published_version", metrics.get(f"replicas/{DEFAULT_RM_NAME}/0/version"))
         return None if version is None else int(version)
-    try:
-        return int(get_json(f"{url}/runtime_version", timeout_s=5.0)["version"])
-    except (HttpError, ValueError, KeyError):
-        return None
+    versions = []
+    for one in [url] if isinstance(url, str) else url:
+        try:
+            versions.append(int(get_json(f"{one}/runtime_version", timeout_s=5.0)["version"]))
+        except (HttpError, ValueError, KeyError):
+            continue
+    return max(versions, default=None)
 
 
-def run_main_ppo(cfg: TinyPPOConfig, inputs: Inputs, server_url: str | None,
+def run_main_ppo(cfg: TinyPPOConfig, inputs: Inputs, server_url: str | list[str] | None,
                  on_step: Callable[[int, dict, int | None], None] | None = None,
                  overrides: list[str] | None = None) -> dict[int, int | None]:
     """Run main_ppo to the end; ``on_step(step, metrics, rm_version)`` as each step's metrics land.

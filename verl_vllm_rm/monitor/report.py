@@ -180,6 +180,10 @@ def summary_text(run: Run) -> str:
         lines.append("online RM, pairs per step: " + ", ".join(f"{step}: {pairs:.0f}" for step, _, pairs in trained)
                      + (f"; no RM step (no preference pairs) after steps {idle}" if idle else
                         "; the RM trained after every step"))
+    behind = [(step, v) for step, v in zip(run.steps, run.series("rm/publish_left_behind")) if v]
+    if behind:
+        lines.append("online RM publishes left servers behind (no request until the next publish re-synced them): "
+                     + ", ".join(f"{v:.0f} at step {step}" for step, v in behind))
     drift = [v for v in run.series("drift/mean_abs_change") if v is not None]
     if drift:
         lines.append(f"online RM drift on the probe set (mean |change| from the initial RM): {drift[0]:.4f} after "

@@ -121,11 +121,18 @@ class OnlineRMConfig:
 
     model_path: str
     """The RM to train (a ``*ForSequenceClassification`` checkpoint)."""
-    server_url: str | None = None
-    """The one server each publish goes to; give this or ``reward_model``."""
+    server_url: list[str] | None = None
+    """The server, or the fixed list of servers, each publish goes to (several: a two-phase commit, one version
+    serving); give this or ``reward_model``."""
     reward_model: str | None = None
     """The managed RM (``reward_kwargs.replicas``) whose every replica gets each publish; give this or
     ``server_url``."""
+    on_server_failure: Literal["abort", "leave_behind"] | None = None
+    """A ``server_url`` list's server that fails a publish (dies, hangs, its transfer breaks; a refusal always aborts):
+    ``abort`` (unset: the default) keeps every server on the old version and fails the step; ``leave_behind``
+    publishes to the others, and the failed one gets no request until the next publish re-syncs it
+    (``rm/publish_left_behind``). Managed replicas always leave a failed one behind (not set with
+    ``reward_model``)."""
     training_mode: str = "head_only"
     """What is trained and published: ``head_only``, ``lora`` or ``full``."""
     publish_every: int = 1
@@ -176,10 +183,17 @@ class OnlineRMConfig:
     prompt groups are evicted and replaced (unset: no bound)."""
 
     def __post_init__(self) -> None:
+        if isinstance(self.server_url, str):  # one server, given directly (an option file's one URL is a list)
+            self.server_url = [self.server_url]
         if (self.server_url is None) == (self.reward_model is None):
-            raise ValueError("online_rm needs exactly one of server_url (one server) and reward_model (the managed "
+            raise ValueError("online_rm needs exactly one of server_url (the servers) and reward_model (the managed "
                              f"replicas of that RM), got server_url={self.server_url!r}, "
                              f"reward_model={self.reward_model!r}")
+        if self.on_server_failure is not None and self.reward_model is not None:
+            raise ValueError(f"online_rm.on_server_failure={self.on_server_failure!r} decides what a fixed server_url "
+                             "list does with a server that fails a publish; the managed replicas of reward_model "
+                             "always leave it behind (the fleet restarts it, the next publish re-syncs it): drop "
+                             "on_server_failure")
         mode = RewardModelTrainingMode.parse(self.training_mode)
         if self.lora_wire != "auto" and mode is not RewardModelTrainingMode.LORA:
             raise ValueError(f"online_rm.lora_wire={self.lora_wire!r} decides what a LoRA publish sends, and "

@@ -34,7 +34,8 @@ class PublishAfterStep:
         results = self.publisher.publish(model, self.publisher.version + 1, self.mode, probe_ids=probe_ids)
         metrics = {"rm/published_version": float(results[0].version), "rm/publish_s": results[0].seconds,
                    "rm/publish_bytes": float(results[0].num_bytes), "rm/publish_servers": float(len(results)),
-                   "rm/publish_peak_gathered_bytes": float(max(r.peak_gathered_bytes for r in results))}
+                   "rm/publish_peak_gathered_bytes": float(max(r.peak_gathered_bytes for r in results)),
+                   "rm/publish_left_behind": float(len(self.publisher.left_behind))}
         if self.mode is RewardModelTrainingMode.LORA:  # the share of servers that took adapters, not merged weights
             metrics["rm/publish_lora_adapters"] = sum(r.lora_adapters for r in results) / len(results)
         checked = [r.parity for r in results if r.parity is not None]

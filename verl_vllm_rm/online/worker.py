@@ -28,11 +28,12 @@ PROBES_KEPT = 8  # chosen sequences of the last step kept as the parity probe's 
 
 
 def publish_targets(cfg: OnlineRMConfig) -> dict[str, Any]:
-    """Where the RM's weights go: ``server_url``, or every replica of the managed RM ``reward_model`` (asked
+    """Where the RM's weights go: the ``server_url`` list (a failed server aborts the version everywhere, or with
+    ``on_server_failure=leave_behind`` is left behind), or every replica of the managed RM ``reward_model`` (asked
     again at each publish, so a restarted replica is re-synced; a commit moves the fleet to the new version; a
     replica that fails its parity probe is drained and restarted)."""
     if cfg.server_url is not None:
-        return {"server_urls": [cfg.server_url]}
+        return {"server_urls": list(cfg.server_url), "leave_behind": cfg.on_server_failure == "leave_behind"}
     import ray
 
     from verl_vllm_rm.replicas.fleet import fleet_name

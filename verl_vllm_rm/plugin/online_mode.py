@@ -65,8 +65,8 @@ Rollout = tuple[list[Hashable], list[list[int]], list[list[float]]]
 
 def online_rm_options(config: DictConfig) -> "OnlineRMConfig":
     """The run's ``online_rm`` section, validated (nothing read from disk); ``server_url`` defaults to the reward
-    manager's server, or, when its RM runs on managed replicas, ``reward_model`` to that RM (every replica gets
-    each publish)."""
+    manager's servers (every one gets each publish), or, when its RM runs on managed replicas, ``reward_model`` to
+    that RM (every replica gets each publish)."""
     from verl_vllm_rm.online.config import OnlineRMConfig
 
     if "online_rm" not in config:
@@ -78,12 +78,7 @@ def online_rm_options(config: DictConfig) -> "OnlineRMConfig":
     if "server_url" not in options and "reward_model" not in options and managed:
         options["reward_model"] = DEFAULT_RM_NAME  # the one RM of reward_kwargs, on its managed replicas
     elif "server_url" not in options and "reward_model" not in options:
-        urls = OmegaConf.select(config, "reward.reward_kwargs.server_url", default=DEFAULT_SERVER_URL)
-        urls = [urls] if isinstance(urls, str) else list(urls)
-        if len(urls) != 1:
-            raise ConfigError(f"online_rm.server_url is unset and reward.reward_kwargs.server_url lists {urls}: "
-                              "set +online_rm.server_url to the server whose weights the RM trainer updates")
-        options["server_url"] = urls[0]
+        options["server_url"] = OmegaConf.select(config, "reward.reward_kwargs.server_url", default=DEFAULT_SERVER_URL)
     return OnlineRMConfig.from_dict(options)
 
 
@@ -321,14 +316,14 @@ def staleness_buffer(trainer: Any, max_staleness: int, version_keys: tuple[str, 
 
 
 def make_drift_probe(config: "OnlineRMConfig", sequences: list[list[int]]) -> "DriftProbe":
-    """The drift probe on the RM trainer's server, or on a replica in routing of its managed RM (the first
-    sequences of a step, scored now)."""
+    """The drift probe on the RM trainer's server (of a list: the one that serves the newest version), or on a
+    replica in routing of its managed RM (the first sequences of a step, scored now)."""
     from verl_vllm_rm.client.http import JsonHttp
     from verl_vllm_rm.online.drift import DriftProbe
 
     def server() -> JsonHttp:
         if config.server_url is not None:
-            return JsonHttp(config.server_url, config.api_key)
+            return JsonHttp(newest_server(config.server_url, config.api_key), config.api_key)
         import ray
 
         from verl_vllm_rm.replicas.fleet import FleetError, fleet_name
@@ -344,6 +339,29 @@ def make_drift_probe(config: "OnlineRMConfig", sequences: list[list[int]]) -> "D
         return JsonHttp(urls[0], config.api_key)
 
     return DriftProbe(server, sequences)
+
+
+def newest_server(urls: list[str], api_key: str | None) -> str:
+    """Of ``urls``, the first that serves the newest weight version (``/health``): with
+    ``on_server_failure=leave_behind`` one may be behind, down or hung. The only one, unasked."""
+    if len(urls) == 1:
+        return urls[0]
+    from verl_vllm_rm.client.http import HttpError, get_json
+    from verl_vllm_rm.client.reward_client import RewardServerError
+
+    versions: dict[str, int] = {}
+    for url in urls:
+        try:
+            health = get_json(f"{url.rstrip('/')}/health", timeout_s=5.0, api_key=api_key)
+        except HttpError:
+            continue
+        if isinstance(health, dict) and isinstance(health.get("version"), int):
+            versions[url] = health["version"]
+    if not versions:
+        raise RewardServerError(f"none of online_rm.server_url {urls} answered /health within 5 s with its weight "
+                                "version: the drift probe has no server to score on")
+    newest = max(versions.values())
+    return next(url for url, version in versions.items() if version == newest)
 
 
 def replica_states(statuses: list[dict[str, Any]]) -> str:

@@ -36,7 +36,7 @@ def trained_rm_version_keys(rm_options: Sequence[RewardModelOptions], online: On
     of the manager served by what ``online_rm`` publishes to (two names can read one server, e.g. two weightings of
     one attribute RM)."""
     trained = [o.name for o in rm_options if o.name == online.reward_model
-               or (o.replicas is None and online.server_url in o.client.server_url)]
+               or (o.replicas is None and set(online.server_url or ()) & set(o.client.server_url))]
     if not trained:
         target = (f"online_rm.reward_model={online.reward_model!r}" if online.reward_model is not None
                   else f"online_rm.server_url={online.server_url!r}")

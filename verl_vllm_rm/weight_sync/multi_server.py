@@ -2,15 +2,17 @@
 
 With several servers, never two versions serve: every server first receives and stages the
 version (``publish(..., commit=False)``: the old weights keep serving), and only when all have
-staged it do all apply it (``commit``). If a
-server refuses the update, or the servers are a fixed list a client routes over, one failure
-aborts the version everywhere: all keep serving the old one and the error is raised. With
-managed replicas (``on_commit`` given: the fleet routes only the replicas on its version), a
-replica that fails for another reason (it died, its transfer broke) is left behind instead:
-the others commit, ``on_commit`` moves the fleet to the new version, which takes the laggard
-out of routing, and the next publish re-syncs it (its server list comes from ``server_urls``
-again each time). There, too, a server that fails the parity probe while others pass is handed
-to ``on_parity_failure`` (the fleet drains and restarts it) instead of failing the publish.
+staged it do all apply it (``commit``). If a server refuses the update, one failure aborts the
+version everywhere: all keep serving the old one and the error is raised. A server that fails
+for another reason (it died, hung, its transfer broke) does the same on a fixed list by default;
+with ``leave_behind`` (``online_rm.on_server_failure=leave_behind``), and always with managed
+replicas (``on_commit`` given: the fleet routes only the replicas on its version), it is left
+behind instead: the others commit, and the next publish re-syncs it (a fresh session: its server
+list comes from ``server_urls`` again each time). Nothing routes to it meanwhile: the fleet
+routes the replicas on its version, and a client over a fixed list sends requests only to the
+servers on the newest version (:func:`verl_vllm_rm.client.reward_client.on_newest_version`). With
+managed replicas, a server that fails the parity probe while others pass is handed to
+``on_parity_failure`` (the fleet drains and restarts it) instead of failing the publish.
 
 A server that leaves the list (down, hung) has its session closed in the background: cleanup
 aimed at a dead or hung peer is logged, never raised, and never holds up a training step.
@@ -49,13 +51,17 @@ class MultiServerPublisher(ClosedOnExit):
     """
 
     def __init__(self, server_urls: ServerList, *, on_commit: Callable[[int], None] | None = None,
-                 on_parity_failure: Callable[[str, str], None] | None = None,
+                 on_parity_failure: Callable[[str, str], None] | None = None, leave_behind: bool = False,
                  parity_probe: ParityProbe | None = None, **publisher_kwargs: Any) -> None:
         if on_parity_failure is not None and on_commit is None:
             raise ValueError("on_parity_failure drains a server from routing: it needs on_commit (servers routed "
                              "by weight version, i.e. managed replicas)")
         self._server_urls = server_urls if callable(server_urls) else (lambda: list(server_urls))
         self.on_commit = on_commit
+        #: a server that fails (but does not refuse) is left behind, the publish goes on: asked, or managed replicas
+        self.leave_behind = leave_behind or on_commit is not None
+        #: the servers the last publish left behind (out of routing until the next publish re-syncs them)
+        self.left_behind: list[str] = []
         self.on_parity_failure = on_parity_failure
         self.parity_probe = parity_probe
         self.publisher_kwargs = publisher_kwargs
@@ -67,8 +73,8 @@ class MultiServerPublisher(ClosedOnExit):
     # -- the servers of the day ------------------------------------------------------
     def _sync_servers(self) -> None:
         """Publishers to today's servers: new ones opened (each reads the server's inventory, in parallel), gone
-        ones discarded. With a fixed list, a server that cannot be opened fails the publish; with managed replicas
-        it is left behind (the fleet takes it out of routing at the commit) and tried again at the next publish.
+        ones discarded. A server that cannot be opened fails the publish, or with ``leave_behind`` is left behind
+        (out of routing: it is not on the new version) and tried again at the next publish.
         The ranks of a sharded trainer keep the servers every rank could open: they publish together."""
         urls = list(dict.fromkeys(self._server_urls()))  # a URL listed twice is one server
         if not urls:
@@ -76,7 +82,7 @@ class MultiServerPublisher(ClosedOnExit):
                              "the servers' URLs (with managed replicas, none is up and in routing now)")
         opened, failed = self._open([url for url in urls if url not in self.publishers])
         refused = [e for e in failed.values() if isinstance(e, WeightUpdateRefused)]
-        if failed and (self.on_commit is None or refused):
+        if failed and (not self.leave_behind or refused):
             for url, pub in opened.items():
                 close_quietly(url, pub)
             raise (refused or list(failed.values()))[0]
@@ -92,6 +98,7 @@ class MultiServerPublisher(ClosedOnExit):
         for url, error in failed.items():
             logger.warning("server %s left behind (out of routing until re-synced): could not open its weight-sync "
                            "session: %s", url, error)
+        self.left_behind = list(failed)
         if not self.publishers:
             detail = "; ".join(f"{url}: {type(e).__name__}: {e}" for url, e in failed.items())
             raise WeightSyncError(f"no server could take weight updates ({detail or 'the trainer ranks share none'})"
@@ -193,7 +200,7 @@ class MultiServerPublisher(ClosedOnExit):
                             parallel=not self.distributed)
         failed = {url: r for url, r in staged.items() if isinstance(r, Exception)}
         refused = any(isinstance(e, WeightUpdateRefused) for e in failed.values())
-        if failed and (refused or self.on_commit is None or len(failed) == len(staged)):
+        if failed and (refused or not self.leave_behind or len(failed) == len(staged)):
             self._abort([url for url in staged if url not in failed], version)
             raise self._error(failed, version, "none of the servers applied it; they all serve the old version")
         for url, error in failed.items():
@@ -202,8 +209,14 @@ class MultiServerPublisher(ClosedOnExit):
             self._discard(url)  # a fresh session re-syncs it at the next publish
         commits = self._each(lambda p: p.commit(version), parallel=True)
         broken = {url: r for url, r in commits.items() if isinstance(r, Exception)}
-        if broken and self.on_commit is None:
-            raise self._error(broken, version, "the other servers applied it")
+        if broken and (not self.leave_behind or len(broken) == len(commits)):  # left behind: while one commits
+            raise self._error(broken, version, "the other servers applied it" if len(broken) < len(commits)
+                              else "none of the servers applied it")
+        for url, error in broken.items():
+            logger.warning("version %d: server %s left behind at its commit (out of routing until re-synced): %s",
+                           version, url, error)
+            self._discard(url)
+        self.left_behind += [*failed, *broken]
         return {url: replace(staged[url], server=commits[url]) for url in commits if url not in broken}
 
     def _abort(self, urls: list[str], version: int) -> None:
