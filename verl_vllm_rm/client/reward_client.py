@@ -12,9 +12,11 @@ rejoins routing once its ``/health`` answers again. Each attempt goes through
 Requests go only to the servers on the newest weight version among those up (:func:`on_newest_version`): each
 ``/score`` answer and ``/health`` says its server's version, and a server seen on an older one (left behind by a
 publish, or restarted from the checkpoint on disk) gets no request until its ``/health`` shows the newest; it is
-asked again once another server shows a newer version and then every ``endpoint_cooldown_s``. When no server up
-is on a newer version than it, it serves (a run whose only live server is the one left behind scores with its
-weights, each score labelled with its version). The server list is
+asked again once another server shows a newer version and then every ``endpoint_cooldown_s``, together with every
+other server (whose version may have moved since its last answer). When no server up is on a newer version than
+it, it serves (a run whose only live server is the one left behind scores with its weights, each score labelled
+with its version). A server left behind that this client never saw fail or answer behind passes for current until
+another server's answer shows the newer version: each score carries the version that computed it. The server list is
 fixed (``server_url``) or follows a source (:meth:`VLLMRewardClient.follow`: managed
 replicas), asked again at most once a second (a due answer is awaited: no request routes on an older list).
 
@@ -283,10 +285,15 @@ class VLLMRewardClient:
         if not up:  # every server looks down: try the one that went down first
             return min(self._endpoints, key=lambda e: e.down_until)
         routable, to_check = on_newest_version(up, self._newest_since, now, self.options.endpoint_cooldown_s)
-        if to_check:  # whether each caught up (asked once: the requests picking meanwhile do not ask again)
-            for e in to_check:
+        if to_check:
+            # whether each caught up; the others are read with them, since the version a server behind is compared
+            # with may itself be old (a publish since its last answer: a server frozen through a publish that left
+            # it behind must not pass for current once thawed). Asked once: the requests picking meanwhile do not ask
+            # again (they route to the servers known current, or wait for the next pick)
+            read = [e for e in up if e in to_check or e in routable]
+            for e in read:
                 e.version_read = now
-            await asyncio.gather(*(self._answers_health(session, e) for e in to_check))
+            await asyncio.gather(*(self._answers_health(session, e) for e in read))
             routable, _ = on_newest_version(up, self._newest_since, time.monotonic(), math.inf)
         # a slow (timed-out) server is not marked down: a retry goes elsewhere when another is on the newest version
         routable = [e for e in routable if e is not avoid] or routable
