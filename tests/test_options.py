@@ -252,7 +252,7 @@ def test_reward_kwargs_defaults_come_from_the_protocol(monkeypatch):
 def test_online_rm_options_are_checked():
     from verl_vllm_rm.online.config import OnlineRMConfig
 
-    with pytest.raises(ConfigError, match=r"^online_rm: online_rm needs exactly one of server_url \(one server\) and "
+    with pytest.raises(ConfigError, match=r"^online_rm: online_rm needs exactly one of server_url \(the servers\) and "
                                           r"reward_model \(the managed replicas of that RM\)"):
         OnlineRMConfig.from_dict({"model_path": "rm"})
     with pytest.raises(ConfigError, match=r"^missing required online_rm option\(s\) \['model_path'\]"):

@@ -93,9 +93,11 @@ def test_a_frozen_server_aborts_the_version_or_is_left_behind_and_resynced(ws_se
             stopped = False
             wait_until(lambda: requests.get(f"{frozen}/health", timeout=5).ok, timeout_s=60, what="the thawed server")
             assert runtime_version(frozen) == v1  # thawed, behind
-            before = requests_served(frozen)
+            # none scored by it: its answers would carry v1 (its /health counter also counts the requests it took
+            # while frozen, which it answers once thawed, to clients that failed over long before)
             answers = score_rounds(client, probe_ids, 3)
-            assert {s.version for s in answers} == {v2} and requests_served(frozen) == before  # none to it
+            assert {s.version for s in answers} == {v2}
+            before = requests_served(frozen)
 
             v3 = v2 + 1  # the next publish re-syncs it (a fresh session, once its broken one was dropped)
             results = pub.publish(third, v3, "full")
