@@ -18,7 +18,7 @@ from verl_vllm_rm.replicas.launcher import running_server
 from verl_vllm_rm.dev.tiny_rm import STEP, build_tiny_rm, synthetic_corpus
 from verl_vllm_rm.dev.offline_bt import collate_pairs
 from verl_vllm_rm.dev.loader import compose_verl_config, vllm_rm_config
-from xdist_scheduling import ModuleScheduling, main_ppo_first
+from xdist_scheduling import ORDER_SEED_ENV, ModuleScheduling, module_order_seed, order_modules
 
 # open_sessions_check: the run fails if an aiohttp session is left open; orphan_engines_check: if a server's
 # engine process outlives it; tq_helpers: the `queue` fixture; module_times: each worker's time per module
@@ -37,17 +37,27 @@ SMALL_KV_CACHE = ["--kv-cache-memory-bytes", str(128 << 20)]
 
 
 @pytest.hookimpl(wrapper=True)
-def pytest_collection_modifyitems(items: list[pytest.Item]):
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]):
     for item in items:
         if HEAVY_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.server)
-    main_ppo_first(items)  # how make test's two xdist workers share the tests: tests/xdist_scheduling.py
+    # how make test's two xdist workers share the tests, and in which order: tests/xdist_scheduling.py
+    order_modules(items, config.stash[MODULE_ORDER_SEED])
     return (yield)
 
 
+MODULE_ORDER_SEED = pytest.StashKey[int]()
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    config.stash[MODULE_ORDER_SEED] = module_order_seed(ROOT)
     if config.pluginmanager.hasplugin("xdist"):
         config.pluginmanager.register(ModuleScheduling(), "module_scheduling")
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    seed = config.stash[MODULE_ORDER_SEED]
+    return f"module order: shuffled with seed {seed} (rerun this order: {ORDER_SEED_ENV}={seed} make test)"
 
 
 @pytest.fixture(scope="session")

@@ -1,8 +1,9 @@
 """make test's two xdist workers get whole modules, the main_ppo modules as one unit (tests/xdist_scheduling.py)."""
 
+import subprocess
 from pathlib import Path
 
-from xdist_scheduling import MAIN_PPO_GROUP, MAIN_PPO_MODULES, unit_of
+from xdist_scheduling import MAIN_PPO_GROUP, MAIN_PPO_MODULES, module_of, unit_of
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -18,15 +19,48 @@ def test_a_test_belongs_to_its_module_or_to_the_main_ppo_unit():
     assert unit_of("tests/test_recipes.py::test_recipe_runs_on_cpu[grpo_math_online_rm.sh]") == MAIN_PPO_GROUP
 
 
-def test_the_main_ppo_unit_runs_first_and_the_four_rm_run_first_of_it():
+def ordered(seed: int, names: list[str]) -> list[str]:
     import types
 
-    from xdist_scheduling import main_ppo_first
+    from xdist_scheduling import order_modules
 
-    names = ["tests/client/test_http.py::a", "tests/test_recipes.py::r", "tests/dev/test_demo.py::d",
-             "tests/dev/test_tiny_ppo_two_rms.py::t", "tests/client/test_http.py::b"]
     items = [types.SimpleNamespace(nodeid=n) for n in names]
-    main_ppo_first(items)
-    assert [i.nodeid for i in items] == ["tests/dev/test_tiny_ppo_two_rms.py::t", "tests/dev/test_demo.py::d",
-                                         "tests/test_recipes.py::r", "tests/client/test_http.py::a",
-                                         "tests/client/test_http.py::b"]
+    order_modules(items, seed)
+    return [i.nodeid for i in items]
+
+
+NAMES = ["tests/client/test_http.py::a", "tests/test_recipes.py::r", "tests/dev/test_demo.py::d",
+         "tests/dev/test_tiny_ppo_two_rms.py::t", "tests/client/test_http.py::b", "tests/server/test_x.py::x",
+         "tests/judge/test_y.py::y", "tests/rewards/test_z.py::z"]
+
+
+def test_the_main_ppo_unit_runs_first_and_the_other_modules_whole_in_a_shuffled_order():
+    orders = {seed: ordered(seed, NAMES) for seed in range(20)}
+    for order in orders.values():
+        # the main_ppo unit first, the four-RM run first of it
+        assert order[:3] == ["tests/dev/test_tiny_ppo_two_rms.py::t", "tests/dev/test_demo.py::d",
+                             "tests/test_recipes.py::r"]
+        at = order.index("tests/client/test_http.py::a")
+        assert order[at + 1] == "tests/client/test_http.py::b"  # a module whole, its tests in their order
+        assert sorted(order) == sorted(NAMES)
+    assert len({tuple(order) for order in orders.values()}) > 1, "the seed changes nothing"
+    # a seed gives one order of the modules, whatever the collection's
+    assert [module_of(n) for n in ordered(3, NAMES[::-1])] == [module_of(n) for n in orders[3]]
+
+
+def test_the_seed_is_the_one_given_else_the_tests_git_tree(monkeypatch):
+    import pytest
+
+    from xdist_scheduling import ORDER_SEED_ENV, module_order_seed
+
+    monkeypatch.setenv(ORDER_SEED_ENV, "42")
+    assert module_order_seed(ROOT) == 42
+    monkeypatch.setenv(ORDER_SEED_ENV, "soon")
+    with pytest.raises(pytest.UsageError, match=rf"{ORDER_SEED_ENV} must be an integer \(the seed of the module "
+                                                r"order a run's header printed\), got 'soon'"):
+        module_order_seed(ROOT)
+    monkeypatch.delenv(ORDER_SEED_ENV)
+    tree = subprocess.run(["git", "rev-parse", "HEAD:tests"], cwd=ROOT, capture_output=True, text=True)
+    expected = int(tree.stdout.strip()[:8], 16) if tree.returncode == 0 else 0
+    assert module_order_seed(ROOT) == expected
+    assert module_order_seed(Path("/")) == 0  # no git checkout there

@@ -1,10 +1,14 @@
 """How ``make test`` shares its tests between two pytest-xdist workers (``-n 2``): whole modules, the main_ppo ones
-together and first.
+together and first, every other module in a shuffled order.
 
 Each module goes to one worker whole, so a module-scoped server starts once. The modules that run verl's
 ``main_ppo`` (:data:`MAIN_PPO_MODULES`) form one unit, run one after the other on one worker: no two main_ppo runs
 share CI's 2 cores and 24 GB. They are the longest unit (about 25 of the suite's ~66 worker-minutes), so they
 start first and the other worker works through every other module meanwhile.
+
+The other modules run in an order shuffled by :func:`module_order_seed`, so a module that passes only after
+another one (a session server left changed, say) fails somewhere: each module must pass whatever ran before it on
+its worker. Each module's own tests keep their file order.
 
 xdist's own ``--dist loadgroup`` (groups from ``xdist_group`` marks) does not group under pytest 9: it renames
 ``item._nodeid``, which pytest 9 no longer reads. The scope is therefore taken from the test's module here.
@@ -12,9 +16,16 @@ xdist's own ``--dist loadgroup`` (groups from ``xdist_group`` marks) does not gr
 
 from __future__ import annotations
 
+import os
+import random
+import subprocess
+from pathlib import Path
+
 import pytest
 
 MAIN_PPO_GROUP = "main_ppo"
+#: an integer here gives the module order of that seed (the run's header prints the one it used)
+ORDER_SEED_ENV = "TEST_MODULE_ORDER_SEED"
 #: in the order the unit runs them: the four-RM run first, as it takes the most memory (main_ppo, two managed
 #: replicas, two family servers) and then the fewest session servers are alive on either worker (a fresh clone's
 #: run had it killed by Ray's memory monitor at 22.4 of 23.5 GB when it ran fifth)
@@ -38,11 +49,35 @@ def unit_of(nodeid: str) -> str:
     return MAIN_PPO_GROUP if module in MAIN_PPO_MODULES else module
 
 
-def main_ppo_first(items: list[pytest.Item]) -> None:
-    """Put the main_ppo modules' tests first, in :data:`MAIN_PPO_MODULES`' order (stable: the rest keep theirs).
-    Runs in every worker alike, so their collections still agree."""
-    rank = {module: i for i, module in enumerate(MAIN_PPO_MODULES)}
-    items.sort(key=lambda item: rank.get(module_of(item.nodeid), len(rank)))
+def module_order_seed(root: Path) -> int:
+    """The seed of the run's module order: :data:`ORDER_SEED_ENV` when set, else the git tree of ``tests/`` at
+    ``HEAD`` (each change to the tests gives a new order, and a commit always runs in its own: CI runs the order a
+    fresh clone of the same commit ran), else 0 outside a git checkout. Every xdist worker derives the same one,
+    so their collections agree."""
+    if given := os.environ.get(ORDER_SEED_ENV, "").strip():
+        try:
+            return int(given)
+        except ValueError:
+            raise pytest.UsageError(f"{ORDER_SEED_ENV} must be an integer (the seed of the module order a run's "
+                                    f"header printed), got {given!r}") from None
+    try:
+        tree = subprocess.run(["git", "rev-parse", "HEAD:tests"], cwd=root, capture_output=True, text=True,
+                              timeout=30, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    return int(tree[:8], 16)
+
+
+def order_modules(items: list[pytest.Item], seed: int) -> None:
+    """The main_ppo modules' tests first, in :data:`MAIN_PPO_MODULES`' order, then every other module whole, the
+    modules in an order shuffled by ``seed``; each module's tests in their own order."""
+    by_module: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        by_module.setdefault(module_of(item.nodeid), []).append(item)
+    main_ppo = [module for module in MAIN_PPO_MODULES if module in by_module]
+    others = sorted(module for module in by_module if module not in MAIN_PPO_MODULES)
+    random.Random(seed).shuffle(others)
+    items[:] = [item for module in [*main_ppo, *others] for item in by_module[module]]
 
 
 class ModuleScheduling:

@@ -97,3 +97,13 @@ def test_a_script_that_never_closes_leaves_no_unclosed_session_at_exit(rm_server
     assert out.returncode == 0, out.stderr[-3000:]
     assert "score " in out.stdout
     assert "Unclosed" not in out.stderr, out.stderr[-3000:]
+
+
+def test_served_versions_reads_each_server_that_answers_and_leaves_out_the_rest(rm_server, dead_url):
+    """A down server is left out, not an error; every other one gives the version its /score answers carry."""
+    from sync_helpers import runtime_version
+
+    from verl_vllm_rm.client.http import served_versions
+
+    assert served_versions([dead_url, rm_server.url + "/"]) == {rm_server.url + "/": runtime_version(rm_server.url)}
+    assert served_versions([dead_url]) == {}

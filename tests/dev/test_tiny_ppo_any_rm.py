@@ -4,11 +4,13 @@ pair source alone (the answer form) such a run had no preference pair and never 
 fall back to the run's total reward, so the RM trains and publishes after every step. The RM's engine is
 colocated with the actor (``online_rm.placement=colocated``): its rank runs in the actor's Ray resource pool.
 
-The run is verl's ``separate_async`` trainer (trainer mode ``vllm_rm_online_separate_async``): generation runs
-ahead on a rollout replica of its own, so finished groups wait while the RM trains and publishes;
-``online_rm.max_staleness=1`` evicts every group scored by an RM older than the newest published one. The first RM
-step waits until a group of the next step's prompts has finished (the harness's ``rm-step-gate``), so its publish
-always leaves such a group to evict: whether one finishes first is otherwise a race the rollout sometimes loses."""
+The run is made in each of verl's asynchronous trainers (trainer modes ``vllm_rm_online_separate_async`` and
+``vllm_rm_online_colocate_async``): generation runs ahead of training (separate_async on a rollout replica of its
+own; colocate_async on the trainer's, paused from the end of sampling to the policy's sync), so finished groups
+wait while the RM trains and publishes; ``online_rm.max_staleness=1`` evicts every group scored by an RM older
+than the newest published one. The first RM step waits until a group of the next step's prompts has finished (the
+harness's ``rm-step-gate``), so its publish always leaves such a group to evict: whether one finishes first is
+otherwise a race the rollout sometimes loses."""
 
 from __future__ import annotations
 
@@ -25,24 +27,27 @@ pytestmark = [pytest.mark.server, pytest.mark.ray]
 
 STEPS = 3
 MAX_STALENESS = 1
+SAVE_STEP = STEPS  # trainer.save_freq: verl saves a checkpoint at the last step only
 
 
-@pytest.fixture(scope="module")
-def async_online_run(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("any_rm")
+@pytest.fixture(scope="module", params=["separate_async", "colocate_async"])
+def async_online_run(request, tmp_path_factory):
+    mode = request.param
+    tmp = tmp_path_factory.mktemp(f"any_rm_{mode}")
     rm = build_tiny_llama_rm(tmp / "llama-rm")
     work = tmp / "run"
     summary = run_tiny_ppo(TinyPPOConfig(work, steps=STEPS, rm=str(rm), online="lora", validate=False,
-                                         mode="separate_async", rollout_token_delay_s=ROLLOUT_TOKEN_DELAY_S,
+                                         mode=mode, rollout_token_delay_s=ROLLOUT_TOKEN_DELAY_S,
                                          rm_step_after_a_finished_group=True,
                                          extra_overrides=["+online_rm.placement=colocated",
-                                                          f"+online_rm.max_staleness={MAX_STALENESS}"]))
-    return work, summary, dict(read_metrics(work))
+                                                          f"+online_rm.max_staleness={MAX_STALENESS}",
+                                                          f"trainer.save_freq={SAVE_STEP}"]))
+    return work, summary, dict(read_metrics(work)), mode
 
 
 def test_an_rm_on_its_own_tokenizer_trains_and_publishes_every_step(async_online_run):
-    work, summary, metrics = async_online_run
-    assert "trainer.v1.trainer_mode=vllm_rm_online_separate_async" in (work / "main_ppo.cmd").read_text()
+    work, summary, metrics, mode = async_online_run
+    assert f"trainer.v1.trainer_mode=vllm_rm_online_{mode}" in (work / "main_ppo.cmd").read_text()
     assert [s["rm_version"] for s in summary["steps"]] == list(range(1, STEPS + 1))
     assert all(s["rm_trained"] and s["rm_pairs"] > 0 for s in summary["steps"]), summary["steps"]
     # parity after every publish: the server scores the probe set as the trainer does
@@ -51,12 +56,26 @@ def test_an_rm_on_its_own_tokenizer_trains_and_publishes_every_step(async_online
         m = metrics[step]
         assert sum(m[f"rm/pairs_from/{key}"] for key in PAIR_SOURCES) == m["rm/pairs"], (step, m)
         assert m["timing_s/online_rm"] > 0, "the RM step runs after verl's on_step_end and is timed"
+        assert m["timing_s/update_weights"] > 0, "verl's own policy-sync timing is kept beside the RM step's"
+
+
+def test_on_a_save_step_the_checkpoint_holds_the_rm_after_that_steps_training(async_online_run):
+    """verl saves before on_step_end, where the RM step runs on other steps: on a save step (the last, by
+    trainer.save_freq) the RM step runs first, so the checkpoint holds the RM after that step's RM step, and the
+    step still reports it."""
+    from verl_vllm_rm.online.export import rm_run_state
+
+    work, _, metrics, _ = async_online_run
+    saved = sorted(p.name for p in (work / "checkpoints").iterdir() if p.name.startswith("global_step_"))
+    assert saved == [f"global_step_{SAVE_STEP}"], saved
+    assert rm_run_state(work / "checkpoints" / saved[0] / "online_rm")["steps"] == SAVE_STEP
+    assert metrics[SAVE_STEP]["rm/published_version"] == SAVE_STEP
 
 
 def test_each_batch_was_scored_by_one_rm_version_the_newest_published(async_online_run):
     """Every trajectory carries the RM version that scored it; with max_staleness=1 a batch spans one version,
     the one published after the step before (groups scored by older ones were evicted and generated again)."""
-    work, _, metrics = async_online_run
+    work, _, metrics, _ = async_online_run
     seen = []
     for step in range(1, STEPS + 1):
         versions = [row["rm_weight_version"] for row in read_dump(work, step)]
@@ -76,13 +95,15 @@ def test_generation_goes_on_while_the_rm_trains_and_publishes(async_online_run):
     the trajectories it aborted continue on the new policy), with the next step's prompts submitted just before it:
     during the RM steps but the last (the harness's RM step log) the rollout generated on the new policy (the
     generation log's times and versions) in at least one of them, and once RM step k began no segment started on
-    an older policy. The rollout is slowed to be in flight at each sync, as on GPUs; each reward call still scored
+    an older policy (but on the save step, where the RM step comes before the policy's sync). The rollout is slowed to be in flight at each sync, as on GPUs; each reward call still scored
     a whole trajectory, once."""
-    work, _, _ = async_online_run
+    work, _, _, _ = async_online_run
     windows = read_jsonl(work / "rm_steps.jsonl")
     segments = read_jsonl(work / "generations.jsonl")
     assert [w["step"] for w in windows] == list(range(1, STEPS + 1))
-    for w in windows:
+    # on the save step the RM step runs before verl's policy sync (the checkpoint holds that step's RM): there
+    # separate_async may still start segments on the old policy
+    for w in windows[:SAVE_STEP - 1]:
         before = [s for s in segments if s["version"] < w["step"]]
         assert before and max(s["start"] for s in before) < w["start"], w
     during = [sum(s["version"] == w["step"] and s["start"] < w["end"] and s["end"] > w["start"] for s in segments)

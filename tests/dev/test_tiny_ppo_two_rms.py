@@ -344,8 +344,9 @@ def test_each_reward_call_scored_a_whole_trajectory_once(two_rm_run):
     """colocate_async pauses generation from the end of sampling to the weight sync (verl aborts what is in flight
     and resumes it after): each reward call of the four-RM manager scored a whole trajectory, none twice. This run's
     rollout is not slowed, so it seldom has generation in flight at the pause: that resumed trajectories are scored
-    once, whole, is shown by the slowed separate_async run of test_tiny_ppo.py (a slowed rollout here would score
-    the batch generated ahead between the trained-on ones, which the whitening replay above cannot follow)."""
+    once, whole, in colocate_async is shown by the slowed colocate_async run of test_tiny_ppo_any_rm.py, which
+    asserts at least one (a slowed rollout here would score the batch generated ahead between the trained-on ones,
+    which the whitening replay above cannot follow)."""
     check_scored_once_whole(Path(two_rm_run["rollout_data_dir"]).parent)
 
 

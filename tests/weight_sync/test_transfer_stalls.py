@@ -175,3 +175,40 @@ def test_a_server_busy_past_its_stall_timeout_is_refused_naming_it(stall_server,
             holder.abort(version + 1)
     assert runtime_version(url) == version
     assert reset_server(url, tiny_rm) == version + 1
+
+
+def test_a_commit_refused_on_one_server_names_it_and_says_the_others_applied_the_version(
+        stall_server, ws_server, tiny_rm, probe_ids):
+    """A trainer slow between stage and commit, past the second server's stall timeout: that server drops the staged
+    version and refuses its commit, while the first applies it. Under ``on_server_failure=abort`` (the default) the
+    publish raises naming the refusing server and what it said, and that the other servers applied the version: the
+    first serves the new weights, the second exactly the old ones."""
+    from sync_helpers import wait_for_failed_update
+
+    applied, dropped = ws_server.url, stall_server.url
+    version = max(reset_server(applied, tiny_rm), reset_server(dropped, tiny_rm))
+    before = server_scores(dropped, probe_ids)
+    new = perturbed(load_rm(tiny_rm), 4)
+    try:
+        with MultiServerPublisher([applied, dropped], timeout_s=PUBLISH_TIMEOUT_S) as pub:
+            slow = pub.publishers[dropped]
+            commit = slow.commit
+
+            def commit_once_dropped(v: int):  # the fault: this trainer reaches the commit after the server's bound
+                wait_for_failed_update(dropped, v)
+                return commit(v)
+
+            slow.commit = commit_once_dropped
+            with pytest.raises(WeightUpdateRefused) as err:  # a 409: the server refused the commit
+                pub.publish(new, version + 1, "full")
+        message = str(err.value)
+        assert message.startswith(f"version {version + 1} failed on 1 server(s) ({dropped}: "), message
+        assert (f"version {version + 1} was staged and neither committed nor aborted within {STALL_S:g} s "
+                "(--weight-update-stall-timeout): dropped") in message
+        assert message.endswith("; the other servers applied it"), message
+        assert runtime_version(applied) == version + 1
+        assert_parity(applied, new, probe_ids)
+        assert runtime_version(dropped) == version and server_scores(dropped, probe_ids) == before
+    finally:
+        for url in (applied, dropped):
+            reset_server(url, tiny_rm)

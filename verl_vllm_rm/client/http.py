@@ -5,7 +5,8 @@ error bodies (:func:`verl_vllm_rm.protocol.errors.error_message`):
 
 * synchronous (urllib) for the control plane: a publish runs inside a training
   step (no event loop), the launcher polls ``/health``, the CLI scores once;
-  :class:`JsonHttp` (``get``/``post``/``post_lines``) and :func:`get_json`.
+  :class:`JsonHttp` (``get``/``post``/``post_lines``), :func:`get_json`, and
+  :func:`served_versions` (the weight version each of several servers serves).
 * one asynchronous attempt (aiohttp) for the scoring client, whose retry loop,
   routing and fail-over sit above it: :func:`open_session` and :func:`request_json`.
 
@@ -93,6 +94,20 @@ def get_json(url: str, timeout_s: float = 5.0, api_key: str | None = None) -> An
     """``GET url`` once: the decoded answer, or :class:`HttpError`."""
     with _answer(url, None, api_key, timeout_s) as resp:
         return _decode(resp.read(), url)
+
+
+def served_versions(urls: list[str], api_key: str | None = None, timeout_s: float = 5.0) -> dict[str, int]:
+    """The weight version each of ``urls`` serves (``/runtime_version``), of those that answer within
+    ``timeout_s`` with one: a server down, hung, or whose weights are lost (version ``null``) is left out."""
+    versions: dict[str, int] = {}
+    for url in urls:
+        try:
+            version = get_json(f"{url.rstrip('/')}/runtime_version", timeout_s, api_key).get("version")
+        except (HttpError, AttributeError):  # unreachable, an error status, or an answer that is no object
+            continue
+        if isinstance(version, int):
+            versions[url] = version
+    return versions
 
 
 class JsonHttp:

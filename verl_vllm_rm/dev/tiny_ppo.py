@@ -202,22 +202,16 @@ def main_ppo_env(cfg: TinyPPOConfig) -> dict[str, str]:
 
 
 def served_version(url: str | list[str] | None, metrics: dict) -> int | None:
-    """The RM weight version served right after a step: the server's ``/runtime_version`` (of a list: the newest
-    of those that answer), or, on managed replicas (no ``url``), the version the step published, else the one the
-    replicas served during it."""
-    from verl_vllm_rm.client.http import HttpError, get_json
+    """The RM weight version served right after a step: the server's (of a list: the newest of those that
+    answer), or, on managed replicas (no ``url``), the version the step published, else the one the replicas
+    served during it."""
+    from verl_vllm_rm.client.http import served_versions
     from verl_vllm_rm.scoring.options import DEFAULT_RM_NAME
 
     if url is None:
         version = metrics.get("rm/published_version", metrics.get(f"replicas/{DEFAULT_RM_NAME}/0/version"))
         return None if version is None else int(version)
-    versions = []
-    for one in [url] if isinstance(url, str) else url:
-        try:
-            versions.append(int(get_json(f"{one}/runtime_version", timeout_s=5.0)["version"]))
-        except (HttpError, ValueError, KeyError):
-            continue
-    return max(versions, default=None)
+    return max(served_versions([url] if isinstance(url, str) else url).values(), default=None)
 
 
 def run_main_ppo(cfg: TinyPPOConfig, inputs: Inputs, server_url: str | list[str] | None,

@@ -342,24 +342,17 @@ def make_drift_probe(config: "OnlineRMConfig", sequences: list[list[int]]) -> "D
 
 
 def newest_server(urls: list[str], api_key: str | None) -> str:
-    """Of ``urls``, the first that serves the newest weight version (``/health``): with
-    ``on_server_failure=leave_behind`` one may be behind, down or hung. The only one, unasked."""
+    """Of ``urls``, the first that serves the newest weight version: with ``on_server_failure=leave_behind`` one
+    may be behind, down or hung. The only one, unasked."""
     if len(urls) == 1:
         return urls[0]
-    from verl_vllm_rm.client.http import HttpError, get_json
+    from verl_vllm_rm.client.http import served_versions
     from verl_vllm_rm.client.reward_client import RewardServerError
 
-    versions: dict[str, int] = {}
-    for url in urls:
-        try:
-            health = get_json(f"{url.rstrip('/')}/health", timeout_s=5.0, api_key=api_key)
-        except HttpError:
-            continue
-        if isinstance(health, dict) and isinstance(health.get("version"), int):
-            versions[url] = health["version"]
+    versions = served_versions(urls, api_key)
     if not versions:
-        raise RewardServerError(f"none of online_rm.server_url {urls} answered /health within 5 s with its weight "
-                                "version: the drift probe has no server to score on")
+        raise RewardServerError(f"none of online_rm.server_url {urls} answered /runtime_version within 5 s with its "
+                                "weight version: the drift probe has no server to score on")
     newest = max(versions.values())
     return next(url for url, version in versions.items() if version == newest)
 
