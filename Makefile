@@ -101,7 +101,7 @@ docs-serve: setup $(DOCS_STAMP)
 	$(VENV)/bin/mkdocs serve
 
 # pytest exits 5 when it collects no test: make treats that as a failure too.
-# TEST_WORKERS pytest-xdist workers (tests/xdist_scheduling.py says how tests are shared); TEST_WORKERS=0 runs in one process.
+# TEST_WORKERS pytest-xdist workers (tests/support/xdist_scheduling.py says how tests are shared); TEST_WORKERS=0 runs in one process.
 TEST_WORKERS ?= 2
 test: setup $(DOCS_STAMP)
 	$(VENV)/bin/python -m pytest -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder $(PYTEST_ARGS)

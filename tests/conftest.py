@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import random
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 import requests
+
+# the helpers, fixtures' plugins and scripts the tests share live in tests/support/
+sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
 
 from verl_vllm_rm.replicas.launcher import running_server
 from verl_vllm_rm.dev.tiny_rm import STEP, build_tiny_rm, synthetic_corpus
@@ -41,7 +45,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if HEAVY_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.server)
-    # how make test's two xdist workers share the tests, and in which order: tests/xdist_scheduling.py
+    # how make test's two xdist workers share the tests, and in which order: tests/support/xdist_scheduling.py
     order_modules(items, config.stash[MODULE_ORDER_SEED])
     return (yield)
 

@@ -8,7 +8,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-TESTS = Path(__file__).resolve().parent
+SUPPORT = Path(__file__).resolve().parent / "support"
 
 CLOSES = """
     import asyncio
@@ -34,7 +34,7 @@ def run_pytest(tmp_path: Path, body: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "open_sessions_check", "-p", "no:cacheprovider", str(test_file)],
         cwd=tmp_path, capture_output=True, text=True, timeout=300,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])},
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(SUPPORT), os.environ.get("PYTHONPATH", "")])},
     )
 
 

@@ -1,4 +1,4 @@
-"""make test's two xdist workers get whole modules, the main_ppo modules as one unit (tests/xdist_scheduling.py)."""
+"""make test's two xdist workers get whole modules, the main_ppo modules as one unit (tests/support/xdist_scheduling.py)."""
 
 import subprocess
 from pathlib import Path

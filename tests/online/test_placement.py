@@ -77,7 +77,7 @@ def test_ranks_no_node_holds_are_placed_over_the_nodes_of_a_multi_node_cluster()
     import sys
     from pathlib import Path
 
-    script = Path(__file__).parents[1] / "multinode_placement.py"
+    script = Path(__file__).parents[1] / "support" / "multinode_placement.py"
     proc = subprocess.run([sys.executable, str(script), "2", "3", "5"], capture_output=True, text=True, timeout=600)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-3000:]

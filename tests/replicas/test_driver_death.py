@@ -23,7 +23,7 @@ def test_killing_the_driver_leaves_no_server_and_no_actor(tiny_rm, server_args, 
     script = tmp_path / "driver.py"
     script.write_text(textwrap.dedent(f"""
         import json, os, sys, time, ray
-        sys.path.insert(0, {str(pathlib.Path(__file__).parents[1])!r})
+        sys.path.insert(0, {str(pathlib.Path(__file__).parents[1] / 'support')!r})
         from ray_helpers import start_local_ray
         from verl_vllm_rm.replicas.fleet import fleet_for
         from verl_vllm_rm.replicas.options import ReplicaOptions

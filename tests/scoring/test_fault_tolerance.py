@@ -48,7 +48,7 @@ def reference(hf_model, groups: list[Group]) -> torch.Tensor:
 # -- 1. sustained run -----------------------------------------------------------------------
 def test_10k_samples_in_one_run_with_bounded_memory(rm_server, tiny_rm, hf_model, tmp_path):
     """Memory is measured in a process of its own; every score is checked against a reference."""
-    script = Path(__file__).parents[1] / "sustained_run.py"
+    script = Path(__file__).parents[1] / "support" / "sustained_run.py"
     out = tmp_path / "scores.npy"
     proc = subprocess.run([sys.executable, str(script), rm_server.url, tiny_rm, "--out", str(out)],
                           capture_output=True, text=True, timeout=600)

@@ -1,6 +1,6 @@
 """The verifiable scorer's columns (``scoring/verifiable.py``) under verl's own names, the same keys on every sample
 whatever the mix of data sources, and what ``compute_score`` receives, each checked against verl's ``naive`` manager
-(the control) on the same rows and through verl 0.9.1's own assembly of a step (tests/verl_assembly.py).
+(the control) on the same rows and through verl 0.9.1's own assembly of a step (tests/support/verl_assembly.py).
 
 No reward server: the routes score with no reward model (rules and ``compute_score`` only), so the tests are
 in-process; the reward-model columns are then None, and every other column is what a run with an RM gets."""

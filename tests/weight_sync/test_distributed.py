@@ -12,7 +12,7 @@ from sync_helpers import assert_parity, load_rm, reset_server, runtime_version
 
 from verl_vllm_rm.client.http import free_port
 
-SHARDED_TRAINER = Path(__file__).parents[1] / "sharded_trainer.py"
+SHARDED_TRAINER = Path(__file__).parents[1] / "support" / "sharded_trainer.py"
 WORLD = 2
 
 

