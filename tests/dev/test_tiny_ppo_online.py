@@ -1,9 +1,10 @@
 """Trainer mode ``vllm_rm_online`` in verl's real ``main_ppo``, the RM on two replicas the plugin starts and
-manages on verl's Ray cluster: one RM step per PPO step, published to both replicas and parity-probed; one replica
-frozen (SIGSTOP) for a step and thawed: the run carries on with the other and re-syncs it; RM state and the RM's
-whitening statistics in verl's checkpoints and a resumed run (whose fresh replicas get the restored RM before its
-first score); a fixed list of two servers, one frozen for a step, left behind by the publish and re-synced by the
-next (``online_rm.on_server_failure=leave_behind``); an unreachable reward server (one killed mid-run:
+manages on verl's Ray cluster: one RM step per PPO step, published to both replicas and parity-probed; one replica's
+engine stopped (SIGSTOP) for a step, its API server answering on, and resumed: step 2's requests that met it fail
+over to the other, the run carries on with the other and re-syncs it; RM state and the RM's whitening statistics
+in verl's checkpoints and a resumed run (whose fresh replicas get the restored RM before its first score); a fixed
+list of two servers, one frozen for a step, left behind by the publish and re-synced by the next
+(``online_rm.on_server_failure=leave_behind``); an unreachable reward server (one killed mid-run:
 test_tiny_ppo.py); replicas that cannot start."""
 
 from __future__ import annotations
@@ -19,15 +20,19 @@ import pytest
 import torch
 import requests
 from ppo_runs import expected_totals, generations, tiny_ppo
+from process_helpers import engine_core_pid
 
 from verl_vllm_rm.dev.ppo_report import read_dump, read_metrics
-from verl_vllm_rm.dev.tiny_ppo import TinyPPOConfig, TinyPPOError, run_tiny_ppo
+from verl_vllm_rm.dev.tiny_ppo import SERVER_ARGS, TinyPPOConfig, TinyPPOError, run_tiny_ppo
 from verl_vllm_rm.replicas.launcher import start_server
 
 pytestmark = [pytest.mark.server, pytest.mark.ray]
 
 RM_RANKS = 2  # the RM trains sharded over two ranks of verl's engine (FSDP2)
-FIRST_STEPS = 4  # one replica is frozen after step 1 and thawed after step 2
+FIRST_STEPS = 4  # one replica's engine is stopped after step 1 and resumed after step 2
+#: the replicas' --engine-stall-timeout: a stopped engine is declared stalled (its /health 503, out of the fleet's
+#: routing) this long after its last answer, which must come after step 2's first requests reached it
+ENGINE_STALL_S = 40
 RESUMED = FIRST_STEPS + 1  # the step the resumed run trains
 
 
@@ -47,9 +52,14 @@ def replica_servers(model: str) -> dict[int, int]:
     return found
 
 
-class FreezeOneReplica:
-    """``on_step``: after step 1, SIGSTOP one replica's server (its process group: API server and engine; alive,
-    port open, never answering); after step 2, SIGCONT it."""
+class StopOneReplicasEngine:
+    """``on_step``: after step 1, SIGSTOP one replica's engine-core process (its API server answers on, ``/health``
+    included, until the engine watch declares the stall); after step 2, SIGCONT it.
+
+    A wholly frozen replica (API server too) leaves the fleet's routing within ~2 s (its ``/health`` goes
+    unanswered), before step 2's rollout has anything to score, so no request need meet it. A stopped engine keeps
+    the replica in routing until ``ENGINE_STALL_S`` after its last answer: step 2's requests reach it and wait
+    there, and fail over once its ``/health`` turns 503."""
 
     def __init__(self, model: str) -> None:
         self.model = model
@@ -59,34 +69,39 @@ class FreezeOneReplica:
         if step == 1:
             servers = replica_servers(self.model)
             assert len(servers) == 2, servers
-            self.pid = servers[min(servers)]
-            os.killpg(self.pid, signal.SIGSTOP)
+            self.pid = engine_core_pid(servers[min(servers)])
+            os.kill(self.pid, signal.SIGSTOP)
         elif step == 2:
-            self.thaw()
+            self.resume()
 
-    def thaw(self) -> None:
+    def resume(self) -> None:
         if self.pid is not None:
-            os.killpg(self.pid, signal.SIGCONT)
+            os.kill(self.pid, signal.SIGCONT)
             self.pid = None
 
 
 @pytest.fixture(scope="module")
 def online_runs(tmp_path_factory, tiny_rm, tiny_task):
-    """FIRST_STEPS online steps (a checkpoint each; one replica frozen during step 2), then the same run resumed to
-    one more step; each run starts its own two replicas (weight version 0); the RM's scores are whitened (running
-    statistics, two reward-loop workers). Clients fail over from a hung replica after 2 + 2 s; the fleet restarts
-    one hung for 600 s only, so the frozen one is thawed, not restarted."""
+    """FIRST_STEPS online steps (a checkpoint each; one replica's engine stopped during step 2), then the same run
+    resumed to one more step; each run starts its own two replicas (weight version 0); the RM's scores are whitened
+    (running statistics, two reward-loop workers). Clients look at a replica's /health after 2 s without an answer
+    (2 s to answer) and fail over once it is not ok; the fleet restarts one unhealthy for 600 s only, so the stopped
+    one is resumed, not restarted."""
     work = tmp_path_factory.mktemp("ppo_online")
+    args = ",".join(f"'{a}'" for a in [*SERVER_ARGS, "--enable-weight-updates",
+                                       "--engine-stall-timeout", str(ENGINE_STALL_S)])
     common = dict(online="full", validate=False, replicas=2,
-                  extra_overrides=["trainer.save_freq=1", "+reward.reward_kwargs.whiten=running", "reward.num_workers=2",
-                                   f"+online_rm.num_workers={RM_RANKS}", "+reward.reward_kwargs.failover_after_s=2",
+                  extra_overrides=["trainer.save_freq=1", "+reward.reward_kwargs.whiten=running",
+                                   "reward.num_workers=2", f"+online_rm.num_workers={RM_RANKS}",
+                                   "+reward.reward_kwargs.failover_after_s=2",
                                    "+reward.reward_kwargs.health_timeout_s=2",
-                                   "+reward.reward_kwargs.replicas.hung_restart_s=600"])
-    freeze = FreezeOneReplica(str(tiny_rm))
+                                   "+reward.reward_kwargs.replicas.hung_restart_s=600",
+                                   f"++reward.reward_kwargs.replicas.server_args=[{args}]"])
+    stop = StopOneReplicasEngine(str(tiny_rm))
     try:
-        first = tiny_ppo(work, tiny_rm, tiny_task["policy"], None, steps=FIRST_STEPS, on_step=freeze, **common)
+        first = tiny_ppo(work, tiny_rm, tiny_task["policy"], None, steps=FIRST_STEPS, on_step=stop, **common)
     finally:
-        freeze.thaw()
+        stop.resume()
     first["metrics"] = dict(read_metrics(work))  # the resumed run writes its own metrics file and report
     first["report"] = (work / "report.txt").read_text()
     resumed = tiny_ppo(work, tiny_rm, tiny_task["policy"], None, steps=RESUMED, **common)
@@ -99,12 +114,14 @@ def replica_metrics(metrics: dict, replica: int) -> dict[str, float]:
     return {k[len(prefix):]: v for k, v in metrics.items() if k.startswith(prefix)}
 
 
-def test_every_step_trains_publishes_and_matches_the_trainer_with_a_replica_frozen_for_a_step(online_runs):
-    """Step 1 publishes to both replicas (two-phase). One is then frozen: step 2's rewards all come from the one
-    that answers (rm_valid 1 for every sample), the fleet takes the frozen one out of routing, and step 2 publishes
-    to the live one alone. Thawed during step 3, it is behind: out of routing (every step-3 reward is version 2),
-    and step 3's publish re-syncs it (to both again); in step 4 it serves again, on version 3. Versions rise every
-    step; parity holds on every replica published to. Replica metrics are read before the step's RM update."""
+def test_every_step_trains_publishes_and_matches_the_trainer_with_a_replica_stopped_for_a_step(online_runs):
+    """Step 1 publishes to both replicas (two-phase). One replica's engine is then stopped: step 2's requests that
+    reach it wait there and fail over (``reward/rm_failed_over`` > 0) once its engine watch declares the stall, so
+    all step-2 rewards come from the one that answers (rm_valid 1 for every sample); the fleet takes the stopped one
+    out of routing, and step 2 publishes to the live one alone. Resumed during step 3, it is behind: out of routing
+    (every step-3 reward is version 2), and step 3's publish re-syncs it (to both again); in step 4 it serves again,
+    on version 3. Versions rise every step; parity holds on every replica published to. Replica metrics are read
+    before the step's RM update."""
     _, first, _ = online_runs
     metrics = first["metrics"]
     assert [s["rm_version"] for s in first["steps"]] == [1, 2, 3, 4]
@@ -114,15 +131,16 @@ def test_every_step_trains_publishes_and_matches_the_trainer_with_a_replica_froz
     for i in (0, 1):
         m = replica_metrics(metrics[1], i)
         assert m["routed"] == 1.0 and m["version"] == 0 and m["failures"] == 0.0, m
-    frozen = [i for i in (0, 1) if replica_metrics(metrics[2], i)["healthy"] == 0.0]
-    assert len(frozen) == 1, [replica_metrics(metrics[2], i) for i in (0, 1)]
-    frozen, live = frozen[0], 1 - frozen[0]
+    assert metrics[2]["reward/rm_failed_over"] > 0, "no step-2 request met the stopped replica"
+    stopped = [i for i in (0, 1) if replica_metrics(metrics[2], i)["healthy"] == 0.0]
+    assert len(stopped) == 1, [replica_metrics(metrics[2], i) for i in (0, 1)]
+    stopped, live = stopped[0], 1 - stopped[0]
     # out of routing at least once since step 1 (a loaded machine may add a /health missed by a busy replica)
-    assert replica_metrics(metrics[2], frozen)["evictions"] >= 1.0 and metrics[2]["replicas/rm/healthy"] == 1.0
+    assert replica_metrics(metrics[2], stopped)["evictions"] >= 1.0 and metrics[2]["replicas/rm/healthy"] == 1.0
     assert replica_metrics(metrics[2], live)["routed"] == 1.0
-    thawed = replica_metrics(metrics[3], frozen)
-    assert (thawed["healthy"], thawed["routed"], thawed["version"], thawed["restarts"]) == (1.0, 0.0, 1.0, 0.0)
-    resynced = replica_metrics(metrics[4], frozen)
+    behind = replica_metrics(metrics[3], stopped)  # its engine resumed, the replica not restarted
+    assert (behind["healthy"], behind["routed"], behind["version"], behind["restarts"]) == (1.0, 0.0, 1.0, 0.0)
+    resynced = replica_metrics(metrics[4], stopped)
     assert (resynced["routed"], resynced["version"], resynced["resyncs"]) == (1.0, 3.0, 1.0), resynced
     assert resynced["inputs"] > 0  # it takes traffic again
     assert re.search(r"replicas of rm: 2 of 2 healthy at step 4; over the run [1-9]\d* evictions from routing, "
@@ -144,8 +162,8 @@ def test_each_rm_rank_holds_half_of_the_rms_training_state(online_runs, tiny_rm)
 
 def test_online_steps_log_reward_metrics_the_weight_version_and_drift(online_runs):
     """vllm_rm_online has trainer mode vllm_rm's metrics; step N's rollouts were all scored (by an answering
-    replica: one was frozen in step 2) with the weights published after step N-1; the RM's drift on the probe set
-    is measured every step and moves once the RM has trained."""
+    replica: one's engine was stopped in step 2) with the weights published after step N-1; the RM's drift on the
+    probe set is measured every step and moves once the RM has trained."""
     _, first, _ = online_runs
     metrics = first["metrics"]
     for step in range(1, FIRST_STEPS + 1):

@@ -21,8 +21,10 @@ from sync_helpers import engine_rm_config, inventory_dtypes, max_diff, mixed_pre
 from verl_vllm_rm.parity.probe import FP32_MAX_ABS_DIFF, max_abs_bound
 
 HAS_AVX512_BF16 = "avx512_bf16" in Path("/proc/cpuinfo").read_text()
-needs_avx512_bf16 = pytest.mark.skipif(not HAS_AVX512_BF16, reason="vLLM-CPU serves bfloat16 only on CPUs with "
-                                       "AVX512-BF16, and this machine's /proc/cpuinfo has no avx512_bf16 flag")
+needs_avx512_bf16 = pytest.mark.skipif(
+    not HAS_AVX512_BF16, reason="vLLM-CPU serves bfloat16 only on CPUs with AVX512-BF16, and this machine's "
+    "/proc/cpuinfo has no avx512_bf16 flag: the bf16 server side runs on CPUs that have it (Intel Xeon from Cooper "
+    "Lake and Sapphire Rapids on, AMD from Zen 4 on; the project's dev machine, an Intel Xeon, runs it)")
 
 HEAD_PATTERNS = ("score.*",)
 

@@ -28,13 +28,17 @@ SPLIT_GROUPS = np.array([0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15])
 
 
 HUNG_RESTART_S = 10.0  # the module's fleet restarts a replica silent this long
+#: the module's fleet keeps a silent replica in routing this long (a /health unanswered): the window in which a
+#: step's first requests must reach a replica frozen just before it (the default 5 s was missed under load)
+HEALTH_TIMEOUT_S = 15.0
 ENGINE_STALL_S = 16.0  # the replicas' --engine-stall-timeout (an idle one is probed after 8 s)
 FAILOVER_AFTER_S = 4.0  # the workers' clients check a server's /health after this long without an answer
 
 
 def replicas_block(model: str, server_args: list[str], n: int = 2) -> dict:
     return {"model": model, "num_replicas": n, "server_args": [f"'{a}'" for a in server_args],
-            "health_interval_s": 0.5, "restart_backoff_s": 0.5, "hung_restart_s": HUNG_RESTART_S,
+            "health_interval_s": 0.5, "health_timeout_s": HEALTH_TIMEOUT_S, "restart_backoff_s": 0.5,
+            "hung_restart_s": HUNG_RESTART_S,
             "max_failed_starts": 2}
 
 
@@ -263,12 +267,14 @@ def route_over_both(manager, tokenizer) -> None:
 def signal_mid_step(manager, tiny_rm: str, tokenizer, seed: int, signum: int, engine_only: bool = False) -> dict:
     """Publish known weights (both replicas routed), SIGSTOP replica 0's server (its process group) and start a step
     of 64 groups of distinct random rows (many requests): the fleet keeps a silent replica in routing for its
-    health_timeout_s (5 s) and the step's first requests go out within it, so some hang there. SIGSTOP: leave it so.
-    SIGKILL: kill it once a request of the step is seen held there (a crash mid-request: the connection is reset
-    before the clients' fail-over check, FAILOVER_AFTER_S + 2 s, would end it). ``engine_only``: SIGSTOP its engine-core
-    process alone (the API server answers on). Wait for the step: every score must be the published model's, every
-    sample valid. What the test reads next: the fleet status before, the victim's pid and URL, the workers' client
-    counters for it before and after, the rows scored and the step's output."""
+    health_timeout_s (HEALTH_TIMEOUT_S) and the step's first requests go out within it, so some hang there. SIGSTOP:
+    leave it so. ``engine_only``: SIGSTOP its engine-core process alone (the API server answers on, /health
+    included, until ENGINE_STALL_S after the engine's last answer). SIGKILL: its engine stopped first, so the
+    replica stays in routing and a request of the step waits there, then the whole server killed once such a request
+    is seen held (a crash mid-request: the connection is reset before the clients' fail-over check,
+    FAILOVER_AFTER_S + 2 s, would end it). Wait for the step: every score must be the published model's, every sample
+    valid. What the test reads next: the fleet status before, the victim's pid and URL, the workers' client counters
+    for it before and after, the rows scored and the step's output."""
     import ray
     from sync_helpers import load_rm, perturbed
 
@@ -283,15 +289,17 @@ def signal_mid_step(manager, tiny_rm: str, tokenizer, seed: int, signum: int, en
     data = build_batch(groups, tokenizer.pad_token_id)
     results: dict = {}
     step = threading.Thread(target=lambda: results.update(out=manager.compute_rm_score(data)))
-    if engine_only:
+    if engine_only or signum == signal.SIGKILL:
         os.kill(engine_core_pid(victim), signal.SIGSTOP)
     else:
         os.killpg(victim, signal.SIGSTOP)
     step.start()
     if signum == signal.SIGKILL:
-        wait_until(lambda: client_stats(manager, url).get("outstanding", 0) > 0, 60,
-                   "a request of the step held at replica 0")
-        os.killpg(victim, signal.SIGKILL)
+        try:
+            wait_until(lambda: client_stats(manager, url).get("outstanding", 0) > 0, 60,
+                       "a request of the step held at replica 0")
+        finally:  # the crash, also when no request was seen (the fleet then restarts it for the next test)
+            os.killpg(victim, signal.SIGKILL)
     step.join(timeout=600)
     rows = [row_token_ids(g, r) for g in groups for r in g.response_ids]
     out = results["out"]
