@@ -100,7 +100,8 @@ def test_a_script_that_never_closes_leaves_no_unclosed_session_at_exit(rm_server
 
 
 def test_served_versions_reads_each_server_that_answers_and_leaves_out_the_rest(rm_server, dead_url):
-    """A down server is left out, not an error; every other one gives the version its /score answers carry."""
+    """A down server is left out, not an error; an answering one gives the version of its /health (ok), the one its
+    /score answers carry."""
     from sync_helpers import runtime_version
 
     from verl_vllm_rm.client.http import served_versions

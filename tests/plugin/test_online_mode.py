@@ -386,7 +386,7 @@ def test_the_tiny_rm_and_the_family_builders_configs_read_as_they_are(tiny_rm, t
 
 def test_the_drift_probe_scores_on_the_listed_server_with_the_newest_version(rm_server, ws_server, dead_url):
     """With ``on_server_failure=leave_behind`` a listed server may be behind or down: the probe asks each one's
-    ``/runtime_version`` and takes the first on the newest version; none answering is an error naming the list."""
+    ``/health`` and takes the first on the newest version; none answering is an error naming the list."""
     from sync_helpers import runtime_version
 
     from verl_vllm_rm.client.reward_client import RewardServerError
@@ -396,5 +396,5 @@ def test_the_drift_probe_scores_on_the_listed_server_with_the_newest_version(rm_
     assert newest_server([dead_url, rm_server.url, ws_server.url], None) == newer
     assert newest_server([dead_url], None) == dead_url  # the only one: not asked
     with pytest.raises(RewardServerError, match=rf"none of online_rm.server_url \['{dead_url}', '{dead_url}/'\] "
-                                                r"answered /runtime_version within 5 s with its weight version"):
+                                                r"answered /health ok within 5 s with its weight version"):
         newest_server([dead_url, dead_url + "/"], None)

@@ -97,15 +97,16 @@ def get_json(url: str, timeout_s: float = 5.0, api_key: str | None = None) -> An
 
 
 def served_versions(urls: list[str], api_key: str | None = None, timeout_s: float = 5.0) -> dict[str, int]:
-    """The weight version each of ``urls`` serves (``/runtime_version``), of those that answer within
-    ``timeout_s`` with one: a server down, hung, or whose weights are lost (version ``null``) is left out."""
+    """The weight version each of ``urls`` serves, of those whose ``/health`` answers ok within ``timeout_s``: a
+    server down, hung, whose engine stalled or whose weights are lost (503) is left out, as it scores nothing."""
     versions: dict[str, int] = {}
     for url in urls:
         try:
-            version = get_json(f"{url.rstrip('/')}/runtime_version", timeout_s, api_key).get("version")
-        except (HttpError, AttributeError):  # unreachable, an error status, or an answer that is no object
+            health = get_json(f"{url.rstrip('/')}/health", timeout_s, api_key)
+        except HttpError:  # unreachable, or not ok (503)
             continue
-        if isinstance(version, int):
+        version = health.get("version") if isinstance(health, dict) else None
+        if isinstance(version, int) and not isinstance(version, bool):
             versions[url] = version
     return versions
 

@@ -351,8 +351,8 @@ def newest_server(urls: list[str], api_key: str | None) -> str:
 
     versions = served_versions(urls, api_key)
     if not versions:
-        raise RewardServerError(f"none of online_rm.server_url {urls} answered /runtime_version within 5 s with its "
-                                "weight version: the drift probe has no server to score on")
+        raise RewardServerError(f"none of online_rm.server_url {urls} answered /health ok within 5 s with its weight "
+                                "version: the drift probe has no server to score on")
     newest = max(versions.values())
     return next(url for url, version in versions.items() if version == newest)
 
