@@ -118,7 +118,8 @@ def test_both_gpu_environments_run_one_nccl():
 @pytest.fixture(scope="module")
 def resolved(tmp_path_factory) -> dict[str, dict[str, str]]:
     """The quick start's lines, resolved by the pinned resolver pip from the index alone (the two environments
-    side by side: ~1 min); an environment's later ``--no-deps`` lines replace the pins they name."""
+    side by side: ~1 min, a few MB of downloads); an environment's later ``--no-deps`` lines replace the pins
+    they name."""
     lines = pip_lines(gpu_section())
     python = resolver_python(tmp_path_factory.mktemp("resolver") / "env")
     with ThreadPoolExecutor(2) as pool:

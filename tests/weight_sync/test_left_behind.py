@@ -4,7 +4,8 @@ By default (``online_rm.on_server_failure`` unset: ``abort``) the version fails 
 serving the old one. With ``leave_behind`` the publish goes ahead on the live server; a client over the list sends
 every request to the server on the newest version, none to the frozen one, nor to it once thawed and behind; the
 next publish re-syncs it, and it serves again, exactly the published weights. The frozen server is the session's
-fault server, whose ``--weight-update-stall-timeout`` (6 s) drops the update it was receiving once it is thawed.
+fault server, whose ``--weight-update-stall-timeout`` (``FAULT_SERVER_STALL_S``) drops the update it was
+receiving once it is thawed.
 """
 
 from __future__ import annotations
