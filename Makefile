@@ -60,7 +60,7 @@ $(VENV_SERVER)/.installed-cpu: pyproject.toml requirements/server.txt
 	$(VENV_SERVER)/bin/pip install -q --no-deps --no-build-isolation -e .
 	touch $@
 
-# The GPU lines are docs/quickstart.md's "On GPUs" (tests/dev/test_gpu_lock.py checks they match). No rm-gallery
+# The GPU lines are docs/quickstart.md's "On GPUs" (tests/integration/dev/test_gpu_lock.py checks they match). No rm-gallery
 # there: it needs openai<2 and verl's vLLM 0.24 rollout brings openai 3 (rm-gallery rewards say how to add it).
 $(VENV)/.installed-gpu: pyproject.toml requirements/trainer-gpu.txt $(NCCL_PIN)
 	$(call other_device,$(VENV))
@@ -85,7 +85,7 @@ lock-gpu: $(VENV)/.installed-cpu
 
 # The documentation site's toolchain (requirements/docs.txt: mkdocs-material) goes into the trainer environment, on
 # either DEVICE: the reference pages are generated from the option dataclasses, which import verl. Its pins equal
-# the trainer locks' where both name a package (tests/docs/test_site.py checks it).
+# the trainer locks' where both name a package (tests/unit/docs/test_site.py checks it).
 DOCS_STAMP := $(VENV)/.installed-docs
 $(DOCS_STAMP): requirements/docs.txt $(STAMP)
 	$(VENV)/bin/pip install -q -r requirements/docs.txt

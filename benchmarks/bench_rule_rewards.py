@@ -119,7 +119,7 @@ def time_gallery(texts: list[str], repeats: int) -> tuple[dict, dict, float]:
 
 
 def agreement(ids: np.ndarray, lengths: np.ndarray, ours: dict, answers: dict) -> dict:
-    """Where definitions coincide the two sides must agree (see tests/rewards for the full checks)."""
+    """Where definitions coincide the two sides must agree (see tests/unit/rewards for the full checks)."""
     theirs_format = np.array([a.reward.score for a, _ in answers["format"]])
     distinct, total = ngram_counts(ids, lengths, 5)
     counts = [(extra[name]["unique_ngrams"], extra[name]["total_ngrams"])

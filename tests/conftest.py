@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # Fixtures that start the real server or Ray. A test that uses one, even through another fixture,
 # is marked ``server``; tests that start a server or a run themselves carry the mark explicitly.
 # ``pytest -m "not server"`` then runs the pure tests alone (under a minute).
-HEAVY_FIXTURES = {"rm_server", "ws_server", "online_rm_server", "ray_cluster", "judge_server"}
+HEAVY_FIXTURES = {"rm_server", "ws_server", "online_rm_server", "ray_cluster", "judge_server", "fault_server"}
 # fp32 + eager: exact parity with transformers and a fast start on CPU.
 SERVER_TEST_ARGS = ["--dtype", "float32", "--max-model-len", "512", "--enforce-eager"]
 # 128 MiB of KV cache (262k tokens of the tiny RM) instead of the server's 2 GiB CPU default: a server then
@@ -100,7 +100,7 @@ def hf_model(tiny_rm):
 def rm_server(tiny_rm, server_args):
     """The main reward server (no API key, no step pooling; the small KV cache: each xdist worker holds one for the
     session, beside a main_ppo run on the other; the 2 GiB default is set by the server's arguments and reaches the
-    engine like this size: tests/server/test_server_lifecycle.py)."""
+    engine like this size: tests/integration/server/test_server_lifecycle.py)."""
     with running_server(tiny_rm, server_args) as server:
         yield server
 

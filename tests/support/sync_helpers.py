@@ -16,7 +16,7 @@ from verl_vllm_rm.server.weights.reload_fault import RELOAD_FAULT_ENV
 from verl_vllm_rm.weight_sync import RewardModelPublisher
 
 PARITY_ATOL = 1e-4
-FAULT_SERVER_STALL_S = 12.0  # the fault server's --weight-update-stall-timeout (tests/weight_sync/conftest.py)
+FAULT_SERVER_STALL_S = 12.0  # the fault server's --weight-update-stall-timeout (tests/integration/weight_sync/conftest.py)
 
 
 def faulty_server(tiny_rm: str, server_args: list[str], fault_file: Path, *extra: str):

@@ -30,12 +30,12 @@ ORDER_SEED_ENV = "TEST_MODULE_ORDER_SEED"
 #: replicas, two family servers) and then the fewest session servers are alive on either worker (a fresh clone's
 #: run had it killed by Ray's memory monitor at 22.4 of 23.5 GB when it ran fifth)
 MAIN_PPO_MODULES = (
-    "tests/dev/test_tiny_ppo_two_rms.py",
-    "tests/dev/test_demo.py",
-    "tests/dev/test_tiny_ppo.py",
-    "tests/dev/test_tiny_ppo_any_rm.py",
-    "tests/dev/test_tiny_ppo_online.py",
-    "tests/test_recipes.py",
+    "tests/integration/dev/test_tiny_ppo_two_rms.py",
+    "tests/integration/dev/test_demo.py",
+    "tests/integration/dev/test_tiny_ppo.py",
+    "tests/integration/dev/test_tiny_ppo_any_rm.py",
+    "tests/integration/dev/test_tiny_ppo_online.py",
+    "tests/integration/test_recipes.py",
 )
 
 

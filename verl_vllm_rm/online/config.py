@@ -46,7 +46,7 @@ def resolve_attention(option: str, flash_available: Callable[[], bool] = flash_a
 
 # The RM's engine settings where verl has a config dataclass for them: each section's fields are that dataclass's
 # own (same names), handed to it as they are by OnlineRMConfig.training_worker_config (VERL_CONFIG names it;
-# tests/online/test_config.py checks every name against the installed verl).
+# tests/unit/online/test_config.py checks every name against the installed verl).
 
 
 @dataclass

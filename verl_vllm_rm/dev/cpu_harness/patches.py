@@ -1,7 +1,7 @@
 """Every change the CPU harness makes to verl 0.9.1, in one list, each with the verl code it works around.
 
 Each :class:`Patch` says what it changes, why, and how to tell that the installed
-verl still needs it (``needed``): ``tests/dev/test_cpu_harness.py`` fails loudly
+verl still needs it (``needed``): ``tests/integration/dev/test_cpu_harness.py`` fails loudly
 when a patch no longer applies, naming it, so a verl upgrade never runs on a
 silently stale harness. Nothing here runs unless the harness is imported
 (``VERL_USE_EXTERNAL_MODULES=verl_vllm_rm.dev.cpu_harness.activate``), and the harness

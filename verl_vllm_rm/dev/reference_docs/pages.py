@@ -194,10 +194,10 @@ def _plain(text: str) -> str:
 
 def errors_page(raises: list[LiteralRaise]) -> str:
     lines = [_header("the raise statements of verl_vllm_rm/ (dev/reference_docs/raises.py, the scanner "
-                     "tests/test_error_coverage.py runs)"), "# Error messages", "",
+                     "tests/unit/test_error_coverage.py runs)"), "# Error messages", "",
              "Every error message a user can hit, as the code words it (`{name}`: a value filled in), grouped by the "
              "part of the package that raises it; each names its fix. Search this page for a few words of the "
-             "message you got. Each one is triggered and checked by a test (`tests/test_error_coverage.py`).", ""]
+             "message you got. Each one is triggered and checked by a test (`tests/unit/test_error_coverage.py`).", ""]
     by_room: dict[str, list[LiteralRaise]] = {}
     for raise_ in raises:
         if not raise_.internal:

@@ -1,4 +1,4 @@
-"""The package's ``raise`` statements with a message: the one scanner behind ``tests/test_error_coverage.py``
+"""The package's ``raise`` statements with a message: the one scanner behind ``tests/unit/test_error_coverage.py``
 (every such message is asserted by a test) and ``docs/reference/errors.md`` (every message a user can hit).
 
 A message is a string, an f-string, a concatenation or a ``.format`` of them; its parts are literal text and

@@ -26,7 +26,7 @@ memory vLLM leaves free on most cards); the staged update waits on the host,
 and the reload then materializes one layer at a time on the device (vLLM's
 layerwise reload), copying that layer's weights from the host. One code path
 on every device: on a CPU worker the copy-out is a memcpy, and the test of the
-bound measures it there (tests/weight_sync/test_tensor_parallel.py).
+bound measures it there (tests/integration/weight_sync/test_tensor_parallel.py).
 
 Joining the trainer's group runs on a thread as well (``init_weight_transfer_engine``
 with ``phase`` ``begin``, polled with ``rm_join_done``, then ``finish``): a trainer
