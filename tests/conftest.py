@@ -26,8 +26,10 @@ from xdist_scheduling import ORDER_SEED_ENV, ModuleScheduling, module_order_seed
 
 # open_sessions_check: the run fails if an aiohttp session is left open; orphan_engines_check: if a server's
 # engine process outlives it; tq_helpers: the `queue` fixture; module_times: each worker's time per module;
-# server_logs: a failed test's report carries the log tails of the servers it used
-pytest_plugins = ["open_sessions_check", "orphan_engines_check", "tq_helpers", "module_times", "server_logs"]
+# server_logs: a failed test's report carries the log tails of the servers it used; rollout_fixture: the RM
+# trainer tests' rollout
+pytest_plugins = ["open_sessions_check", "orphan_engines_check", "tq_helpers", "module_times", "server_logs",
+                  "rollout_fixture"]
 
 ROOT = Path(__file__).resolve().parents[1]
 # Fixtures that start the real server or Ray. A test that uses one, even through another fixture,

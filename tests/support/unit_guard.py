@@ -1,10 +1,12 @@
-"""What keeps tests/unit in-process: while a unit module runs, starting the reward server or verl's trainer (as a
-process) or Ray fails, naming what started and where the test belongs (tests/unit/conftest.py applies it)."""
+"""What keeps tests/unit in-process: while a unit module runs, starting the reward server or verl's trainer (a
+python process running either) or Ray fails, naming what started and where the test belongs (applied by
+tests/unit/conftest.py)."""
 
 from __future__ import annotations
 
 import subprocess
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Iterator
 
 import pytest
@@ -22,8 +24,9 @@ def nothing_heavy_starts() -> Iterator[None]:
     popen_init = subprocess.Popen.__init__
 
     def refuse_heavy(self, args, *rest, **kwargs):
-        argv = [args] if isinstance(args, (str, bytes)) else list(args)
-        started = next((c for c in HEAVY_COMMANDS if any(c in str(a) for a in argv)), None)
+        argv = [str(a) for a in ([args] if isinstance(args, (str, bytes)) else list(args))]
+        python = bool(argv) and Path(argv[0].split()[0]).name.startswith("python")
+        started = next((c for c in HEAVY_COMMANDS if python and any(c in a for a in argv)), None)
         if started is not None:
             raise StartsAComponent(f"a unit test started {started}: move it to tests/integration")
         popen_init(self, args, *rest, **kwargs)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections import Counter
 
 import pytest
 from repo_paths import TESTS
@@ -18,12 +17,6 @@ def test_every_test_module_is_in_unit_or_integration():
              {"unit", "integration"}]
     assert not loose, f"test modules outside tests/unit and tests/integration: {loose}"
     assert {p.name for p in TESTS.iterdir() if p.is_dir() and p.name != "__pycache__"} == ROOMS
-
-
-def test_test_module_names_are_unique():
-    """pytest imports test modules by their file name (rootdir-based, no packages): two of one name collide."""
-    names = Counter(p.name for p in TESTS.rglob("test_*.py"))
-    assert not [n for n, k in names.items() if k > 1], [n for n, k in names.items() if k > 1]
 
 
 def test_a_unit_test_that_starts_the_server_or_main_ppo_is_refused():

@@ -6,26 +6,13 @@ Generating reads the reward server's parser in the server environment (vLLM): th
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from verl_vllm_rm.cli import build_parser, main
-from verl_vllm_rm.dev.reference_docs.pages import (ENTRY_SECTIONS, REFERENCE, errors_page, generate, section_homes,
-                                                   stale_pages)
-from verl_vllm_rm.dev.reference_docs.raises import LiteralRaise
-from verl_vllm_rm.dev.reference_docs.sections import field_meanings, options
-from verl_vllm_rm.dev.reference_docs.server_flags import read_server_flags
-from verl_vllm_rm.online.config import OnlineRMConfig
-from verl_vllm_rm.replicas.launcher import SERVER_PYTHON_ENV
-from verl_vllm_rm.scoring.options import ManagerOptions
+from verl_vllm_rm.dev.reference_docs.pages import (REFERENCE, generate, stale_pages)
 from repo_paths import REPO as ROOT
-
-#: every option section the configuration reference prints (and the classes of ``reward_models``' entries)
-SECTIONS = [*section_homes(ManagerOptions, "reward_kwargs"), *section_homes(OnlineRMConfig, "online_rm"),
-            *ENTRY_SECTIONS.values()]
 
 
 @pytest.fixture(scope="module")
@@ -49,49 +36,3 @@ def test_check_exits_1_naming_the_stale_page_and_writes_nothing(pages, tmp_path,
     assert main(["reference-docs", "--check", "--root", str(tmp_path)]) == 1
     assert "docs/reference/cli.md is stale: run `verl-vllm-rm reference-docs` and commit it" in capsys.readouterr().err
     assert (tmp_path / REFERENCE / "cli.md").read_text() == "hand-edited\n"
-
-
-def test_every_field_of_every_option_section_has_its_meaning():
-    missing = [f"{cls.__name__}.{f.name}" for cls in SECTIONS for f in dataclasses.fields(cls)
-               if f.init and not field_meanings(cls).get(f.name)]  # an inline section's field too: its docstring
-    assert not missing, f"give each a docstring line right after the field (its meaning in the reference): {missing}"
-    assert len(SECTIONS) >= 12, [c.__name__ for c in SECTIONS]  # the walk reached the nested sections
-
-
-@dataclass
-class _Documented:
-    kept: int = 1
-    """A meaning."""
-    commented: int = 2  # a comment is not a meaning
-    bare: str = "x"
-
-
-def test_a_comment_or_nothing_is_no_meaning():
-    assert field_meanings(_Documented) == {"kept": "A meaning."}
-
-
-def test_allowed_values_come_from_literals_and_range_checks():
-    by_key = {o.path: o for o in options(ManagerOptions)}
-    assert by_key["input_format"].allowed == ("token_ids", "chat_template")
-    assert by_key["alpha"].allowed == ("in [0, 1]",)  # ManagerOptions' own check_ranges
-    assert by_key["connect_timeout_s"].allowed == ("> 0",)  # inherited from ClientOptions
-    assert by_key["reference_source"].allowed == ()
-    assert by_key["judge"].default == "null" and by_key["routes"].type == "list[section]"
-
-
-def test_the_errors_page_lists_user_errors_by_room_and_leaves_internal_ones_out():
-    def raised(path: str, where: str, template: str, internal: bool = False) -> LiteralRaise:
-        return LiteralRaise(path, 1, (template,), internal, "ValueError", where, template)
-
-    page = errors_page([raised("verl_vllm_rm/judge/options.py", "JudgeOptions.__post_init__",
-                               "judge max_tokens must be > 0, got {max_tokens}"),
-                        raised("verl_vllm_rm/judge/client.py", "f", "x vanished between the check and the use", True)])
-    assert "## `judge` {#judge}" in page
-    assert "- `ValueError` in `judge.options.JudgeOptions.__post_init__`\n  judge max\\_tokens must be > 0" in page
-    assert "vanished" not in page
-
-
-def test_reading_the_server_flags_fails_naming_the_interpreter(monkeypatch):
-    monkeypatch.setenv(SERVER_PYTHON_ENV, "/bin/false")
-    with pytest.raises(RuntimeError, match="reading the reward server's flags failed in /bin/false"):
-        read_server_flags()

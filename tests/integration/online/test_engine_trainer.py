@@ -14,7 +14,10 @@ from pathlib import Path
 import pytest
 from sync_helpers import PARITY_ATOL, engine_rm_config, max_diff, reset_server, runtime_version, server_scores
 
+
 BUCKET_BYTES = 1 << 16  # 64 KiB: the tiny RM (1.7 MB) takes many buckets; its embedding (512 kB) one alone
+
+
 LOSS_TOLERANCE = 1e-5  # fp32 compute; 1 and 2 ranks differ only in the order of the reductions
 
 
@@ -164,10 +167,3 @@ def test_an_rm_whose_head_does_not_load_is_refused_naming_it(ray_cluster, tiny_r
     with pytest.raises(Exception, match=r"1 weight\(s\) of the RM at .* did not load into verl's value model "
                                         r"\(Qwen2ForTokenClassification\): \['score.weight'\] \(the head\)"):
         OnlineRewardModel(rm_config(str(renamed), "http://127.0.0.1:1", "full", 1))
-
-
-def test_micro_batches_split_a_ranks_pairs_evenly_and_never_exceed_the_option():
-    from verl_vllm_rm.online.worker import micro_batch_pairs
-
-    assert [micro_batch_pairs(pairs, 4) for pairs in (1, 4, 6, 7, 8, 12)] == [1, 4, 3, 1, 4, 4]
-    assert micro_batch_pairs(6, 1) == 1

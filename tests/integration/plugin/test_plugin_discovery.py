@@ -15,6 +15,7 @@ import pytest
 
 from verl_vllm_rm.parity.reference import sequence_scores
 
+
 WORKER = """
 import json, sys
 import verl  # what every Ray worker does first: loads the verl.plugins entry points
@@ -64,23 +65,3 @@ def test_plugins_off_means_unknown_reward_manager(rm_server, tiny_rm):
     """``VERL_USE_EXTERNAL_PLUGINS=none``: verl skips the entry point and the name is unknown, as
     docs/troubleshooting.md says."""
     assert fresh_worker(rm_server.url, tiny_rm, "none") == {"error": "Unknown reward manager: vllm_rm"}
-
-
-TRAINER_MODE_PROBE = """
-import json, sys, verl
-before = "verl.trainer.ppo.v1" in sys.modules
-from verl.trainer.ppo.v1 import get_trainer_cls
-import verl.trainer.ppo.v1 as v1
-print(json.dumps([before, get_trainer_cls("vllm_rm").__name__, type(v1.__loader__).__name__]))
-"""
-
-
-def test_trainer_mode_is_registered_when_verls_trainer_is_imported_not_before():
-    """``import verl`` alone leaves verl's trainer unimported (reward and agent-loop workers never pay for it);
-    the first import of verl's trainer registry registers trainer mode ``vllm_rm``, and the module keeps its
-    own loader."""
-    env = {k: v for k, v in os.environ.items() if k != "VERL_USE_EXTERNAL_MODULES"}
-    proc = subprocess.run([sys.executable, "-c", TRAINER_MODE_PROBE], env=env, capture_output=True, text=True,
-                          timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert json.loads(proc.stdout.splitlines()[-1]) == [False, "RewardMetricsPPOTrainerSync", "SourceFileLoader"]

@@ -1,11 +1,10 @@
 """The ``rubric`` component under a rubric template (principles around prompt and response)."""
 
 import numpy as np
-import pytest
 
-from verl_vllm_rm.scoring.options import ConfigError
 from verl_vllm_rm.dev.grpo_batch import build_batch
 from verl_vllm_rm.parity.reference import sequence_scores
+
 
 TEMPLATE = "Judge by {principles}\nQ: {prompt}\nA: {response}\nVerdict:"
 
@@ -29,14 +28,3 @@ def test_rubric_template_scores_the_rendered_text(load_manager, rm_server, verl_
         refs += [rendered(tokenizer, question, g.ground_truth)] * len(g.response_ids)
     assert np.allclose(info["rm_score"], sequence_scores(hf_model, rows), atol=1e-4)
     assert np.allclose(np.array(info["rm_score"]) - info["ref_margin"], sequence_scores(hf_model, refs), atol=1e-4)
-
-
-@pytest.mark.parametrize(
-    "template,needle",
-    [("'{prompt} only'", "exactly one {response}"), ("'{prompt} {response} {style}'", "found fields"),
-     ("'{response}'", "must use {prompt}")],
-)
-def test_bad_rubric_templates_are_config_errors(load_manager, verl_config, tokenizer, template, needle):
-    with pytest.raises(ConfigError, match="rubric_template") as err:
-        load_manager(verl_config("http://127.0.0.1:1", rubric_template=template), tokenizer)
-    assert needle in str(err.value)

@@ -52,20 +52,6 @@ def test_two_workers_split_groups_same_scores(ray_cluster, rm_server, verl_confi
     assert {"score", "rm_score", "rm_valid"} <= set(out.meta_info["reward_extra_keys"])
 
 
-def test_importlib_route_finds_the_manager(verl_config, tokenizer):
-    from verl.trainer.ppo.reward import load_reward_manager
-
-    from verl_vllm_rm.scoring.manager import VLLMRewardManager
-
-    cfg = verl_config(
-        "http://127.0.0.1:1",
-        "reward.reward_manager.source=importlib",
-        "reward.reward_manager.name=VLLMRewardManager",
-        "reward.reward_manager.module.path=pkg://verl_vllm_rm.scoring.manager",
-    )
-    assert type(load_reward_manager(cfg, tokenizer)) is VLLMRewardManager
-
-
 @contextlib.contextmanager
 def reward_loop(config):
     """verl's ``RewardLoopManager`` on ``config``; its Ray workers killed after."""

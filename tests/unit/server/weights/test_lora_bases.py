@@ -7,38 +7,13 @@ import os
 import time
 
 import torch
+from lora_base_store import SHAPES, attention_checkpoint, captured_store, plan_store
 
-from verl_vllm_rm.server.weights.lora_bases import LoraBaseStore, PendingLoraBases, plan_lora_bases, room_for
-
-FUSED = {"qkv_proj": ["q_proj", "k_proj", "v_proj"]}
-ATTN = "model.layers.0.self_attn"
-SHAPES = {f"{ATTN}.q_proj.weight": (8, 16), f"{ATTN}.q_proj.bias": (8,), f"{ATTN}.k_proj.weight": (4, 16),
-          f"{ATTN}.k_proj.bias": (4,), f"{ATTN}.v_proj.weight": (4, 16), f"{ATTN}.v_proj.bias": (4,),
-          f"{ATTN}.o_proj.weight": (16, 8)}
-
-
-def _checkpoint(seed: int = 0) -> dict[str, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    return {name: torch.randn(shape, generator=g) for name, shape in SHAPES.items()}
-
-
-def _plan(specs, max_bytes=None, model_dir: str = "not-a-local-dir", place: str = "host",
-          loaded_at_ns: int | None = None):
-    return plan_lora_bases(place, torch.device("cpu"), FUSED, specs, max_bytes, model_dir,
-                           time.time_ns() if loaded_at_ns is None else loaded_at_ns)
-
-
-def _store(dtype: torch.dtype = torch.float32) -> tuple[LoraBaseStore, dict[str, torch.Tensor]]:
-    checkpoint = _checkpoint()
-    pending = _plan([(n, t.shape, dtype) for n, t in checkpoint.items()])
-    assert isinstance(pending, PendingLoraBases)
-    store = pending.capture(lambda: checkpoint.items())
-    assert isinstance(store, LoraBaseStore)
-    return store, checkpoint
+from verl_vllm_rm.server.weights.lora_bases import PendingLoraBases, room_for
 
 
 def test_the_store_keeps_private_copies_in_the_served_dtype():
-    store, checkpoint = _store(torch.bfloat16)
+    store, checkpoint = captured_store(torch.bfloat16)
     assert store.modules == sorted(n.removesuffix(".weight") for n in SHAPES if n.endswith(".weight"))
     assert store.nbytes == sum(t.numel() * 2 for t in checkpoint.values())
     assert store.report().to_json() == {"state": "held", "where": "host", "bytes": store.nbytes,
@@ -49,21 +24,21 @@ def test_the_store_keeps_private_copies_in_the_served_dtype():
 
 
 def test_a_store_over_its_cap_or_turned_off_is_reported_with_the_reason():
-    checkpoint = _checkpoint()
+    checkpoint = attention_checkpoint()
     specs = [(n, t.shape, torch.float32) for n, t in checkpoint.items()]
-    capped = _plan(specs, max_bytes=1)
+    capped = plan_store(specs, max_bytes=1)
     needed = sum(t.numel() * 4 for t in checkpoint.values())
     assert capped.to_json() == {
         "state": "unavailable", "where": "host", "bytes": 0, "modules": [],
         "reason": f"the LoRA bases need {needed} bytes, more than --weight-update-lora-bases-max-bytes 1; raise the "
                   "cap or publish merged weights", "captured": False}
-    off = _plan(specs, place="off")
+    off = plan_store(specs, place="off")
     assert (off.state, off.reason) == ("off", "--weight-update-lora-bases off")
 
 
 def test_the_plan_reports_the_bytes_and_modules_to_come_and_copies_nothing_until_captured():
-    checkpoint = _checkpoint()
-    pending = _plan([(n, t.shape, torch.bfloat16) for n, t in checkpoint.items()])
+    checkpoint = attention_checkpoint()
+    pending = plan_store([(n, t.shape, torch.bfloat16) for n, t in checkpoint.items()])
     needed = sum(t.numel() * 2 for t in checkpoint.values())
     assert pending.report().to_json() == {
         "state": "held", "where": "host", "bytes": needed, "captured": False, "reason": None,
@@ -81,7 +56,7 @@ def test_weight_files_rewritten_after_the_server_loaded_them_hold_no_store(tmp_p
     model_dir = _weight_file(tmp_path)
     loaded_at = time.time_ns() - 10**9
     os.utime(tmp_path / "model.safetensors", ns=(loaded_at + 1, loaded_at + 1))
-    bases = _plan([("w.weight", (2, 2), torch.float32)], model_dir=model_dir, loaded_at_ns=loaded_at)
+    bases = plan_store([("w.weight", (2, 2), torch.float32)], model_dir=model_dir, loaded_at_ns=loaded_at)
     assert bases.state == "unavailable"
     assert bases.reason == (
         f"the weight files ['model.safetensors'] in {model_dir} changed after the server loaded them; the bases "
@@ -90,8 +65,8 @@ def test_weight_files_rewritten_after_the_server_loaded_them_hold_no_store(tmp_p
 
 def test_weight_files_changed_between_the_plan_and_the_capture_hold_no_store(tmp_path):
     model_dir = _weight_file(tmp_path)
-    checkpoint = _checkpoint()
-    pending = _plan([(n, t.shape, torch.float32) for n, t in checkpoint.items()], model_dir=model_dir)
+    checkpoint = attention_checkpoint()
+    pending = plan_store([(n, t.shape, torch.float32) for n, t in checkpoint.items()], model_dir=model_dir)
     assert isinstance(pending, PendingLoraBases)
     (tmp_path / "model.safetensors").write_bytes(b"other weights")
     bases = pending.capture(lambda: checkpoint.items())
@@ -102,8 +77,8 @@ def test_weight_files_changed_between_the_plan_and_the_capture_hold_no_store(tmp
 
 
 def test_a_read_that_fails_during_the_capture_is_reported_not_raised():
-    checkpoint = _checkpoint()
-    pending = _plan([(n, t.shape, torch.float32) for n, t in checkpoint.items()])
+    checkpoint = attention_checkpoint()
+    pending = plan_store([(n, t.shape, torch.float32) for n, t in checkpoint.items()])
 
     def vanished():
         raise FileNotFoundError("model.safetensors")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_lora_bases import ATTN, SHAPES, _checkpoint, _store
+from lora_base_store import ATTN, SHAPES, attention_checkpoint, captured_store
 
 from verl_vllm_rm.protocol.lora import adapter_name, merge_lora_weight
 from verl_vllm_rm.server.weights.lora_bases import LoraBaseStore, PendingLoraBases
@@ -24,7 +24,7 @@ def _adapters(seed: int, modules=(f"{ATTN}.q_proj", f"{ATTN}.o_proj"), r: int = 
 
 
 def test_a_merge_yields_whole_groups_and_the_head():
-    store, checkpoint = _store()
+    store, checkpoint = captured_store()
     staged, scaling = _adapters(1, modules=(f"{ATTN}.q_proj",))
     head = torch.randn(1, 16)
     merged = list(computed(merge_plan(store, [*staged, ("score.weight", head)], scaling)))
@@ -41,7 +41,7 @@ def test_a_merge_yields_whole_groups_and_the_head():
 
 
 def test_two_hundred_merges_end_exactly_at_a_fresh_merge_of_the_last_adapters():
-    store, checkpoint = _store(torch.bfloat16)
+    store, checkpoint = captured_store(torch.bfloat16)
     before = {n: t.clone() for n, t in store.tensors.items()}
     for seed in range(200):
         staged, scaling = _adapters(seed, dtype=torch.bfloat16)
@@ -56,7 +56,7 @@ def test_two_hundred_merges_end_exactly_at_a_fresh_merge_of_the_last_adapters():
 
 
 def test_a_merged_weight_is_computed_again_bit_for_bit_from_the_store_and_its_own_copy_of_the_factors():
-    store, _ = _store(torch.bfloat16)
+    store, _ = captured_store(torch.bfloat16)
     staged, scaling = _adapters(3, modules=(f"{ATTN}.q_proj",), dtype=torch.bfloat16)
     plan = dict(merge_plan(store, staged, scaling))
     merged, sibling = plan[f"{ATTN}.q_proj.weight"], plan[f"{ATTN}.k_proj.weight"]
@@ -72,7 +72,7 @@ def test_a_merged_weight_is_computed_again_bit_for_bit_from_the_store_and_its_ow
 
 def _planned(quantization: str | None = None, place: str = "host") -> LoraMerge:
     lora = LoraMerge(loaded_at_ns=0)
-    specs = [(n, t.shape, torch.float32) for n, t in _checkpoint().items()]
+    specs = [(n, t.shape, torch.float32) for n, t in attention_checkpoint().items()]
     lora.plan(place, torch.device("cpu"), {"qkv_proj": ["q_proj", "k_proj", "v_proj"]}, specs, None,
               "not-a-local-dir", quantization)
     return lora
@@ -96,7 +96,7 @@ def test_the_store_is_reported_planned_then_captured_once_on_a_thread_of_its_own
 
     lora = _planned()
     assert isinstance(lora.bases, PendingLoraBases) and lora.report()["captured"] is False
-    checkpoint, release = _checkpoint(), threading.Event()
+    checkpoint, release = attention_checkpoint(), threading.Event()
 
     def slow_read():
         assert release.wait(30)
@@ -139,8 +139,8 @@ def test_adapters_that_are_not_finite_are_refused_naming_them():
 
 
 def test_a_staged_update_loads_merged_groups_and_uses_its_scalings_up():
-    lora, checkpoint = LoraMerge(0), _checkpoint()
-    lora.bases, _ = _store()
+    lora, checkpoint = LoraMerge(0), attention_checkpoint()
+    lora.bases, _ = captured_store()
     head = [("score.weight", torch.randn(1, 16))]
     assert lora.to_load(head, torch.device("cpu")) == (["score.weight"], head, {})  # no adapters: as sent
     staged, lora.scaling = _adapters(1, modules=(f"{ATTN}.q_proj",))

@@ -1,4 +1,4 @@
-"""The rollout the RM trainer tests share."""
+"""The rollout the RM trainer tests share (the ``rollout`` fixture; a plugin of tests/conftest.py)."""
 
 from __future__ import annotations
 

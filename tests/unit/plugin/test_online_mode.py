@@ -1,0 +1,132 @@
+"""Trainer mode ``vllm_rm_online`` (``plugin/online_mode.py``) with verl's own pieces, around a PPO step: the in-process tests (no server; those on the real server: tests/integration/plugin/test_online_mode.py)."""
+
+from __future__ import annotations
+import pytest
+from verl_vllm_rm.options import ConfigError
+
+
+def test_trainer_without_online_rm_options_names_them(compose_config):
+    from verl_vllm_rm.plugin.online_mode import build_online_rm
+
+    with pytest.raises(ValueError, match=r"online_rm section.*\+online_rm.model_path"):
+        build_online_rm(compose_config(["trainer.v1.trainer_mode=vllm_rm_online"]))
+
+
+@pytest.mark.parametrize("reward_url, expected", [
+    (None, ["http://127.0.0.1:8001"]),  # the manager's own default
+    ("http://rm-host:9000", ["http://rm-host:9000"]),
+    ("[http://rm-host:9000]", ["http://rm-host:9000"]),
+    ("[http://a:1,http://b:2]", ["http://a:1", "http://b:2"]),  # every server the manager routes over
+])
+def test_online_rm_publishes_to_the_reward_managers_servers_by_default(compose_config, reward_url, expected):
+    from verl_vllm_rm.plugin.online_mode import online_rm_config
+
+    overrides = ["+online_rm.model_path=/rm"] + ([f"+reward.reward_kwargs.server_url={reward_url}"] if reward_url else [])
+    online = online_rm_config(compose_config(overrides))
+    assert online.server_url == expected and online.on_server_failure is None  # a failed server aborts the version
+    explicit = compose_config([*overrides, "+online_rm.server_url=http://other:1"])
+    assert online_rm_config(explicit).server_url == ["http://other:1"]
+
+
+def test_on_server_failure_is_for_a_fixed_list_and_names_its_two_choices(compose_config):
+    from verl_vllm_rm.plugin.online_mode import online_rm_config
+
+    fixed = ["+online_rm.model_path=/rm", "+reward.reward_kwargs.server_url=[http://a:1,http://b:2]"]
+    assert online_rm_config(compose_config([*fixed, "+online_rm.on_server_failure=leave_behind"])
+                            ).on_server_failure == "leave_behind"
+    with pytest.raises(ValueError, match=r"online_rm.on_server_failure.*one of \['abort', 'leave_behind'\]"):
+        online_rm_config(compose_config([*fixed, "+online_rm.on_server_failure=skip"]))
+    managed = ["+online_rm.model_path=/rm", "reward.reward_manager.name=vllm_rm",
+               "+reward.reward_kwargs.replicas={model:/rm,num_replicas:2}", "+online_rm.on_server_failure=abort"]
+    with pytest.raises(ValueError, match=r"online_rm.on_server_failure='abort' decides what a fixed server_url list "
+                                         r"does .* the managed replicas of reward_model always leave it behind .*: "
+                                         r"drop on_server_failure"):
+        online_rm_config(compose_config(managed))
+
+
+def test_online_rm_with_managed_replicas_publishes_to_every_replica_of_the_rm(compose_config):
+    from verl_vllm_rm.plugin.online_mode import online_rm_config
+
+    managed = ["+online_rm.model_path=/rm", "reward.reward_manager.name=vllm_rm",
+               "+reward.reward_kwargs.replicas={model:/rm,num_replicas:2}"]
+    online = online_rm_config(compose_config(managed))
+    assert online.reward_model == "rm" and online.server_url is None
+    with pytest.raises(ValueError, match=r"online_rm.reward_model='safety' is not a reward model on managed replicas "
+                                         r"\(this run's: \['rm'\]\): name one of them, or set online_rm.server_url"):
+        online_rm_config(compose_config([*managed, "+online_rm.reward_model=safety"]))
+    both = compose_config(["+online_rm.model_path=/rm", "+online_rm.server_url=http://a:1",
+                           "+online_rm.reward_model=safety"])
+    with pytest.raises(ValueError, match=r"exactly one of server_url \(the servers\) and reward_model"):
+        online_rm_config(both)
+
+
+def test_fewer_groups_with_a_gap_than_rm_workers_is_named():
+    from verl_vllm_rm.online.config import OnlineRMConfig
+    from verl_vllm_rm.online.driver import idle_message
+
+    config = OnlineRMConfig(model_path="/rm", server_url="http://a:1")
+    assert "only 1 of the 8 prompt groups had a reward gap, fewer than the 2 RM workers" in idle_message(
+        config, 5, groups=8, found=1, workers=2)
+
+
+def test_the_resumed_folder_is_the_one_verl_resumed(compose_config, tmp_path, monkeypatch):
+    from verl_vllm_rm.plugin.trainer_modes import resumed_folder
+
+    monkeypatch.chdir(tmp_path)  # verl resolves a relative default_local_dir against the working directory
+    auto = compose_config(["trainer.default_local_dir=ckpts/run", "trainer.resume_mode=auto"])
+    assert resumed_folder(auto, 3) == str(tmp_path / "ckpts" / "run" / "global_step_3")
+    path = compose_config(["trainer.resume_mode=resume_path", "trainer.resume_from_path=old/global_step_9"])
+    assert resumed_folder(path, 9) == str(tmp_path / "old" / "global_step_9")
+
+
+SCALAR_ONLY = ("; online_rm trains a reward model with a scalar or two-class head (*ForSequenceClassification, "
+               "num_labels=1 or 2). Serve this one without online training (drop "
+               "trainer.v1.trainer_mode=vllm_rm_online), or train a scalar RM")
+
+
+@pytest.mark.parametrize("config, reason", [
+    ({"architectures": ["Qwen2ForRewardModel"]},
+     "Qwen2ForRewardModel has no transformers class (its modeling code ships with the published checkpoint), so "
+     "verl's engine cannot load it to train"),
+    ({"architectures": ["InternLM2ForRewardModel"], "model_type": "internlm2",
+      "auto_map": {"AutoConfig": "configuration_internlm2.InternLM2Config"}},
+     "InternLM2ForRewardModel has no transformers class (its modeling code ships with the published checkpoint), so "
+     "verl's engine cannot load it to train"),
+    ({"architectures": ["Qwen2ForProcessRewardModel"], "id2label": {"0": "negative", "1": "positive"}},
+     "Qwen2ForProcessRewardModel has no transformers class (its modeling code ships with the published checkpoint), "
+     "so verl's engine cannot load it to train"),
+    ({"architectures": ["MistralForCausalLM"]},
+     "MistralForCausalLM is not a sequence classifier (a process reward model read at step tags, or a causal LM): "
+     "preference pairs rank whole responses by one reward"),
+    ({"architectures": ["Qwen2ForSequenceClassification"], "problem_type": "regression",
+      "id2label": {"0": "helpfulness", "1": "verbosity"}},
+     "Qwen2ForSequenceClassification has 2 attribute outputs and preference pairs train one reward; there is no "
+     "single reward to train"),
+    ({"architectures": ["LlamaForSequenceClassification"], "problem_type": "regression",
+      "id2label": {str(i): name for i, name in enumerate("abcde")}},
+     "LlamaForSequenceClassification has 5 attribute outputs and preference pairs train one reward; there is no "
+     "single reward to train"),
+], ids=["qwen2-rm", "internlm2-rm", "qwen2-prm", "causal-lm", "two-regression-outputs", "attributes"])
+def test_online_training_refuses_a_head_it_cannot_train_at_start_up(compose_config, tmp_path, config, reason):
+    import json
+
+    from verl_vllm_rm.plugin.online_mode import online_rm_config
+
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ConfigError) as refused:
+        online_rm_config(compose_config([f"+online_rm.model_path={tmp_path}"]))
+    assert str(refused.value) == f"online_rm.model_path={tmp_path}: {reason}{SCALAR_ONLY}"
+
+
+def test_the_tiny_rm_and_the_family_builders_configs_read_as_they_are(tiny_rm, tmp_path):
+    """The refusal reads config.json as transformers writes it: the tiny RM (num_labels=1, id2label LABEL_0) and
+    the two-class family train; the attribute family is refused as attributes."""
+    import json
+
+    from verl_vllm_rm.dev.tiny_rm_families import build_tiny_attribute_rm, build_tiny_two_class_rm
+    from verl_vllm_rm.online.trainable import check_trainable_head, untrainable_head_reason
+
+    check_trainable_head(tiny_rm)  # no refusal
+    check_trainable_head(str(build_tiny_two_class_rm(tmp_path / "two_class")))
+    attributes = json.loads((build_tiny_attribute_rm(tmp_path / "attributes") / "config.json").read_text())
+    assert untrainable_head_reason(attributes).startswith("Qwen2ForSequenceClassification has 5 attribute outputs")
