@@ -32,10 +32,10 @@ pytest_plugins = ["open_sessions_check", "orphan_engines_check", "tq_helpers", "
                   "rollout_fixture"]
 
 ROOT = Path(__file__).resolve().parents[1]
-# Fixtures that start the real server or Ray. A test that uses one, even through another fixture,
-# is marked ``server``; tests that start a server or a run themselves carry the mark explicitly.
-# ``pytest -m "not server"`` then runs the pure tests alone (under a minute).
-HEAVY_FIXTURES = {"rm_server", "ws_server", "online_rm_server", "ray_cluster", "judge_server", "fault_server"}
+# Every test under tests/integration is marked ``server`` (it starts the real server, Ray or main_ppo, or uses the
+# package index); tests/unit starts none of them (tests/support/unit_guard.py), so ``pytest -m "not server"`` and
+# ``pytest tests/unit`` run the same tests.
+INTEGRATION = Path(__file__).resolve().parent / "integration"
 # fp32 + eager: exact parity with transformers and a fast start on CPU.
 SERVER_TEST_ARGS = ["--dtype", "float32", "--max-model-len", "512", "--enforce-eager"]
 # 128 MiB of KV cache (262k tokens of the tiny RM) instead of the server's 2 GiB CPU default: a server then
@@ -46,7 +46,7 @@ SMALL_KV_CACHE = ["--kv-cache-memory-bytes", str(128 << 20)]
 @pytest.hookimpl(wrapper=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]):
     for item in items:
-        if HEAVY_FIXTURES & set(getattr(item, "fixturenames", ())):
+        if INTEGRATION in item.path.parents:
             item.add_marker(pytest.mark.server)
     # how make test's two xdist workers share the tests, and in which order: tests/support/xdist_scheduling.py
     order_modules(items, config.stash[MODULE_ORDER_SEED])

@@ -12,67 +12,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from omegaconf import OmegaConf
+from recipe_files import EXTENDED_BY, RECIPES
 
-from verl.trainer.ppo.reward import resolve_reward_manager_cls
-from verl_vllm_rm.scoring.options import parse_options
-from verl_vllm_rm.scoring.manager import VLLMRewardManager
-from repo_paths import REPO
-
-RECIPES = sorted(p for p in (REPO / "recipes").glob("*.sh") if p.name != "common.sh")
-#: recipe -> the recipe that execs it with more overrides (and so runs it)
-EXTENDED_BY = {inner: outer for outer in RECIPES for inner in RECIPES
-               if f'exec bash "$(dirname "$0")/{inner.name}"' in outer.read_text()}
 #: the recipes main_ppo runs from their own script (the others run inside the one that extends them)
 OUTERMOST = [p for p in RECIPES if p not in EXTENDED_BY]
-
-
-def recipe_overrides(path: Path) -> list[str]:
-    env = dict(os.environ, VERL_VLLM_RM_DRY_RUN="1", RM_PATH="/models/rm")
-    out = subprocess.run(["bash", str(path)], env=env, capture_output=True, text=True, check=True)
-    return out.stdout.splitlines()
-
-
-def test_there_are_recipes():
-    assert len(RECIPES) >= 2
-
-
-@pytest.mark.parametrize("recipe", RECIPES, ids=[p.name for p in RECIPES])
-def test_recipe_resolves_to_vllm_rm(recipe, compose_config):
-    overrides = recipe_overrides(recipe)
-    assert "reward.reward_manager.name=vllm_rm" in overrides
-    cfg = compose_config(overrides)
-    assert resolve_reward_manager_cls(cfg) is VLLMRewardManager
-    options = parse_options(OmegaConf.to_container(cfg.reward.reward_kwargs, resolve=True))
-    assert options.rm.client.server_url == ["http://127.0.0.1:8001"]
-    assert not cfg.reward.reward_model.enable  # verl's own RM path would bypass vllm_rm
-
-
-def test_a_recipe_another_one_extends_runs_in_its_run():
-    """The extending recipe passes its overrides after the extended one's: main_ppo gets every setting of the
-    extended script first, in its order (values from the same script, under the extending one's environment: the
-    online recipe exports N_GPUS=6), so the extending recipe's run is also the extended one's."""
-    assert EXTENDED_BY, "no recipe extends another: every recipe needs its own run"
-    for inner, outer in EXTENDED_BY.items():
-        inner_keys, outer_keys = ([o.split("=", 1)[0] for o in recipe_overrides(path)] for path in (inner, outer))
-        assert outer_keys[:len(inner_keys)] == inner_keys, (inner.name, outer.name)
-        assert len(outer_keys) > len(inner_keys)
-
-
-@pytest.mark.parametrize(("env", "gpus"), [
-    ({"CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7", "RM_GPUS": "7"}, "0,1,2,3,4,5,6"),
-    ({"CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7", "RM_GPUS": "2,5"}, "0,1,3,4,6,7"),
-    ({"CUDA_VISIBLE_DEVICES": "4,5,6,7", "RM_GPUS": "7"}, "4,5,6"),
-    ({"CUDA_VISIBLE_DEVICES": "0,1,2,3", "RM_GPUS": "7", "TRAIN_GPUS": "0,1"}, "0,1"),
-    ({"CUDA_VISIBLE_DEVICES": "0,1"}, ""),  # no server GPU named: nothing to restrict
-])
-def test_verl_never_gets_the_reward_servers_gpu(env, gpus):
-    """Ray does not know the server holds RM_GPUS; the recipes hide them from the verl run."""
-    common = REPO / "recipes" / "common.sh"
-    run_env = {k: v for k, v in os.environ.items() if k not in ("CUDA_VISIBLE_DEVICES", "RM_GPUS", "TRAIN_GPUS")}
-    out = subprocess.run(["bash", "-c", f"source {common}; train_gpus"], env={**run_env, **env},
-                         capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == gpus
 
 
 @pytest.mark.server
@@ -110,54 +53,3 @@ def test_recipe_runs_on_cpu(recipe, tmp_path, tiny_rm, tiny_task, rm_server, onl
     assert "online_rm.reward_key=['verifiable_score']" in output
     assert ("RewardModelIdleError: online RM: no preference pairs at PPO step 2" in output
             and "That is 2 step(s) in a row, online_rm.max_idle_steps=2: stopping the run" in output), output[-4000:]
-
-
-def run_recipe_expecting_failure(env: dict, recipe: Path = RECIPES[0]) -> str:
-    """Run a recipe that must stop before anything starts; its stderr."""
-    base = {k: v for k, v in os.environ.items() if k not in ("RM_SERVER_URL", "VERL_VLLM_RM_SERVER_PYTHON")}
-    bin_dir = str(Path(sys.executable).parent)  # python3 = the trainer environment (.venv)
-    run = subprocess.run(["bash", str(recipe)], env={**base, "PATH": f"{bin_dir}:{os.environ['PATH']}",
-                                                     "RM_PATH": "/models/rm", **env},
-                         capture_output=True, text=True, timeout=120)
-    assert run.returncode == 2, (run.returncode, run.stdout[-2000:], run.stderr[-2000:])
-    return run.stderr
-
-
-def test_recipes_name_a_missing_server_environment(tmp_path):
-    err = run_recipe_expecting_failure({"VERL_VLLM_RM_SERVER_PYTHON": str(tmp_path / "nowhere" / "python")})
-    assert f"no server environment: {tmp_path}/nowhere/python does not exist; set VERL_VLLM_RM_SERVER_PYTHON" in err
-
-
-def test_recipes_default_to_the_clones_server_environment(tmp_path):
-    """Without the variable the server python is .venv-server of the recipes' clone: a copy of the recipes in a
-    directory without one names that path."""
-    import shutil
-
-    shutil.copytree(RECIPES[0].parent, tmp_path / "recipes")
-    err = run_recipe_expecting_failure({}, tmp_path / "recipes" / RECIPES[0].name)
-    assert f"no server environment: {tmp_path}/.venv-server/bin/python does not exist" in err
-    assert "`make setup DEVICE=gpu` on GPUs" in err
-
-
-def test_recipes_name_what_the_server_environment_lacks():
-    err = run_recipe_expecting_failure({"VERL_VLLM_RM_SERVER_PYTHON": sys.executable})  # the trainer's: no vllm
-    assert f"the server environment ({sys.executable}) lacks: vllm;" in err
-
-
-def test_recipes_name_a_trainer_environment_without_verl(tmp_path):
-    """python3 on PATH is the server environment's (no verl): the recipe says to activate the trainer's."""
-    from verl_vllm_rm.replicas.launcher import find_server_python
-
-    (tmp_path / "bin").mkdir()
-    (tmp_path / "bin" / "python3").symlink_to(find_server_python())
-    env = {"PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}"}
-    err = run_recipe_expecting_failure(env)
-    assert "the trainer environment (python3) lacks: verl; activate the trainer environment first" in err
-
-
-def test_a_cpu_profile_of_no_step_is_refused():
-    """VERL_VLLM_RM_CPU_STEPS=0 would be a run that trains nothing: the profile refuses it (the recipe then stops
-    with "could not build the CPU profile")."""
-    run = subprocess.run([sys.executable, "-m", "verl_vllm_rm.dev.cpu_profile", "0"], capture_output=True, text=True)
-    assert run.returncode == 1 and run.stdout == ""
-    assert "STEPS must be at least 1, got 0 (VERL_VLLM_RM_CPU_STEPS in the recipes): a run of no step" in run.stderr

@@ -7,14 +7,10 @@ import threading
 import time
 
 import pytest
+from client_calls import FAST, run
 
-
-from verl_vllm_rm.client.options import ClientOptions
 from verl_vllm_rm.client.reward_client import RewardRequestError, RewardServerError, VLLMRewardClient
-from verl_vllm_rm.scoring.options import ConfigError
 from verl_vllm_rm.parity.reference import sequence_scores
-
-FAST = dict(backoff_base_s=0.01, backoff_max_s=0.05)
 
 
 @pytest.fixture()
@@ -33,16 +29,6 @@ def blackhole():
     yield f"http://127.0.0.1:{listener.getsockname()[1]}"
     filler.close()
     listener.close()
-
-
-def run(client, coro):
-    async def main():
-        try:
-            return await coro
-        finally:
-            await client.close()
-
-    return asyncio.run(main())
 
 
 def test_text_and_token_ids_match_transformers(rm_server, tokenizer, hf_model, texts):
@@ -365,23 +351,6 @@ def test_api_key_header_and_model_version(fault_proxy):
     assert fault_proxy.requests[0]["headers"]["Authorization"] == "Bearer k-123"
 
 
-def test_bad_options_are_clear():
-    with pytest.raises(ConfigError, match="unknown reward_kwargs option.*valid options are"):
-        VLLMRewardClient("http://127.0.0.1:1", retries=3)
-    with pytest.raises(ConfigError, match="max_retries must be an integer"):
-        VLLMRewardClient("http://127.0.0.1:1", max_retries="3")
-    with pytest.raises(ConfigError, match=r"failover_after_s must be > 0, got 0"):
-        VLLMRewardClient("http://127.0.0.1:1", failover_after_s=0)
-    with pytest.raises(ConfigError, match=r"health_timeout_s must be > 0, got -1"):
-        VLLMRewardClient("http://127.0.0.1:1", health_timeout_s=-1)
-    with pytest.raises(TypeError, match="all strings or all token-id lists"):
-        client = VLLMRewardClient("http://127.0.0.1:1")
-        run(client, client.score_batch(["a", [1]]))
-    with pytest.raises(TypeError, match=r"pass either options=ClientOptions\(\.\.\.\) or keyword options, not both"):
-        VLLMRewardClient("http://127.0.0.1:1", options=ClientOptions())
-
-
-
 def test_a_followed_source_gives_the_servers_and_is_asked_again(rm_server, blackhole, tokenizer, hf_model, texts):
     """``follow``: requests wait for the source's first list (managed replicas come up behind it), route over
     it, and take a new list at most every ``refresh_s`` (a replica out of routing is dropped; every server's
@@ -403,32 +372,3 @@ def test_a_followed_source_gives_the_servers_and_is_asked_again(rm_server, black
     assert client.endpoint_stats()[blackhole]["requests"] >= 1  # dropped from routing, its figures kept
     stats = client.endpoint_stats()[rm_server.url]
     assert stats["requests"] >= 1 and stats["failures"] == 0 and stats["latency_ms"] > 0
-
-
-def test_a_source_that_fails_before_any_server_is_named(texts):
-    async def source():
-        raise RuntimeError("fleet vllm_rm_replicas_rm: replica 0 did not start")
-
-    client = VLLMRewardClient(max_retries=0, **FAST)
-    client.follow(source)
-    with pytest.raises(RewardServerError, match="the reward servers' source failed: fleet vllm_rm_replicas_rm: "
-                                                "replica 0 did not start"):
-        run(client, client.score_batch([[1, 2, 3]]))
-
-
-def test_a_source_that_lists_no_server_yet_is_retried_then_reported():
-    """A followed source that lists no server (managed replicas still starting, or all out of routing): each
-    attempt asks it again, and the error says that no server was in routing, not a connection failure."""
-    asked = []
-
-    async def source():
-        asked.append(1)
-        return []
-
-    client = VLLMRewardClient(max_retries=2, **FAST)
-    client.follow(source, refresh_s=0.0)
-    with pytest.raises(RewardServerError, match=r"after 3 attempt\(s\), max_retries 2 used up \(servers \[\]\); last "
-                                                r"error: \(no server\): no reward server in routing yet: the followed "
-                                                r"source lists none"):
-        run(client, client.score_batch([[1, 2, 3]]))
-    assert len(asked) == 3

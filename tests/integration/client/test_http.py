@@ -1,25 +1,10 @@
 """``verl_vllm_rm.client.http``: the synchronous and the asynchronous call fail the same way, with the server's words."""
 
-import asyncio
 
 import pytest
+from http_requests import request_once
 
-from verl_vllm_rm.client.http import HttpError, JsonHttp, get_json, open_session, request_json
-
-
-def request_once(url: str, method: str = "GET", payload=None, api_key: str | None = None):
-    async def once():
-        async with open_session(api_key, max_connections=2) as session:
-            return await request_json(session, method, url, payload, total_s=30.0, connect_s=5.0, read_s=30.0)
-
-    return asyncio.run(once())
-
-
-def test_unreachable_server_is_a_transient_error_naming_the_url(dead_url):
-    for call in (get_json, request_once):
-        with pytest.raises(HttpError, match=dead_url) as err:
-            call(dead_url + "/health")
-        assert err.value.status is None and err.value.unreachable and err.value.transient
+from verl_vllm_rm.client.http import HttpError, JsonHttp
 
 
 def test_refusal_carries_the_status_and_the_servers_own_message(rm_server):
@@ -39,20 +24,6 @@ def test_both_paths_send_the_api_key(fault_proxy):
     assert JsonHttp(fault_proxy.url, api_key="k-1").get("/health")["status"] == "ok"
     assert request_once(fault_proxy.url + "/health", api_key="k-1")["status"] == "ok"
     assert [r["headers"].get("Authorization") for r in fault_proxy.requests] == ["Bearer k-1"] * 2
-
-
-@pytest.mark.parametrize("status, transient", [(None, True), (429, True), (500, True), (503, True),
-                                               (400, False), (401, False), (404, False), (409, False)])
-def test_only_missing_answers_429_and_5xx_are_worth_a_retry(status, transient):
-    assert HttpError("http://h/p", "m", status).transient is transient
-
-
-def test_a_body_that_is_not_json_is_refused_before_sending(dead_url):
-    # a lone surrogate is not UTF-8: no server could read it, so no attempt is made (and none retried)
-    with pytest.raises(TypeError, match=r"POST .*/score: the request body cannot be written as JSON: .*surrogate"):
-        request_once(dead_url + "/score", "POST", {"input": ["\ud800"]})
-    with pytest.raises(TypeError, match="cannot be written as JSON"):
-        request_once(dead_url + "/score", "POST", {"input": [object()]})
 
 
 def test_numpy_token_ids_are_sent_as_json_integers(rm_server):
@@ -79,6 +50,8 @@ manager = load_manager(tok, url, model, {"num_examine": 0})
 group = Group(tok("What is 3 + 4?").input_ids, [tok(" 7", add_special_tokens=False).input_ids])
 print("score", float(manager(build_batch([group], tok.pad_token_id)).sum()))
 """
+
+
 NO_CLOSE_CLIENT = """
 import asyncio, sys
 from verl_vllm_rm.client.reward_client import VLLMRewardClient

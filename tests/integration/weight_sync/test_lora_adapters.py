@@ -177,6 +177,7 @@ def capped_server(tiny_rm, server_args):
         yield server
 
 
+@pytest.mark.server  # starts a server of its own
 def test_a_server_without_bases_gets_merged_weights_with_one_warning(capped_server, tiny_rm, probe_ids, caplog):
     bases = requests.get(f"{capped_server.url}/weight_inventory", timeout=30).json()["lora_bases"]
     assert bases["state"] == "unavailable" and bases["modules"] == []
@@ -246,6 +247,7 @@ def _bases(url: str) -> dict:
     return requests.get(f"{url}/health", timeout=10).json()["lora_bases"]
 
 
+@pytest.mark.server  # starts a server of its own
 def test_the_bases_are_copied_only_for_adapters_and_a_rewritten_checkpoint_falls_back_to_merged(
         lazy_server, tiny_rm, probe_ids, caplog):
     """The inventory only plans the store (one read of the weight files), a head-only publish never copies it, and
@@ -302,6 +304,7 @@ def held_copy_server(tiny_rm, server_args, tmp_path_factory):
         yield server, hold
 
 
+@pytest.mark.server  # starts a server of its own
 def test_scoring_goes_on_while_the_lora_bases_are_copied(held_copy_server, tiny_rm, probe_ids):
     """The first publish with adapters copies the base store on the workers' own threads: held mid-copy (an 8B
     model's checkpoint read, on CPU as long as the test wants), the engine keeps answering /score with the old

@@ -120,6 +120,7 @@ def test_an_undo_that_fails_too_leaves_the_weights_lost_until_a_full_publish(ser
     assert_parity(server.url, model, probe_ids)
 
 
+@pytest.mark.server  # starts a server of its own
 def test_without_a_kept_copy_the_weights_are_lost_until_a_full_publish(tiny_rm, server_args, fault_file,
                                                                         probe_ids):
     """With ``--weight-update-rollback-max-bytes 0`` no published value is kept: the first full publish can be
