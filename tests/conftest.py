@@ -22,6 +22,7 @@ from verl_vllm_rm.replicas.launcher import running_server
 from verl_vllm_rm.dev.tiny_rm import STEP, build_tiny_rm, synthetic_corpus
 from verl_vllm_rm.dev.offline_bt import collate_pairs
 from verl_vllm_rm.dev.loader import compose_verl_config, vllm_rm_config
+from repo_paths import REPO as ROOT, TESTS
 from xdist_scheduling import ORDER_SEED_ENV, ModuleScheduling, module_order_seed, order_modules
 
 # open_sessions_check: the run fails if an aiohttp session is left open; orphan_engines_check: if a server's
@@ -31,11 +32,10 @@ from xdist_scheduling import ORDER_SEED_ENV, ModuleScheduling, module_order_seed
 pytest_plugins = ["open_sessions_check", "orphan_engines_check", "tq_helpers", "module_times", "server_logs",
                   "rollout_fixture"]
 
-ROOT = Path(__file__).resolve().parents[1]
 # Every test under tests/integration is marked ``server`` (it starts the real server, Ray or main_ppo, or uses the
 # package index); tests/unit starts none of them (tests/support/unit_guard.py), so ``pytest -m "not server"`` and
 # ``pytest tests/unit`` run the same tests.
-INTEGRATION = Path(__file__).resolve().parent / "integration"
+INTEGRATION = TESTS / "integration"
 # fp32 + eager: exact parity with transformers and a fast start on CPU.
 SERVER_TEST_ARGS = ["--dtype", "float32", "--max-model-len", "512", "--enforce-eager"]
 # 128 MiB of KV cache (262k tokens of the tiny RM) instead of the server's 2 GiB CPU default: a server then
