@@ -277,16 +277,18 @@ def test_whitened_scores_replay_from_the_raw_ones(two_rm_run):
 
 
 def test_per_rm_metrics_are_in_verls_logger(two_rm_run):
-    """Each column's metric is over the rows that have it: a member's columns are None on the other route's rows
-    (its ``rm_ensemble_std`` is 0.0 there: one RM)."""
+    """Each column's metric is over the rows that have it: a member's columns are None on the other route's rows;
+    ``rm_ensemble_std`` is on every scored row (0.0 on the PRM's route: one RM) and None on a masked one (a
+    math_dapo row whose response is empty has no step for the PRM to score: ``failure_policy=mask``)."""
     work = Path(two_rm_run["rollout_data_dir"]).parent
     metrics = dict(read_metrics(work))
     for step in (1, 2):
         dump = read_dump(work, step)
+        scored = [r for r in dump if r["rm_valid"] == 1.0]
         for name in ("rm_score_helpful", "rm_score_safety", "rm_ensemble_std", "rm_score_attrs",
                      "rm_attr_attrs_helpfulness", "rm_attr_attrs_verbosity", "rm_valid_prm"):
             values = [r[name] for r in dump if r[name] is not None]
-            assert len(values) == (len(dump) if name == "rm_ensemble_std" else len(ensemble_rows(work, step)))
+            assert len(values) == (len(scored) if name == "rm_ensemble_std" else len(ensemble_rows(work, step)))
             assert metrics[step][f"reward/{name}/mean"] == pytest.approx(np.mean(values))
         for name in MEMBERS[:3]:
             assert metrics[step][f"reward/rm_valid_{name}/mean"] == 1.0
