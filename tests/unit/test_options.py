@@ -1,5 +1,5 @@
-"""The one config validator (``verl_vllm_rm.options.build``): every error path, on small dataclasses and on the
-package's real option sections."""
+"""The one config validator (``verl_vllm_rm.options.build``): every error path, on small dataclasses and on one of
+the package's real option sections (the reward manager's own: tests/unit/scoring/test_options.py)."""
 
 from __future__ import annotations
 
@@ -85,7 +85,8 @@ def test_no_suggestion_when_nothing_is_close():
 
 
 def test_missing_required_options_are_named():
-    with pytest.raises(ConfigError, match=r"missing required req option\(s\) \['path'\]; valid options are: path, size"):
+    with pytest.raises(ConfigError,
+                       match=r"missing required req option\(s\) \['path'\]; valid options are: path, size"):
         build(Required, {"size": 2}, "req")
     assert build(Required, {"path": "p"}, "req") == Required(path="p")
 
@@ -185,82 +186,3 @@ def test_an_unsupported_annotation_is_a_programming_error():
 
     with pytest.raises(TypeError, match="unsupported option annotation"):
         build(Odd, {"pair": ["b", 2]}, "odd")
-
-
-# -- the package's option sections go through it ----------------------------------------
-
-
-def test_reward_kwargs_report_nested_reward_paths():
-    from verl_vllm_rm.scoring.options import parse_options
-
-    with pytest.raises(ConfigError, match=r"^reward_kwargs\.rewards\.length\.min_tokens must be an integer, got 'a'$"):
-        parse_options({"rewards": {"length": {"min_tokens": "a"}}})
-    with pytest.raises(ConfigError, match=r"^reward_kwargs\.rewards\.length: overlong_buffer=8 needs"):
-        parse_options({"rewards": {"length": {"overlong_buffer": 8}}})
-    with pytest.raises(ConfigError, match=r"^reward_kwargs: combine='add' and rewards are exclusive.*rewards\.gate"):
-        parse_options({"rewards": {}, "combine": "add"})
-    with pytest.raises(ConfigError, match=r"^reward_kwargs: max_batch_seqs must be > 0, got 0$"):
-        parse_options({"max_batch_seqs": 0})
-
-
-def test_reward_models_inherit_the_top_level_options_and_routes_name_known_ones():
-    from verl_vllm_rm.scoring.options import parse_options
-
-    opts = parse_options({"server_url": "http://a:1", "failure_policy": "mask", "max_retries": 1,
-                          "reward_models": [{"name": "helpful"}, {"name": "safety", "server_url": ["http://b:1"],
-                                                                  "failure_policy": "raise"}],
-                          "routes": [{"data_source": "math/*", "reward_models": ["safety"], "ensemble": "min"}]})
-    helpful, safety = opts.rm_options
-    assert (helpful.client.server_url, helpful.failure_policy, helpful.client.max_retries) == (["http://a:1"], "mask", 1)
-    assert (safety.client.server_url, safety.failure_policy, safety.client.max_retries) == (["http://b:1"], "raise", 1)
-    assert opts.route_models(opts.routes[0]) == ("safety",)
-    single = parse_options({"server_url": "http://a:1"})
-    assert [rm.name for rm in single.rm_options] == ["rm"]
-    assert single.route_models(single.route_options()[0]) == ("rm",) and single.route_options()[0].data_source == ["*"]
-
-
-@pytest.mark.parametrize(("raw", "message"), [
-    ({"reward_models": [{"server_url": "http://b:1"}]}, r"reward_models\[0\] needs a name"),
-    ({"reward_models": [{"name": "Helpful"}]}, r"reward model name 'Helpful' must match"),
-    ({"reward_models": [{"name": "a", "whiten": "zscore"}]}, r"reward_models\[0\]\.whiten='zscore' is not one of"),
-    ({"reward_models": [{"name": "a", "sever_url": "x"}]}, r"unknown reward_models\[0\] option.*'server_url'"),
-    ({"reward_models": [{"name": "a"}, {"name": "a"}]}, r"names must be unique, got \['a', 'a'\]"),
-    ({"routes": [{"data_source": "x", "reward_models": ["b"]}]}, r"routes\[0\]\.reward_models names \['b'\], which are"),
-    ({"routes": [{"data_source": "x", "reward_models": []}]}, r"routes\[0\] .*composes 'rubric'.*no reward model"),
-    ({"routes": [{"reward_models": []}]}, r"missing required reward_kwargs\.routes\[0\] option\(s\) \['data_source'\]"),
-    ({"routes": [{"data_source": "x", "uncertainty_penalty": -1}]}, r"uncertainty_penalty must be >= 0"),
-])
-def test_reward_model_and_route_errors_name_the_entry(raw, message):
-    from verl_vllm_rm.scoring.options import parse_options
-
-    with pytest.raises(ConfigError, match=message):
-        parse_options(raw)
-
-
-def test_reward_kwargs_defaults_come_from_the_protocol(monkeypatch):
-    from verl_vllm_rm.protocol.defaults import API_KEY_ENV, DEFAULT_SERVER_URL
-    from verl_vllm_rm.scoring.options import parse_options
-
-    monkeypatch.delenv(API_KEY_ENV, raising=False)
-    assert parse_options(None).rm.client.server_url == [DEFAULT_SERVER_URL]
-    assert parse_options(None).rm.client.api_key is None
-    monkeypatch.setenv(API_KEY_ENV, "k-env")
-    assert parse_options({}).rm.client.api_key == "k-env"
-    assert parse_options({"api_key": "k-own"}).rm.client.api_key == "k-own"
-
-
-def test_online_rm_options_are_checked():
-    from verl_vllm_rm.online.config import OnlineRMConfig
-
-    with pytest.raises(ConfigError, match=r"^online_rm: online_rm needs exactly one of server_url \(the servers\) and "
-                                          r"reward_model \(the managed replicas of that RM\)"):
-        OnlineRMConfig.from_dict({"model_path": "rm"})
-    with pytest.raises(ConfigError, match=r"^missing required online_rm option\(s\) \['model_path'\]"):
-        OnlineRMConfig.from_dict({"server_url": "http://rm"})
-    with pytest.raises(ConfigError, match=r"^online_rm\.lr must be a number, got '1e-5'$"):
-        OnlineRMConfig.from_dict({"model_path": "rm", "server_url": "http://rm", "lr": "1e-5"})
-    with pytest.raises(ConfigError, match=r"^online_rm: publish_every must be >= 1, got 0$"):
-        OnlineRMConfig.from_dict({"model_path": "rm", "server_url": "http://rm", "publish_every": 0})
-    with pytest.raises(ConfigError, match=r"^online_rm: max_idle_steps must be >= 0, got -1$"):
-        OnlineRMConfig.from_dict({"model_path": "rm", "server_url": "http://rm", "max_idle_steps": -1})
-    assert OnlineRMConfig.from_dict({"model_path": "rm", "server_url": "http://rm"}).max_idle_steps == 10

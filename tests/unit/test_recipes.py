@@ -111,11 +111,3 @@ def test_recipes_name_a_trainer_environment_without_verl(tmp_path):
     env = {"PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}"}
     err = run_recipe_expecting_failure(env)
     assert "the trainer environment (python3) lacks: verl; activate the trainer environment first" in err
-
-
-def test_a_cpu_profile_of_no_step_is_refused():
-    """VERL_VLLM_RM_CPU_STEPS=0 would be a run that trains nothing: the profile refuses it (the recipe then stops
-    with "could not build the CPU profile")."""
-    run = subprocess.run([sys.executable, "-m", "verl_vllm_rm.dev.cpu_profile", "0"], capture_output=True, text=True)
-    assert run.returncode == 1 and run.stdout == ""
-    assert "STEPS must be at least 1, got 0 (VERL_VLLM_RM_CPU_STEPS in the recipes): a run of no step" in run.stderr

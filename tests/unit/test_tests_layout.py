@@ -35,3 +35,48 @@ def test_a_unit_test_that_starts_ray_is_refused():
 
     with pytest.raises(StartsAComponent, match=r"^a unit test started Ray \(ray\.init\): move it to tests/integration$"):
         ray.init()
+
+
+#: Package modules whose tests cannot sit in a file of their own name, with where they are tested and why.
+TESTED_UNDER_OTHER_NAMES = {
+    "dev/cpu_harness/rm_step_gate.py": ("tests/integration/dev/test_tiny_ppo_any_rm.py",
+                                        "it holds verl's online trainer until TransferQueue lists a finished group"),
+    "dev/cpu_harness/rm_step_log.py": ("tests/integration/dev/test_tiny_ppo_any_rm.py",
+                                       "it wraps the RM step of a running online trainer (verl's RM engine)"),
+    "dev/reference_docs/server_flags.py": ("tests/integration/test_cli.py",
+                                           "it runs the server environment's interpreter (vLLM)"),
+    "replicas/replica.py": ("tests/integration/replicas/test_fleet.py", "the Ray actor that owns a server process"),
+    "server/weights/apply.py": ("tests/integration/weight_sync/test_modes.py",
+                                "it applies an update inside vLLM's engine (also test_two_phase and "
+                                "test_reload_rollback)"),
+    "server/weights/worker_extension.py": ("tests/integration/weight_sync/test_tensor_parallel.py",
+                                           "it runs in vLLM's workers (also test_transfer_stalls, test_faults)"),
+}
+
+
+def has_logic(path) -> bool:
+    """A function, or a class with a method: constants, re-exports and plain records have no test of their own."""
+    import ast
+
+    tree = ast.parse(path.read_text())
+    return any(isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) for node in ast.walk(tree))
+
+
+def test_every_package_module_with_logic_has_a_test_file_of_its_name():
+    """``verl_vllm_rm/<dir>/<name>.py`` is tested in ``tests/unit/<dir>/test_<name>.py`` (in process) or
+    ``tests/integration/<dir>/test_<name>.py``, or listed above with where and why."""
+    package = TESTS.parent / "verl_vllm_rm"
+    missing, stale = [], []
+    for path in sorted(package.rglob("*.py")):
+        if path.name in ("__init__.py", "__main__.py") or not has_logic(path):
+            continue
+        module = path.relative_to(package)
+        own = [TESTS / room / module.parent / f"test_{module.name}" for room in ("unit", "integration")]
+        if any(p.exists() for p in own):
+            stale += [str(module)] if str(module) in TESTED_UNDER_OTHER_NAMES else []
+        elif str(module) not in TESTED_UNDER_OTHER_NAMES:
+            missing.append(str(module))
+    assert not missing, f"modules with no test file of their name (add tests/unit/<dir>/test_<name>.py): {missing}"
+    assert not stale, f"listed in TESTED_UNDER_OTHER_NAMES but tested under their own name now: {stale}"
+    for module, (test_file, _) in TESTED_UNDER_OTHER_NAMES.items():
+        assert (TESTS.parent / test_file).exists() and (package / module).exists(), (module, test_file)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+from repo_paths import SUPPORT
+
 from verl_vllm_rm.online.config import OnlineRMConfig
 from verl_vllm_rm.online.placement import RewardModelPlacementError, place_rm_ranks
 
@@ -41,3 +43,29 @@ def test_rm_ranks_held_by_other_pools_time_out_naming_them_and_leave_nothing_beh
                                    "rm_fits")  # the refused request left nothing pending in front of this one
     assert split == [1] and len(groups) == 1
     remove_placement_group(groups[0])
+
+
+def test_ranks_no_node_holds_are_placed_over_the_nodes_of_a_multi_node_cluster():
+    """Ray's simulated cluster of two 2-CPU nodes (in a subprocess: a Ray of its own): 2 ranks on one node, 3 over
+    both (2 + 1, a group a node), 5 refused at once naming each node's free slots."""
+    import json
+    import re
+    import subprocess
+    import sys
+
+    script = SUPPORT / "multinode_placement.py"
+    proc = subprocess.run([sys.executable, str(script), "2", "3", "5"], capture_output=True, text=True, timeout=600)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-3000:]
+    placed = json.loads(lines[0].removeprefix("RESULT "))
+    assert placed["2"]["split"] == [2] and len(placed["2"]["nodes"]) == 1 and len(placed["2"]["nodes"][0]) == 1
+    assert placed["3"]["split"] == [2, 1]
+    (first,), (second,) = placed["3"]["nodes"]  # each group on one node, the two on different nodes
+    assert first != second
+    # the free counts are what Ray reports when asked (it gives the groups above back asynchronously)
+    assert re.fullmatch(
+        r"the online RM trainer asks Ray for 5 rank\(s\) of \{'CPU': 1\} \(\+online_rm.num_workers=5, use_gpu=False\) "
+        r"and the cluster has too little CPU in all; the cluster has CPU [0-4] free of 4 \(nodes: "
+        r"[\d.]+ \(\w{8}\): CPU [0-2] free of 2; [\d.]+ \(\w{8}\): CPU [0-2] free of 2\)\. Lower \+online_rm.num_workers, "
+        r"give Ray more resources, or set \+online_rm.placement=colocated \(one RM rank beside each actor rank\)",
+        placed["5"]["error"]), placed["5"]["error"]

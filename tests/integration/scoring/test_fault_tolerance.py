@@ -3,7 +3,7 @@
 A sustained 10,000-sample run with bounded memory, a server SIGKILLed mid-batch and
 restarted on its port, and corrupted answers (5xx, a body cut mid-way, NaN, a wrong
 score count) injected by the loopback proxy under both failure policies.
-The slow-server fail-over case lives with the other routing tests in test_client.py.
+The slow-server fail-over case lives with the other routing tests in tests/integration/client/test_reward_client.py.
 """
 
 from __future__ import annotations

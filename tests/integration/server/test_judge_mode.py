@@ -1,6 +1,6 @@
 """``--runner generate``: the server serves a generative judge. Its defaults and refusals happen before the engine
 loads (checked here in one server-side interpreter, with the other start-up flag conflicts refused at that point:
-one vLLM import for all of them); serving a judge is tested in tests/integration/judge/test_judge_client.py
+one vLLM import for all of them); serving a judge is tested in tests/integration/judge/test_client.py
 (a real engine)."""
 
 from __future__ import annotations

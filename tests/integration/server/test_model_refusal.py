@@ -6,7 +6,7 @@ Two real starts: a causal LM without ``--step-tokens`` (refused before the engin
 would only embed it), and a ``Qwen2ForProcessRewardModel`` without ``--step-tag-id`` (refused once the engine
 has told its tasks: the process reward model scores steps at a tag it was not given). Every other refusal of the
 head's shape is checked on :func:`~verl_vllm_rm.protocol.model_shape.model_shape` itself
-(tests/unit/protocol/test_model_shape.py) and before the engine (tests/integration/server/test_reward_head_args.py).
+(tests/unit/protocol/test_model_shape.py) and before the engine (tests/integration/server/test_reward_head.py).
 """
 
 from __future__ import annotations

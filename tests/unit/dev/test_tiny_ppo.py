@@ -1,9 +1,7 @@
-"""``vllm_rm`` inside verl's real ``main_ppo`` in its ``separate_async`` mode (GRPO on CPU through the harness,
-trainer mode ``vllm_rm_separate_async``: generation runs ahead of training on a standalone rollout replica, synced
-after every step over the harness's ``cpu_gloo`` checkpoint engine; the real vLLM server): the rewards verl trained
-on are the server's scores of the exact token ids it generated, also across the server's SIGKILL and restart in the
-middle of the run (a request meets the dead server and is retried), composed with the rules and a generative judge
-(each member ranked as the judge's own answer ranks its response): the in-process tests (no server; those on the real server: tests/integration/dev/test_tiny_ppo.py)."""
+"""``verl-vllm-rm tiny-ppo``'s run set-up (``dev/tiny_ppo.py``), in-process: bad options refused, verl's trainer mode
+chosen, an RM directory without a model or a tokenizer without EOS refused before anything starts, the CLI's exit
+code on failure, and the overrides of managed replicas. (Its main_ppo runs on the real server:
+tests/integration/dev/test_tiny_ppo.py.)"""
 
 from __future__ import annotations
 from pathlib import Path
@@ -33,14 +31,6 @@ def test_the_trainer_mode_is_ours_over_verls(tmp_path, online, mode, expected):
     from verl_vllm_rm.dev.tiny_ppo import TinyPPOConfig, trainer_mode
 
     assert trainer_mode(TinyPPOConfig(tmp_path, online=online, mode=mode)) == expected
-
-
-def test_the_cpu_profile_of_an_unknown_trainer_mode_is_refused():
-    from verl_vllm_rm.dev.cpu_profile import cpu_profile
-
-    with pytest.raises(ValueError, match=r"the trainer mode must be one of \('sync', 'colocate_async', "
-                                         r"'separate_async'\), got 'fully_async'"):
-        cpu_profile(1, mode="fully_async")
 
 
 def test_an_rm_dir_without_a_model_is_refused_before_anything_starts(tmp_path):

@@ -1,5 +1,5 @@
 """The group rendezvous on one event loop (pure: the judge is a function recording what it was given; the real
-judge and verl's Ray workers are in test_manager_judge.py)."""
+judge and verl's Ray workers are in tests/integration/scoring/test_judging.py)."""
 
 from __future__ import annotations
 

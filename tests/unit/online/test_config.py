@@ -1,4 +1,5 @@
-"""``+online_rm.*`` options of the engine-based RM trainer: wrong values are refused naming the option and the fix."""
+"""``+online_rm.*`` options of the engine-based RM trainer (``online/config.py``): wrong values are refused naming the
+option and the fix, and the online recipe's options are valid."""
 
 from __future__ import annotations
 
@@ -6,8 +7,10 @@ import dataclasses
 import importlib
 
 import pytest
+from repo_paths import REPO
 
 from verl_vllm_rm.online.config import OnlineRMConfig, RMEngineOptions, RMModelOptions, RMOptimizerOptions
+from verl_vllm_rm.options import ConfigError
 
 BASE = {"model_path": "/rm", "server_url": "http://rm:1"}
 
@@ -88,3 +91,37 @@ def test_each_engine_section_is_fields_of_the_verl_config_it_names(section):
     verl_fields = {f.name for f in dataclasses.fields(getattr(importlib.import_module(module), name)) if f.init}
     ours = {f.name for f in dataclasses.fields(section)}
     assert ours <= verl_fields, sorted(ours - verl_fields)
+
+
+def test_online_rm_recipe_options_are_valid(compose_config):
+    import os
+    import subprocess
+
+    from verl_vllm_rm.online.config import OnlineRMConfig
+    from verl_vllm_rm.plugin.online_mode import online_rm_config
+
+    recipe = REPO / "recipes" / "grpo_math_online_rm.sh"
+    env = dict(os.environ, VERL_VLLM_RM_DRY_RUN="1", RM_PATH="/models/rm")
+    overrides = subprocess.run(["bash", str(recipe)], env=env, capture_output=True, text=True,
+                               check=True).stdout.splitlines()
+    assert "trainer.v1.trainer_mode=vllm_rm_online" in overrides
+    config = online_rm_config(compose_config(overrides))
+    assert (config.model_path, config.training_mode, config.reward_key) == ("/models/rm", "lora", ["verifiable_score"])
+    assert config.server_url == ["http://127.0.0.1:8001"], "the reward manager's server (the recipe's RM_URL)"
+    with pytest.raises(ValueError, match="valid options"):
+        OnlineRMConfig.from_dict({"model_path": "/models/rm", "server_url": "http://x", "learning_rate": 1e-5})
+
+
+def test_online_rm_options_are_checked():
+    with pytest.raises(ConfigError, match=r"^online_rm: online_rm needs exactly one of server_url \(the servers\) and "
+                                          r"reward_model \(the managed replicas of that RM\)"):
+        OnlineRMConfig.from_dict({"model_path": "rm"})
+    with pytest.raises(ConfigError, match=r"^missing required online_rm option\(s\) \['model_path'\]"):
+        OnlineRMConfig.from_dict({"server_url": "http://rm"})
+    with pytest.raises(ConfigError, match=r"^online_rm\.lr must be a number, got '1e-5'$"):
+        OnlineRMConfig.from_dict({"model_path": "rm", "server_url": "http://rm", "lr": "1e-5"})
+    with pytest.raises(ConfigError, match=r"^online_rm: publish_every must be >= 1, got 0$"):
+        OnlineRMConfig.from_dict({"model_path": "rm", "server_url": "http://rm", "publish_every": 0})
+    with pytest.raises(ConfigError, match=r"^online_rm: max_idle_steps must be >= 0, got -1$"):
+        OnlineRMConfig.from_dict({"model_path": "rm", "server_url": "http://rm", "max_idle_steps": -1})
+    assert OnlineRMConfig.from_dict({"model_path": "rm", "server_url": "http://rm"}).max_idle_steps == 10

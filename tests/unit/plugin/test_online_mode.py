@@ -1,4 +1,5 @@
-"""Trainer mode ``vllm_rm_online`` (``plugin/online_mode.py``) with verl's own pieces, around a PPO step: the in-process tests (no server; those on the real server: tests/integration/plugin/test_online_mode.py)."""
+"""Trainer mode ``vllm_rm_online`` (``plugin/online_mode.py``) with verl's own pieces, around a PPO step: the
+in-process tests (no server; those on the real server: tests/integration/plugin/test_online_mode.py)."""
 
 from __future__ import annotations
 import pytest
@@ -60,25 +61,6 @@ def test_online_rm_with_managed_replicas_publishes_to_every_replica_of_the_rm(co
         online_rm_config(both)
 
 
-def test_fewer_groups_with_a_gap_than_rm_workers_is_named():
-    from verl_vllm_rm.online.config import OnlineRMConfig
-    from verl_vllm_rm.online.driver import idle_message
-
-    config = OnlineRMConfig(model_path="/rm", server_url="http://a:1")
-    assert "only 1 of the 8 prompt groups had a reward gap, fewer than the 2 RM workers" in idle_message(
-        config, 5, groups=8, found=1, workers=2)
-
-
-def test_the_resumed_folder_is_the_one_verl_resumed(compose_config, tmp_path, monkeypatch):
-    from verl_vllm_rm.plugin.trainer_modes import resumed_folder
-
-    monkeypatch.chdir(tmp_path)  # verl resolves a relative default_local_dir against the working directory
-    auto = compose_config(["trainer.default_local_dir=ckpts/run", "trainer.resume_mode=auto"])
-    assert resumed_folder(auto, 3) == str(tmp_path / "ckpts" / "run" / "global_step_3")
-    path = compose_config(["trainer.resume_mode=resume_path", "trainer.resume_from_path=old/global_step_9"])
-    assert resumed_folder(path, 9) == str(tmp_path / "old" / "global_step_9")
-
-
 SCALAR_ONLY = ("; online_rm trains a reward model with a scalar or two-class head (*ForSequenceClassification, "
                "num_labels=1 or 2). Serve this one without online training (drop "
                "trainer.v1.trainer_mode=vllm_rm_online), or train a scalar RM")
@@ -116,17 +98,3 @@ def test_online_training_refuses_a_head_it_cannot_train_at_start_up(compose_conf
     with pytest.raises(ConfigError) as refused:
         online_rm_config(compose_config([f"+online_rm.model_path={tmp_path}"]))
     assert str(refused.value) == f"online_rm.model_path={tmp_path}: {reason}{SCALAR_ONLY}"
-
-
-def test_the_tiny_rm_and_the_family_builders_configs_read_as_they_are(tiny_rm, tmp_path):
-    """The refusal reads config.json as transformers writes it: the tiny RM (num_labels=1, id2label LABEL_0) and
-    the two-class family train; the attribute family is refused as attributes."""
-    import json
-
-    from verl_vllm_rm.dev.tiny_rm_families import build_tiny_attribute_rm, build_tiny_two_class_rm
-    from verl_vllm_rm.online.trainable import check_trainable_head, untrainable_head_reason
-
-    check_trainable_head(tiny_rm)  # no refusal
-    check_trainable_head(str(build_tiny_two_class_rm(tmp_path / "two_class")))
-    attributes = json.loads((build_tiny_attribute_rm(tmp_path / "attributes") / "config.json").read_text())
-    assert untrainable_head_reason(attributes).startswith("Qwen2ForSequenceClassification has 5 attribute outputs")

@@ -1,5 +1,5 @@
-"""Trainer modes ``vllm_rm_online[_<async mode>]`` (``plugin/online_mode.py``): that every mode of verl's has an
-online one, ``online_rm.max_staleness``'s replay buffer, and two paths of the asynchronous modes no ``main_ppo`` run
+"""Trainer modes ``vllm_rm_online[_<async mode>]`` (``plugin/online_mode.py``): ``online_rm.max_staleness``'s
+replay buffer, and two paths of the asynchronous modes no ``main_ppo`` run
 of ``make test`` takes: the early submission of the next step's prompts skipped after the last step and under
 verl's rollout skip, and a resumed run's eviction of the groups restored with verl's TransferQueue.
 
@@ -32,20 +32,6 @@ def build(compose_config, mode: str, *overrides: str):
 
     return get_trainer_cls(mode)(compose_config([f"trainer.v1.trainer_mode={mode}", *ONLINE, *MODES[mode],
                                                  *overrides]))
-
-
-def test_every_mode_of_verls_has_an_online_one():
-    from verl.trainer.ppo.v1 import get_trainer_cls
-
-    from verl_vllm_rm.plugin.online_mode import OnlineRewardModelTraining, RMStepAfterStepEnd, RMStepInStep
-    from verl_vllm_rm.plugin.trainer_registry import TRAINER_MODES
-
-    for base in ("sync", "colocate_async", "separate_async"):
-        suffix = "" if base == "sync" else f"_{base}"
-        timing = RMStepInStep if base == "sync" else RMStepAfterStepEnd
-        online = get_trainer_cls(f"vllm_rm_online{suffix}")
-        assert online is TRAINER_MODES[f"vllm_rm_online{suffix}"] and online.base_mode == base
-        assert online.__mro__[1:4] == (timing, OnlineRewardModelTraining, get_trainer_cls(f"vllm_rm{suffix}"))
 
 
 @pytest.mark.parametrize("mode", ["vllm_rm_online_colocate_async", "vllm_rm_online_separate_async"])

@@ -9,7 +9,6 @@ import math
 import pytest
 
 from verl_vllm_rm.protocol.errors import RequestError
-from verl_vllm_rm.protocol.json_body import parse_json
 from verl_vllm_rm.protocol.score import (
     ScoreRequest,
     ScoreResponseError,
@@ -123,15 +122,6 @@ def test_bad_requests_name_the_problem(body, status, message):
     with pytest.raises(RequestError) as err:
         parse(body)
     assert (err.value.status, err.value.message) == (status, message)
-
-
-def test_parse_json_is_shared_strictness():
-    """The weight routes read their bodies with the same parser."""
-    assert parse_json(b'{"a": [1, 2.5, "x", null, true], "b": {"c": -0}}') == {
-        "a": [1, 2.5, "x", None, True], "b": {"c": 0}
-    }
-    with pytest.raises(RequestError, match="key 'c' appears twice"):
-        parse_json(b'{"b": {"c": 1, "c": 2}}')
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""Shared data for the rule-reward tests: a corpus of responses and token-batch helpers."""
+"""Shared data for the rule-reward tests: a corpus of responses, token-batch helpers and rm-gallery's own scores."""
 
 from __future__ import annotations
 
@@ -83,3 +83,24 @@ def word_tokenizer():
     tok = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]", pad_token="[PAD]")
     tok.add_special_tokens({"additional_special_tokens": ["<think>", "</think>"]})
     return tok
+
+
+@pytest.fixture(scope="session")
+def gallery_results():
+    """``gallery_results(name, texts, **params)``: (score, extra_data) per text from rm-gallery's reward ``name``,
+    to hold ours against (rm-gallery is required here, as CI installs it: these tests fail, never skip, without it)."""
+    from rm_gallery.core.data.schema import DataOutput, DataSample, Step
+    from rm_gallery.core.model.message import MessageRole
+    from rm_gallery.core.reward.registry import RewardRegistry
+
+    def results(name: str, texts: list[str], **params) -> list[tuple[float, dict]]:
+        reward = RewardRegistry.get(name)(**params)
+        out = []
+        for i, text in enumerate(texts):
+            answer = Step(role=MessageRole.ASSISTANT, content=text)
+            sample = DataSample(unique_id=str(i), output=[DataOutput(answer=answer)])
+            answer = reward.evaluate(sample).output[0].answer
+            out.append((answer.reward.score, answer.additional_kwargs[reward.name]))
+        return out
+
+    return results

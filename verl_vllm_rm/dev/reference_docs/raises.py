@@ -33,6 +33,11 @@ class LiteralRaise:
     exception: str  # the raised class's name
     where: str  # the enclosing function's qualified name ("" at module level)
     template: str  # the message with its holes shown as {name}
+    end_line: int = 0  # the statement's last line (a raise spans several); 0: its first
+
+    def covers(self, line: int) -> bool:
+        """Whether ``line`` is one of the statement's (a traceback names the line the raise was executed at)."""
+        return self.line <= line <= max(self.line, self.end_line)
 
     def __str__(self) -> str:
         return f"{self.path}:{self.line}: {' ... '.join(self.pieces)[:160]!r}"
@@ -116,7 +121,7 @@ def literal_raises(source: str, path: str) -> list[LiteralRaise]:
         marks = lines[max(0, node.lineno - 2):node.end_lineno]
         template = words("".join(f"{{{p.name}}}" if isinstance(p, Hole) else p for p in parts))
         found.append(LiteralRaise(path, node.lineno, pieces, any(INTERNAL.search(m) for m in marks),
-                                  ast.unparse(node.exc.func).split(".")[-1], where, template))
+                                  ast.unparse(node.exc.func).split(".")[-1], where, template, node.end_lineno))
     return sorted(found, key=lambda r: r.line)
 
 

@@ -1,0 +1,65 @@
+"""How a fresh verl process finds ``vllm_rm`` (``plugin/register.py``, the ``verl.plugins`` entry point): the trainer
+modes register when verl's trainer registry is imported, through an import hook that runs once and leaves the module
+its own loader; a failed registration is logged before it is raised (the reward manager found in a fresh process
+and ``VERL_USE_EXTERNAL_PLUGINS=none``: tests/integration/plugin/test_register.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from verl_vllm_rm.plugin.register import AfterImport, _register
+
+TRAINER_MODE_PROBE = """
+import json, sys, verl
+before = "verl.trainer.ppo.v1" in sys.modules
+from verl.trainer.ppo.v1 import get_trainer_cls
+import verl.trainer.ppo.v1 as v1
+print(json.dumps([before, get_trainer_cls("vllm_rm").__name__, type(v1.__loader__).__name__]))
+"""
+
+
+def test_trainer_mode_is_registered_when_verls_trainer_is_imported_not_before():
+    """``import verl`` alone leaves verl's trainer unimported (reward and agent-loop workers never pay for it);
+    the first import of verl's trainer registry registers trainer mode ``vllm_rm``, and the module keeps its
+    own loader."""
+    env = {k: v for k, v in os.environ.items() if k != "VERL_USE_EXTERNAL_MODULES"}
+    proc = subprocess.run([sys.executable, "-c", TRAINER_MODE_PROBE], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.splitlines()[-1]) == [False, "RewardMetricsPPOTrainerSync", "SourceFileLoader"]
+
+
+@pytest.fixture()
+def probe_module(tmp_path, monkeypatch):
+    """The name of a module on ``sys.path`` that nothing has imported yet (forgotten again after the test)."""
+    (tmp_path / "register_probe_module.py").write_text("VALUE = 7\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield "register_probe_module"
+    sys.modules.pop("register_probe_module", None)
+
+
+def test_the_hook_runs_once_the_module_is_imported_then_removes_itself(probe_module):
+    import importlib
+
+    seen = []
+    hook = AfterImport(probe_module, lambda: seen.append(sys.modules[probe_module].VALUE))
+    hook.install()
+    hook.install()  # installed once
+    assert seen == [] and sys.meta_path.count(hook) == 1
+    module = importlib.import_module(probe_module)
+    assert seen == [7] and hook not in sys.meta_path  # ran after the module's own code, once
+    assert type(module.__loader__).__name__ == "SourceFileLoader"  # the module keeps its own loader
+    AfterImport(probe_module, lambda: seen.append("at once")).install()  # already imported: runs now
+    assert seen == [7, "at once"]
+
+
+def test_a_failed_registration_is_logged_loudly_and_raised(caplog):
+    with pytest.raises(ModuleNotFoundError, match="register_no_such_module"):
+        _register("register_no_such_module", "probe modes")
+    assert "verl-vllm-rm: failed to register the probe modes" in caplog.text
+    _register("json", "modules already imported")  # in sys.modules: nothing to do

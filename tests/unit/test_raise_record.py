@@ -1,0 +1,65 @@
+"""The raise record (``tests/support/raise_record.py``): a package raise caught by ``pytest.raises`` is traced to
+its line, through a chain too, and counted as matched only when the pattern finds its message."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+from raise_record import RaiseRecord, raise_site, summarise
+
+from verl_vllm_rm.rows import validate_reference_source
+
+
+def raise_line() -> int:
+    """The line of ``validate_reference_source``'s raise (a statement over several lines: its first)."""
+    lines, first = inspect.getsourcelines(validate_reference_source)
+    return first + next(i for i, line in enumerate(lines) if line.strip().startswith("raise "))
+
+
+def caught(pattern: str | None) -> BaseException:
+    with pytest.raises(ValueError, match=pattern) as err:
+        validate_reference_source("nowhere")
+    return err.value
+
+
+def test_a_package_raise_is_traced_to_its_line_and_a_test_raise_is_not():
+    assert raise_site(caught(None).__traceback__) == ("verl_vllm_rm/rows.py", raise_line())
+    try:
+        raise KeyError("a test's own")
+    except KeyError as e:
+        assert raise_site(e.__traceback__) is None
+
+
+def test_matched_only_when_the_pattern_finds_the_message_and_a_chain_is_followed():
+    record = RaiseRecord()
+    record.current_test = "t1"
+    record.add(caught(None), None)  # caught, no pattern
+    record.add(caught("is not one of"), r"is not one of \['ground_truth'")
+    site = ("verl_vllm_rm/rows.py", raise_line())
+    assert record.tests[site] == {"t1": True}
+    record.current_test = "t2"
+    record.add(caught(None), "a pattern this message does not have")
+    assert record.tests[site] == {"t1": True, "t2": False}
+    try:  # the package's raise behind a test's: found through __cause__
+        try:
+            validate_reference_source("nowhere")
+        except ValueError as e:
+            raise RuntimeError("wrapped") from e
+    except RuntimeError as wrapped:
+        chained = RaiseRecord()
+        chained.current_test = "t3"
+        chained.add(wrapped, "reference_source='nowhere'")
+    assert chained.tests == {site: {"t3": True}}
+
+
+def test_the_summary_counts_each_user_facing_raise_once_by_what_was_seen_of_it():
+    record = RaiseRecord()
+    record.current_test = "t1"
+    record.add(caught(None), "reference_source='nowhere'")
+    record.add_rows(RaiseRecord().as_rows() + record.as_rows())  # a worker's rows merged again: no double count
+    counts, rows = summarise(record)
+    row = next(r for r in rows if r["raise"] == f"verl_vllm_rm/rows.py:{raise_line()}")
+    assert row["status"] == "matched" and row["tests"] == ["t1"]
+    assert sum(counts.values()) == len(rows) and counts["matched"] == 1
+    assert all(r["status"] == "not seen" and r["tests"] == [] for r in rows if r is not row)
