@@ -40,13 +40,20 @@ class Trace:
             self.log.append(f"{name} out")
 
 
+async def update_behind_scoring(trace: Trace) -> tuple[asyncio.Task, asyncio.Task, asyncio.Event]:
+    """Scoring ``s1`` in flight (until the event is set), then an update ``u`` asked for: it waits."""
+    done_scoring = asyncio.Event()
+    first = asyncio.create_task(trace.score("s1", done_scoring))
+    await step()
+    update = asyncio.create_task(trace.update("u"))
+    await step()
+    return first, update, done_scoring
+
+
 def test_an_update_waits_for_the_scoring_in_flight_and_holds_back_the_scoring_that_comes_after():
     async def run() -> list[str]:
-        trace, done_scoring = Trace(), asyncio.Event()
-        first = asyncio.create_task(trace.score("s1", done_scoring))
-        await step()
-        update = asyncio.create_task(trace.update("u"))
-        await step()
+        trace = Trace()
+        first, update, done_scoring = await update_behind_scoring(trace)
         later = asyncio.create_task(trace.score("s2"))  # arrives while the update waits: held back
         await step()
         assert trace.log == ["s1 in"] and not trace.gate.updating
@@ -99,11 +106,8 @@ def test_a_failed_update_opens_the_gate_again():
 
 def test_an_update_cancelled_while_it_waits_holds_nothing_back():
     async def run() -> list[str]:
-        trace, done_scoring = Trace(), asyncio.Event()
-        first = asyncio.create_task(trace.score("s1", done_scoring))
-        await step()
-        update = asyncio.create_task(trace.update("u"))
-        await step()
+        trace = Trace()
+        first, update, done_scoring = await update_behind_scoring(trace)
         update.cancel()  # e.g. its client went away while it waited for s1
         await step()
         await trace.score("s2")  # enters beside s1: no update waits any more
