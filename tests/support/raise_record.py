@@ -34,12 +34,19 @@ class RaiseRecord:
         self.current_test = ""
 
     def add(self, exception: BaseException, pattern: re.Pattern[str] | str | None) -> None:
+        """``exception`` caught by a pytest.raises with ``pattern``; each exception it was raised from is matched
+        too when the pattern finds its own message, or found the caught one's and that contains its message (an
+        option error re-raised with its path in front)."""
+        caught = str(exception)
+        caught_matched = pattern is not None and re.search(pattern, caught) is not None
         seen: set[int] = set()
         while exception is not None and id(exception) not in seen:
             seen.add(id(exception))
             site = raise_site(exception.__traceback__)
             if site is not None:
-                matched = pattern is not None and re.search(pattern, str(exception)) is not None
+                message = str(exception)
+                matched = pattern is not None and (re.search(pattern, message) is not None
+                                                   or (caught_matched and bool(message) and message in caught))
                 tests = self.tests[site]
                 tests[self.current_test] = tests.get(self.current_test, False) or matched
             exception = exception.__cause__ or exception.__context__

@@ -51,6 +51,17 @@ def test_matched_only_when_the_pattern_finds_the_message_and_a_chain_is_followed
         chained.current_test = "t3"
         chained.add(wrapped, "reference_source='nowhere'")
     assert chained.tests == {site: {"t3": True}}
+    try:  # re-raised with a prefix: the caught message, matched, contains the package's own
+        try:
+            validate_reference_source("nowhere")
+        except ValueError as e:
+            raise RuntimeError(f"reward_kwargs: {e}") from e
+    except RuntimeError as prefixed:
+        for pattern, matched in (("^reward_kwargs: reference_source='nowhere'", True), ("^reward_kwargs: x", False)):
+            inner = RaiseRecord()
+            inner.current_test = "t4"
+            inner.add(prefixed, pattern)
+            assert inner.tests == {site: {"t4": matched}}
 
 
 def test_the_summary_counts_each_user_facing_raise_once_by_what_was_seen_of_it():

@@ -55,7 +55,7 @@ def test_a_removed_member_stops_registration_with_what_to_do(seams, monkeypatch)
     registered = []
     monkeypatch.setattr(trainer_registry, "register_trainer", lambda name: registered.append)
     monkeypatch.delattr(PPOTrainer, "_add_batch_to_generate")
-    with pytest.raises(seams.VerlSeamError) as err:
+    with pytest.raises(seams.VerlSeamError, match="^verl-vllm-rm stands on verl members that the installed") as err:
         trainer_registry.register_trainer_modes()
     message = str(err.value)
     assert f"stands on verl members that the installed verl {verl.__version__} lacks or changed" in message

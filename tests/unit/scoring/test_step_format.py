@@ -5,6 +5,8 @@ and the options refused with their fix. The scores against the cards' recipes ar
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from verl_vllm_rm.options import build
@@ -88,6 +90,5 @@ def test_the_rms_system_prompt_replaces_the_chats_own_and_leaves_the_rest():
                                      "rm_tokenizer_path) or drop system_prompt"),
 ])
 def test_step_options_that_would_do_nothing_or_the_wrong_thing_are_refused(options, message):
-    with pytest.raises(ValueError) as refused:
+    with pytest.raises(ValueError, match=f"^{re.escape(f'reward_kwargs: {message}')}$"):
         build(RewardModelOptions, options, "reward_kwargs")
-    assert str(refused.value) == f"reward_kwargs: {message}"

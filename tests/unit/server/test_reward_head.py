@@ -121,8 +121,7 @@ def test_a_config_reward_token_is_read_with_its_spelling_and_one_outside_the_tok
 
     assert served() is None
     assert served(reward_token_id=tokenizer.eos_token_id) == (tokenizer.eos_token_id, tokenizer.eos_token)
-    with pytest.raises(SystemExit) as refused:
+    refusal = (f"verl-vllm-rm: {tiny_rm}: the config's reward_token_id {len(tokenizer)} is outside its tokenizer's "
+               f"{len(tokenizer)} tokens: serve the tokenizer the model was published with (--tokenizer)")
+    with pytest.raises(SystemExit, match=f"^{re.escape(refusal)}$"):
         served(reward_token_id=len(tokenizer))
-    assert str(refused.value) == (f"verl-vllm-rm: {tiny_rm}: the config's reward_token_id {len(tokenizer)} is outside "
-                                  f"its tokenizer's {len(tokenizer)} tokens: serve the tokenizer the model was "
-                                  "published with (--tokenizer)")
