@@ -21,9 +21,8 @@ from types import TracebackType
 import pytest
 from _pytest.raises import RaisesExc
 
-from repo_paths import REPO
+from repo_paths import PACKAGE, REPO
 
-PACKAGE = REPO / "verl_vllm_rm"
 RECORD_FILE = REPO / "build" / "raise_record.json"
 WORKER_KEY = "raise_record"
 
@@ -45,11 +44,15 @@ class RaiseRecord:
             site = raise_site(exception.__traceback__)
             if site is not None:
                 message = str(exception)
-                matched = pattern is not None and (re.search(pattern, message) is not None
-                                                   or (caught_matched and bool(message) and message in caught))
-                tests = self.tests[site]
-                tests[self.current_test] = tests.get(self.current_test, False) or matched
+                in_caught = caught_matched and bool(message) and message in caught
+                self._note(site, self.current_test,
+                           pattern is not None and (re.search(pattern, message) is not None or in_caught))
             exception = exception.__cause__ or exception.__context__
+
+    def _note(self, site: tuple[str, int], test: str, matched: bool) -> None:
+        """A test saw the raise at ``site``: matched once by any of its catches is matched."""
+        tests = self.tests[site]
+        tests[test] = tests.get(test, False) or matched
 
     def as_rows(self) -> list[list]:
         return [[path, line, test, matched] for (path, line), tests in self.tests.items()
@@ -57,8 +60,7 @@ class RaiseRecord:
 
     def add_rows(self, rows: list[list]) -> None:
         for path, line, test, matched in rows:
-            tests = self.tests[(path, line)]
-            tests[test] = tests.get(test, False) or matched
+            self._note((path, line), test, matched)
 
 
 def raise_site(traceback: TracebackType | None) -> tuple[str, int] | None:
@@ -115,6 +117,9 @@ class Controller:
             f"main_ppo process, or not executed): {RECORD_FILE.relative_to(REPO)}")
 
 
+RECORD = pytest.StashKey[RaiseRecord]()
+
+
 def pytest_configure(config: pytest.Config) -> None:
     record = RaiseRecord()
     original_exit = RaisesExc.__exit__
@@ -132,8 +137,6 @@ def pytest_configure(config: pytest.Config) -> None:
     if not hasattr(config, "workerinput"):
         config.pluginmanager.register(Controller(record), "raise_record_summary")
 
-
-RECORD = pytest.StashKey[RaiseRecord]()
 
 
 @pytest.hookimpl(wrapper=True)

@@ -7,3 +7,4 @@ from pathlib import Path
 SUPPORT = Path(__file__).resolve().parent
 TESTS = SUPPORT.parent
 REPO = TESTS.parent
+PACKAGE = REPO / "verl_vllm_rm"

@@ -22,10 +22,8 @@ import re
 from pathlib import Path
 
 from verl_vllm_rm.dev.reference_docs.raises import LiteralRaise, package_raises, words
-from repo_paths import REPO as ROOT
+from repo_paths import PACKAGE, TESTS
 
-PACKAGE = ROOT / "verl_vllm_rm"
-TESTS = ROOT / "tests"
 WINDOW = 4  # consecutive words of a literal piece
 MIN_CHARS = 16  # ... spanning at least this many characters (shorter runs are phrases many messages share)
 

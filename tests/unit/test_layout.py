@@ -14,9 +14,8 @@ import ast
 from pathlib import Path
 
 import pytest
-from repo_paths import REPO
+from repo_paths import PACKAGE
 
-PACKAGE = REPO / "verl_vllm_rm"
 # From the ground up: each room may import the rooms before it (and itself).
 LAYERS = ["protocol", "options", "extra_info", "rows", "client", "rewards", "monitor", "replicas", "parity", "judge", "scoring",
           "weight_sync", "online", "plugin", "dev", "cli"]

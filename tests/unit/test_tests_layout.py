@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from repo_paths import TESTS
+from repo_paths import PACKAGE, REPO, TESTS
 
 ROOMS = {"unit", "integration", "support"}
 
@@ -65,12 +65,11 @@ def has_logic(path) -> bool:
 def test_every_package_module_with_logic_has_a_test_file_of_its_name():
     """``verl_vllm_rm/<dir>/<name>.py`` is tested in ``tests/unit/<dir>/test_<name>.py`` (in process) or
     ``tests/integration/<dir>/test_<name>.py``, or listed above with where and why."""
-    package = TESTS.parent / "verl_vllm_rm"
     missing, stale = [], []
-    for path in sorted(package.rglob("*.py")):
+    for path in sorted(PACKAGE.rglob("*.py")):
         if path.name in ("__init__.py", "__main__.py") or not has_logic(path):
             continue
-        module = path.relative_to(package)
+        module = path.relative_to(PACKAGE)
         own = [TESTS / room / module.parent / f"test_{module.name}" for room in ("unit", "integration")]
         if any(p.exists() for p in own):
             stale += [str(module)] if str(module) in TESTED_UNDER_OTHER_NAMES else []
@@ -79,4 +78,4 @@ def test_every_package_module_with_logic_has_a_test_file_of_its_name():
     assert not missing, f"modules with no test file of their name (add tests/unit/<dir>/test_<name>.py): {missing}"
     assert not stale, f"listed in TESTED_UNDER_OTHER_NAMES but tested under their own name now: {stale}"
     for module, (test_file, _) in TESTED_UNDER_OTHER_NAMES.items():
-        assert (TESTS.parent / test_file).exists() and (package / module).exists(), (module, test_file)
+        assert (REPO / test_file).exists() and (PACKAGE / module).exists(), (module, test_file)

@@ -11,9 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
-from repo_paths import REPO
+from repo_paths import PACKAGE
 
-PACKAGE = REPO / "verl_vllm_rm"
 
 
 @pytest.fixture(scope="module")
