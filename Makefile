@@ -100,10 +100,19 @@ docs: setup $(DOCS_STAMP)
 docs-serve: setup $(DOCS_STAMP)
 	$(VENV)/bin/mkdocs serve
 
+# The raise probe (tests/support/raise_probe.py) in both environments: under make test every process (the tests',
+# the reward servers', main_ppo's and its Ray workers') records which of the package's raises ran, into
+# build/raise_probe; a run of the whole suite fails on a user-facing raise that never ran (tests/support/raise_record.py).
+RAISE_PROBE := $(VENV)/.installed-raise-probe
+$(RAISE_PROBE): tests/support/raise_probe.py $(STAMP) $(STAMP_SERVER)
+	$(VENV)/bin/python tests/support/raise_probe.py install $(VENV)/bin/python $(VENV_SERVER)/bin/python
+	touch $@
+
 # pytest exits 5 when it collects no test: make treats that as a failure too.
 # TEST_WORKERS pytest-xdist workers (tests/support/xdist_scheduling.py says how tests are shared); TEST_WORKERS=0 runs in one process.
 TEST_WORKERS ?= 2
-test: setup $(DOCS_STAMP)
+test: setup $(DOCS_STAMP) $(RAISE_PROBE)
+	VERL_VLLM_RM_RAISE_PROBE_DIR=$(CURDIR)/build/raise_probe \
 	$(VENV)/bin/python -m pytest -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder $(PYTEST_ARGS)
 
 demo: setup

@@ -4,9 +4,10 @@ its line, through a chain too, and counted as matched only when the pattern find
 from __future__ import annotations
 
 import inspect
+from types import SimpleNamespace
 
 import pytest
-from raise_record import RaiseRecord, raise_site, summarise
+from raise_record import RaiseRecord, complete_run, gate_failures, raise_site, summarise
 
 from verl_vllm_rm.rows import validate_reference_source
 
@@ -69,8 +70,62 @@ def test_the_summary_counts_each_user_facing_raise_once_by_what_was_seen_of_it()
     record.current_test = "t1"
     record.add(caught(None), "reference_source='nowhere'")
     record.add_rows(RaiseRecord().as_rows() + record.as_rows())  # a worker's rows merged again: no double count
-    counts, rows = summarise(record)
+    counts, rows = summarise(record, set(), "")
     row = next(r for r in rows if r["raise"] == f"verl_vllm_rm/rows.py:{raise_line()}")
     assert row["status"] == "matched" and row["tests"] == ["t1"]
     assert sum(counts.values()) == len(rows) and counts["matched"] == 1
-    assert all(r["status"] == "not seen" and r["tests"] == [] for r in rows if r is not row)
+    assert all(r["status"] == "not executed" and r["tests"] == [] for r in rows if r is not row)
+
+
+def package_with_three_raises(tmp_path):
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "mod.py").write_text(
+        "def f(x):\n"
+        "    if x == 1:\n"
+        "        raise ValueError('the first message a server answers with')\n"
+        "    if x == 2:\n"
+        "        raise ValueError(\n"
+        "            f'the second message {x} spans two lines of the source')\n"
+        "    raise KeyError('the third message that nothing ever runs')\n")
+    return package
+
+
+def test_a_raise_another_process_ran_is_asserted_only_when_a_tests_string_quotes_it(tmp_path):
+    package = package_with_three_raises(tmp_path)
+    executed = {("pkg/mod.py", 3), ("pkg/mod.py", 5)}
+    strings = "assert 'the first message a server' in answer"
+    counts, rows = summarise(RaiseRecord(), executed, strings, package)
+    assert [(r["raise"], r["status"]) for r in rows] == [
+        ("pkg/mod.py:3", "asserted"), ("pkg/mod.py:5", "not asserted"), ("pkg/mod.py:7", "not executed")]
+    assert counts == {"matched": 0, "asserted": 1, "not asserted": 1, "not executed": 1}
+
+
+def test_the_gate_fails_on_each_raise_not_run_or_not_quoted_unless_listed_and_on_a_stale_listing(tmp_path):
+    _, rows = summarise(RaiseRecord(), {("pkg/mod.py", 3), ("pkg/mod.py", 5)}, "the first message a server",
+                        package_with_three_raises(tmp_path))
+    assert gate_failures(rows, frozenset()) == [
+        "pkg/mod.py:5: not asserted: the second message {x} spans two lines of the source",
+        "pkg/mod.py:7: not executed: the third message that nothing ever runs"]
+    listed = frozenset({"pkg/mod.py: the third message", "pkg/mod.py: the second message"})
+    assert gate_failures(rows, listed) == []
+    assert gate_failures(rows, listed | {"pkg/mod.py: the first message"}) == [
+        "pkg/mod.py:3: now asserted: take 'pkg/mod.py: the first message' off NOT_YET_EXECUTED"]
+    assert gate_failures(rows, listed | {"pkg/gone.py: a raise since deleted"}) == [
+        "NOT_YET_EXECUTED lists 'pkg/gone.py: a raise since deleted', which is no raise of the package: take it off"]
+
+
+def test_only_a_run_of_every_module_without_a_selection_is_complete(tmp_path):
+    tests = tmp_path / "tests"
+    (tests / "unit").mkdir(parents=True)
+    for name in ("unit/test_a.py", "test_b.py"):
+        (tests / name).write_text("")
+    everything = {"tests/unit/test_a.py", "tests/test_b.py"}
+
+    def config(keyword="", markexpr=""):
+        return SimpleNamespace(option=SimpleNamespace(keyword=keyword, markexpr=markexpr))
+
+    assert complete_run(config(), everything, tests)
+    assert not complete_run(config(), {"tests/test_b.py"}, tests)
+    assert not complete_run(config(keyword="fleet"), everything, tests)
+    assert not complete_run(config(markexpr="not server"), everything, tests)

@@ -279,6 +279,19 @@ def test_a_hung_server_fails_over_once_its_health_check_times_out(hung_and_live,
     assert [r["path"] for r in hung.requests if r["path"] != "/health"] == []
 
 
+def test_a_request_that_meets_only_hung_servers_fails_naming_the_hang(hung_and_live, tokenizer, texts):
+    """With the hung server alone, no score comes back as a number: the first attempt ends at ``failover_after_s``
+    with its /health unanswered; a retry asks /health first (the server is marked hung) and ends there."""
+    hung, _ = hung_and_live
+    ids = [tokenizer(texts[0]).input_ids]
+    for retries, last in ((0, r"no answer after 0.5s and /health did not answer within 0.5s \(hung\)$"),
+                          (1, r"attempt\(s\), max_retries 1 used up .*: /health did not answer within 0.5s \(hung\)$")):
+        client = VLLMRewardClient([hung.url], failover_after_s=0.5, health_timeout_s=0.5, read_timeout_s=3600,
+                                  request_timeout_s=3600, endpoint_cooldown_s=0, max_retries=retries, **FAST)
+        with pytest.raises(RewardServerError, match=last):
+            run(client, client.score_request(ids))
+
+
 def test_a_server_found_hung_is_asked_for_health_before_it_gets_another_request(hung_and_live, tokenizer, texts):
     """With no cooldown, a server found hung is picked again at once, but its /health is asked first: it still
     does not answer, so the request goes to the live server. 20 requests one after another over [hung, live]

@@ -19,12 +19,18 @@ from verl_vllm_rm.dev.gpu_lock import LOCKS, NCCL, installed_set, read_lock, res
 
 
 @pytest.fixture(scope="module")
-def resolved(tmp_path_factory) -> dict[str, dict[str, str]]:
+def resolver(tmp_path_factory):
+    """The interpreter of an environment with the pinned resolver pip."""
+    return resolver_python(tmp_path_factory.mktemp("resolver") / "env")
+
+
+@pytest.fixture(scope="module")
+def resolved(resolver) -> dict[str, dict[str, str]]:
     """The quick start's lines, resolved by the pinned resolver pip from the index alone (the two environments
     side by side: ~1 min, a few MB of downloads); an environment's later ``--no-deps`` lines replace the pins
     they name."""
     lines = pip_lines(gpu_section())
-    python = resolver_python(tmp_path_factory.mktemp("resolver") / "env")
+    python = resolver
     with ThreadPoolExecutor(2) as pool:
         futures = {ENVIRONMENTS[env]: pool.submit(resolve, installs[0], python) for env, installs in lines.items()}
         sets = {extra: future.result() for extra, future in futures.items()}
@@ -65,3 +71,10 @@ def test_a_resolver_pip_that_does_not_install_is_named_with_pips_words(tmp_path,
     monkeypatch.setattr(gpu_lock, "RESOLVER_PIP", "pip==0.0.1")  # no such release on the index
     with pytest.raises(RuntimeError, match=r"^could not install the resolver \(pip==0\.0\.1\):\n.*pip==0\.0\.1"):
         gpu_lock.resolver_python(tmp_path / "env")
+
+
+@pytest.mark.server  # the package index
+def test_a_line_that_does_not_resolve_is_named_with_pips_words(resolver):
+    with pytest.raises(RuntimeError, match=r"^`pip install verl-vllm-rm-no-such-dist==0\.0\.1` does not resolve:\n"
+                                           r"(?s:.*)verl-vllm-rm-no-such-dist"):
+        resolve(["verl-vllm-rm-no-such-dist==0.0.1"], resolver)

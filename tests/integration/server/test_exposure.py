@@ -117,5 +117,6 @@ def test_weight_updates_with_data_parallel_engines_are_refused_before_the_engine
             "--data-parallel-size", "2"]
     code, out = _run_server(args, {})
     assert code == 1, out[-2000:]
-    assert "--enable-weight-updates with --data-parallel-size 2" in out and "managed replicas" in out
+    assert "--enable-weight-updates with --data-parallel-size 2: each data-parallel engine would need" in out
+    assert "run that many servers instead, as managed replicas" in out
     assert not [m for m in ENGINE_MARKERS if m in out], out[-2000:]

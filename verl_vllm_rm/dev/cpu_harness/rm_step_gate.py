@@ -34,8 +34,8 @@ def wait_for_a_finished_group(timeout_s: float = FINISHED_GROUP_TIMEOUT_S) -> in
     deadline = time.monotonic() + timeout_s
     while (count := finished_groups()) == 0:
         if time.monotonic() > deadline:
-            # internal: a bound of the CPU harness's test gate (a test's run sets the variable): it names a stuck
-            # rollout in a test of ours, and no user run reaches it
+            # A bound of the CPU harness's test gate (a test's run sets the variable): it names a stuck rollout there.
+            # internal: no user run reaches it
             raise TimeoutError(f"{RM_STEP_AFTER_A_FINISHED_GROUP_ENV}: no group of the next step's prompts finished "
                                f"within {timeout_s:.0f} s of the first RM step: is the rollout generating?")
         time.sleep(POLL_S)
