@@ -156,15 +156,6 @@ def _inner(tp: Any) -> Any:
     return rest[0]
 
 
-def _scalar_item(tp: Any) -> type:
-    """The item type of ``list[S]`` / ``tuple[S, ...]``, which must be a scalar."""
-    item = _item(tp)
-    if item not in _SCALARS:
-        raise TypeError(f"unsupported option annotation {tp!r}: use list[S] or tuple[S, ...] with S in "
-                        f"{[t.__name__ for t in _SCALARS]}")
-    return item
-
-
 def _item(tp: Any) -> Any:
     """The item type of ``list[X]`` / ``tuple[X, ...]``: a scalar, or (tuples only) a dataclass or ``dict``."""
     args, origin = typing.get_args(tp), typing.get_origin(tp)
@@ -194,7 +185,7 @@ def _describe(tp: Any) -> str:
     if origin is Literal:
         return f"one of {list(args)}"
     if origin is list:
-        item = _scalar_item(tp)
+        item = _item(tp)  # a scalar: _item refuses any other item of a list
         return f"{_SCALARS[item][0]} or a non-empty list of {_SCALARS[item][1]}"
     if origin is tuple:
         item = _item(tp)

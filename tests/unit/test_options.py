@@ -3,7 +3,7 @@ the package's real option sections (the reward manager's own: tests/unit/scoring
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, make_dataclass
 from typing import Any, Literal, Mapping
 
 import pytest
@@ -179,10 +179,20 @@ def test_a_list_of_sections_checks_each_with_its_index_in_the_path():
         build(Lists, {"raw": [3]}, "lists")
 
 
-def test_an_unsupported_annotation_is_a_programming_error():
-    @dataclass
-    class Odd:
-        pair: tuple[str, int] = ("a", 1)
+SCALAR_NAMES = r"\['bool', 'int', 'float', 'str'\]"
 
-    with pytest.raises(TypeError, match="unsupported option annotation"):
-        build(Odd, {"pair": ["b", 2]}, "odd")
+
+@pytest.mark.parametrize("annotation, value, message", [
+    (tuple[str, int], ["b", 2], r"^unsupported option annotation tuple\[str, int\]: use list\[S\] or tuple\[S, \.\.\.\] "
+                                rf"with S in {SCALAR_NAMES}, or tuple\[X, \.\.\.\] with X a dataclass or dict$"),
+    (list[dict], [{}], r"^unsupported option annotation list\[dict\]: use list\[S\]"),
+    (int | str | None, 1, r"^unsupported option annotation int \| str \| None: only X \| None unions are supported$"),
+    (set[int], [1], r"^unsupported option annotation set\[int\] at odd\.field$"),
+    # a wrong value's message describes the annotation, and cannot describe a set
+    (dict[str, set[int]], 5, r"^unsupported option annotation set\[int\]$"),
+])
+def test_an_unsupported_annotation_is_a_programming_error_that_names_it(annotation, value, message):
+    Odd = make_dataclass("Odd", [("field", annotation, field(default=None))])
+
+    with pytest.raises(TypeError, match=message):
+        build(Odd, {"field": value}, "odd")

@@ -29,8 +29,8 @@ from vllm.platforms import current_platform
 
 from verl_vllm_rm.server import auth
 from verl_vllm_rm.server.exposure import OPT_OUT_FLAG, check_exposure
-from verl_vllm_rm.server.reward_head import (add_reward_head_args, configure_reward_head, reward_token, served_shape,
-                                             step_tag)
+from verl_vllm_rm.server.reward_head import (add_reward_head_args, configure_reward_head, local_architectures,
+                                             reward_token, served_shape, step_tag)
 from verl_vllm_rm.server.engine_watch import DEFAULT_ENGINE_STALL_TIMEOUT_S, EngineWatch
 from verl_vllm_rm.server.runtime_dir import private_tmpdir
 from verl_vllm_rm.server.score import serving
@@ -159,8 +159,19 @@ def _check_model_path(model: str) -> None:
                          "its config.json), or a hub model id")
 
 
+#: the architectures of a reward model's head, which vLLM's generate runner cannot load as a judge
+REWARD_HEADS = ("ForSequenceClassification", "ForTokenClassification", "RewardModel")
+
+
 def _judge_defaults(args: argparse.Namespace, parser) -> None:
-    """A judge (``--runner generate``): no RM-only flag, and answers constrained without free whitespace."""
+    """A judge (``--runner generate``): a model that generates, no RM-only flag, and answers constrained without
+    free whitespace."""
+    architectures = local_architectures(args.model)
+    if architectures and all(a.endswith(REWARD_HEADS) for a in architectures):
+        # vLLM would load it as a causal LM and fail on the head's weights ("no module or parameter named 'score'")
+        raise SystemExit(f"verl-vllm-rm: {args.model}: {architectures[0]} is a reward model, which does not "
+                         "generate: a judge (--runner generate) needs a causal LM (*ForCausalLM); serve this model "
+                         "as a reward model (without --runner generate)")
     for flag, given in (("--enable-weight-updates", args.enable_weight_updates),
                         ("--step-tag-id", args.step_tag_id is not None),
                         ("--step-tag", args.step_tag is not None),
@@ -246,18 +257,9 @@ def _engine_watch(app, timeout_s: float, shape) -> EngineWatch:
     return EngineWatch(timeout_s, lambda: serving.probe(app.state.engine_client, shape), updating)
 
 
-def _check_judge_model(args: argparse.Namespace, supported_tasks, model_config) -> None:
-    """With ``--runner generate``, a model that generates."""
-    if "generate" not in supported_tasks:
-        raise SystemExit(f"verl-vllm-rm: {model_config.model} does not generate (tasks: {list(supported_tasks)}); "
-                         "a judge (--runner generate) needs a *ForCausalLM model")
-
-
 def _hooked_build_app(original):
     def build_app(args, supported_tasks=None, model_config=None):
         judge = args.runner == "generate"
-        if judge:
-            _check_judge_model(args, supported_tasks, model_config)
         shape = None if judge else served_shape(args, supported_tasks, model_config)
         app = original(args, supported_tasks, model_config)
         install_reward_routes(app)

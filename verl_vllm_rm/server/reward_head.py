@@ -90,14 +90,21 @@ def step_tag_id(text: str, given: int | None, tokenizer, model: str) -> int:
     return encoded[0]
 
 
+def local_architectures(model: str) -> list[str]:
+    """The ``architectures`` of a local checkpoint's ``config.json`` (empty for a hub id or a config without)."""
+    config = os.path.join(os.path.expanduser(model), "config.json")
+    if not os.path.isfile(config):
+        return []
+    with open(config) as f:
+        return json.load(f).get("architectures") or []
+
+
 def _refuse_a_bare_causal_lm(args: argparse.Namespace) -> None:
     """A local causal LM without ``--step-tokens`` or ``--convert``: vLLM's pooling runner would only embed it. Said
     before the engine loads (the check after it, :func:`served_shape`, says the same ~40 s later)."""
-    config = os.path.join(os.path.expanduser(args.model), "config.json")
-    if args.step_tokens is not None or args.convert not in (None, "auto") or not os.path.isfile(config):
+    if args.step_tokens is not None or args.convert not in (None, "auto"):
         return
-    with open(config) as f:
-        architectures = json.load(f).get("architectures") or []
+    architectures = local_architectures(args.model)
     if architectures and all(a.endswith("ForCausalLM") for a in architectures):
         raise SystemExit(f"verl-vllm-rm: {args.model}: {architectures[0]} is a causal LM, without a reward head "
                          f"(vLLM's pooling runner would only embed it): {SERVABLE}")

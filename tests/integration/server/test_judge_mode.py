@@ -5,6 +5,8 @@ one vLLM import for all of them); serving a judge is tested in tests/integration
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from start_args import before_the_engine as run_before_the_engine
 
@@ -32,10 +34,14 @@ STALL_CASES = [["--engine-stall-timeout", "-1"], ["--engine-stall-timeout", "inf
 
 
 @pytest.fixture(scope="module")
-def before_the_engine() -> tuple[list, str]:
+def before_the_engine(tmp_path_factory) -> tuple[list, str]:
     """What ``apply_reward_defaults`` made of each case (its exit message, or the judge's structured-output
-    settings), and the interpreter's stderr."""
+    settings), and the interpreter's stderr; the last case asks a reward model's checkpoint (its config.json) to
+    judge."""
+    classifier = tmp_path_factory.mktemp("classifier")
+    (classifier / "config.json").write_text(json.dumps({"architectures": ["Qwen2ForSequenceClassification"]}))
     cases = [["--model", "m", *case] for case in JUDGE_CASES + WEIGHT_UPDATE_CASES + STALL_CASES]
+    cases.append(["--model", str(classifier), "--runner", "generate"])
     return run_before_the_engine(cases, ["args.structured_outputs_config.backend",
                                          "args.structured_outputs_config.disable_any_whitespace"])
 
@@ -71,6 +77,16 @@ def test_weight_updates_refuse_an_engine_or_extension_of_the_users_before_the_en
 
 def test_the_engine_stall_timeout_must_be_a_number_of_seconds(before_the_engine):
     results, _ = before_the_engine
-    assert results[len(JUDGE_CASES) + len(WEIGHT_UPDATE_CASES):] == [
+    assert results[len(JUDGE_CASES) + len(WEIGHT_UPDATE_CASES):-1] == [
         ["exit", f"verl-vllm-rm: --engine-stall-timeout must be a number of seconds >= 0 (0: off), got {value}"]
         for value in ("-1.0", "inf")]
+
+
+def test_a_reward_models_checkpoint_is_refused_as_a_judge_before_the_engine(before_the_engine):
+    """vLLM's generate runner would load it as a causal LM and fail on the head's weights, 40 s later, without
+    saying the cause: refused first, naming the way to serve it."""
+    results, _ = before_the_engine
+    kind, message = results[-1]
+    assert kind == "exit" and message.endswith(
+        ": Qwen2ForSequenceClassification is a reward model, which does not generate: a judge (--runner generate) "
+        "needs a causal LM (*ForCausalLM); serve this model as a reward model (without --runner generate)")

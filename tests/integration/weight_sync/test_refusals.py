@@ -131,6 +131,25 @@ def test_server_refuses_bad_metadata(served, ws_server, metadata, mode, expected
     assert_nothing_sent(ws_server.url, before)
 
 
+@pytest.mark.parametrize("fields, expected", [
+    ({"checksum": "abc"}, "unknown field(s) ['checksum']; send metadata, training_mode, version, bucket_bytes and "
+                          "optionally commit and lora"),
+    ({"bucket_bytes": 0}, "'bucket_bytes' must be a positive integer, got 0"),
+    ({"bucket_bytes": "64MiB"}, "'bucket_bytes' must be a positive integer, got '64MiB'"),
+], ids=["unknown-field", "zero-bucket", "bucket-as-text"])
+def test_server_refuses_an_update_body_with_an_unknown_field_or_a_bad_bucket_size(served, ws_server, fields, expected):
+    """A body from a client other than our publisher: a 400 naming the field, before the update starts."""
+    pub, _, _ = served
+    pub.connect()
+    before = update_record(ws_server.url)
+    body = {"metadata": [_meta("score.weight", [1, 128])], "training_mode": "head_only", "version": pub.version + 1,
+            "bucket_bytes": DEFAULT_BUCKET_BYTES, **fields}
+    resp = requests.post(f"{ws_server.url}/update_param_batch", json=body, timeout=30)
+    assert resp.status_code == 400, resp.text
+    assert resp.json()["error"]["message"] == expected
+    assert_nothing_sent(ws_server.url, before)
+
+
 def test_server_refuses_a_stale_version_and_a_missing_communicator(served, ws_server):
     pub, _, _ = served
     pub.close()

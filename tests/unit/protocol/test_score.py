@@ -14,6 +14,7 @@ from verl_vllm_rm.protocol.score import (
     ScoreRequest,
     ScoreResponseError,
     check_token_ids,
+    finite_or_raise,
     longest_input,
     parse_score_request,
     parse_score_response,
@@ -240,3 +241,10 @@ def test_the_longest_input_leaves_room_for_the_reward_token_the_server_appends()
     assert longest_input({"max_model_len": 512, "reward_token": None}) == 512
     assert longest_input({"max_model_len": 512}) == 512  # a server from before the field
     assert longest_input({"max_model_len": 512, "reward_token": {"id": 1000, "token": "[UNUSED_TOKEN_130]"}}) == 511
+
+
+def test_a_non_finite_score_from_the_model_is_an_error_never_a_number():
+    assert finite_or_raise([0.5, -2.0], 3) == [0.5, -2.0]
+    for values in ([float("nan")], [0.1, float("inf")], [-math.inf]):
+        with pytest.raises(RuntimeError, match=r"^the model produced a non-finite score for input\[3\]: "):
+            finite_or_raise(values, 3)

@@ -91,3 +91,12 @@ def test_misrouting_configs_are_reported(load_manager, verl_config, tokenizer):
     messages = " ".join(str(w.message) for w in record)
     assert "legacy key" in messages and "reward.reward_manager.name=vllm_rm" in messages
     assert "never call vllm_rm" in messages
+
+
+def test_rm_names_the_one_reward_model_and_refuses_to_pick_among_several(load_manager, dead_url, verl_config,
+                                                                           tokenizer):
+    assert load_manager(verl_config(dead_url), tokenizer).rm.name == "rm"
+    two = load_manager(verl_config(dead_url, reward_models="[{name:helpful},{name:safety}]"), tokenizer)
+    with pytest.raises(AttributeError, match=r"^this run has 2 reward models: use reward_models\[name\]$"):
+        two.rm
+    assert sorted(two.reward_models) == ["helpful", "safety"]
