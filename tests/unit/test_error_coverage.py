@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from package_sources import package_with
 from raise_record import asserted, strings_of_tests
 from repo_paths import PACKAGE, SUPPORT, TESTS
 from verl_vllm_rm.dev.reference_docs.raises import LiteralRaise, package_raises
@@ -39,9 +40,8 @@ def test_every_raise_with_a_message_is_quoted_by_a_test_or_marked_internal():
 
 
 def test_the_check_finds_an_unquoted_raise_and_accepts_a_quoted_or_internal_one(tmp_path):
-    package = tmp_path / "pkg"
-    package.mkdir()
-    (package / "mod.py").write_text(
+    package = package_with(
+        tmp_path,
         "def f(x, name):\n"
         "    if x:\n"
         "        raise ValueError(f'reward model {name!r} has no server: set server_url')\n"

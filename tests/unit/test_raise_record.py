@@ -7,6 +7,7 @@ import inspect
 from types import SimpleNamespace
 
 import pytest
+from package_sources import package_with
 from raise_record import RaiseRecord, complete_run, gate_failures, raise_site, summarise
 
 from verl_vllm_rm.rows import validate_reference_source
@@ -78,9 +79,8 @@ def test_the_summary_counts_each_user_facing_raise_once_by_what_was_seen_of_it()
 
 
 def package_with_three_raises(tmp_path):
-    package = tmp_path / "pkg"
-    package.mkdir()
-    (package / "mod.py").write_text(
+    return package_with(
+        tmp_path,
         "def f(x):\n"
         "    if x == 1:\n"
         "        raise ValueError('the first message a server answers with')\n"
@@ -88,7 +88,6 @@ def package_with_three_raises(tmp_path):
         "        raise ValueError(\n"
         "            f'the second message {x} spans two lines of the source')\n"
         "    raise KeyError('the third message that nothing ever runs')\n")
-    return package
 
 
 def test_a_raise_another_process_ran_is_asserted_only_when_a_tests_string_quotes_it(tmp_path):
