@@ -39,7 +39,9 @@ def test_recipe_runs_on_cpu(recipe, tmp_path, tiny_rm, tiny_task, rm_server, onl
                           f"trainer.default_local_dir={tmp_path / 'checkpoints'}", "trainer.save_freq=-1", *idle],
                          env=env, cwd=tmp_path, capture_output=True, text=True, timeout=1200)
     output = run.stdout + run.stderr
-    steps = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    metrics = tmp_path / "metrics.jsonl"
+    assert metrics.exists(), f"{recipe.name} logged no step (exit code {run.returncode}):\n{output[-6000:]}"
+    steps = [json.loads(line) for line in metrics.read_text().splitlines()]
     trained = [s for s in steps if "training/global_step" in s["data"]]
     assert all(s["data"]["critic/rewards/mean"] == s["data"]["critic/rewards/mean"] for s in trained)  # not NaN
     if not online:

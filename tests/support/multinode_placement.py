@@ -1,5 +1,6 @@
 """The RM trainer's ranks placed on Ray's simulated multi-node cluster (``ray.cluster_utils.Cluster``: two nodes of
-two CPUs in this process's own Ray, apart from any test's): a subprocess, so it never meets the session's Ray.
+two CPUs in this process's own Ray, apart from any test's): a subprocess, so it never meets the session's Ray. Run
+it with a ``RAY_TMPDIR`` of its own: the Cluster advertises its address there for any ``ray.init()`` to join.
 
 Usage: multinode_placement.py RANKS... ; prints ``RESULT {ranks: {"split", "nodes"} | {"error"}}`` as JSON, where
 ``nodes`` lists, per placement group, the node ids its bundles landed on.

@@ -4,11 +4,14 @@ its line, through a chain too, and counted as matched only when the pattern find
 from __future__ import annotations
 
 import inspect
+import json
 from types import SimpleNamespace
 
 import pytest
 from package_sources import package_with
-from raise_record import RaiseRecord, complete_run, gate_failures, raise_site, summarise
+from raise_probe import DIR_ENV
+from raise_record import Controller, RaiseRecord, complete_run, gate_failures, raise_site, summarise
+from repo_paths import TESTS
 
 from verl_vllm_rm.rows import validate_reference_source
 
@@ -128,3 +131,23 @@ def test_only_a_run_of_every_module_without_a_selection_is_complete(tmp_path):
     assert not complete_run(config(), {"tests/test_b.py"}, tests)
     assert not complete_run(config(keyword="fleet"), everything, tests)
     assert not complete_run(config(markexpr="not server"), everything, tests)
+
+
+def test_a_complete_probed_run_that_missed_raises_ends_failed_and_a_partial_one_does_not(tmp_path, monkeypatch):
+    """The controller's end of run: with the probe on and every module run, raises that ran in no process turn
+    an otherwise green run red; the same record from a run of one module leaves its exit status alone."""
+    import raise_record
+
+    monkeypatch.setenv(DIR_ENV, str(tmp_path / "probe"))  # an empty probe directory: no process ran any raise
+    monkeypatch.setattr(raise_record, "RECORD_FILE", tmp_path / "raise_record.json")
+    every_module = {str(f.relative_to(TESTS.parent)) for f in TESTS.rglob("test_*.py")}
+    config = SimpleNamespace(option=SimpleNamespace(keyword="", markexpr=""))
+    for modules, status in ((every_module, pytest.ExitCode.TESTS_FAILED), ({"tests/unit/test_rows.py"},
+                                                                           pytest.ExitCode.OK)):
+        controller = Controller(RaiseRecord())
+        controller.modules_run = modules
+        session = SimpleNamespace(config=config, exitstatus=pytest.ExitCode.OK)
+        controller.pytest_sessionfinish(session)
+        assert session.exitstatus == status
+        assert controller.gated == (status == pytest.ExitCode.TESTS_FAILED)
+        assert json.loads((tmp_path / "raise_record.json").read_text())["counts"]["not executed"] > 0

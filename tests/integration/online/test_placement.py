@@ -49,12 +49,19 @@ def test_ranks_no_node_holds_are_placed_over_the_nodes_of_a_multi_node_cluster()
     """Ray's simulated cluster of two 2-CPU nodes (in a subprocess: a Ray of its own): 2 ranks on one node, 3 over
     both (2 + 1, a group a node), 5 refused at once naming each node's free slots."""
     import json
+    import os
     import re
     import subprocess
     import sys
+    import tempfile
 
     script = SUPPORT / "multinode_placement.py"
-    proc = subprocess.run([sys.executable, str(script), "2", "3", "5"], capture_output=True, text=True, timeout=600)
+    # Ray's Cluster writes its address into $RAY_TMPDIR/ray_current_cluster "so that ray.init() connects to it":
+    # in the shared /tmp/ray, a main_ppo starting meanwhile on the other worker joined it and died (a fresh clone's
+    # recipe run, exit before any step). Its own directory keeps it to itself.
+    with tempfile.TemporaryDirectory(prefix="ray-", dir="/tmp") as ray_tmp:
+        proc = subprocess.run([sys.executable, str(script), "2", "3", "5"], capture_output=True, text=True,
+                              timeout=600, env={**os.environ, "RAY_TMPDIR": ray_tmp})
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-3000:]
     placed = json.loads(lines[0].removeprefix("RESULT "))
