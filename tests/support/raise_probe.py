@@ -120,8 +120,7 @@ class _Finder(importlib.abc.MetaPathFinder):
 
 def install(directory: str, package: str = PACKAGE) -> _Finder:
     """Instrument the imports of ``package`` in this process from now on, recording into ``directory``."""
-    for sub in ("seen", "code"):
-        os.makedirs(os.path.join(directory, sub), exist_ok=True)
+    os.makedirs(os.path.join(directory, "code"), exist_ok=True)  # seen/: the recorder makes it when it writes
     finder = _Finder(Recorder(directory), package)
     sys.meta_path.insert(0, finder)
     return finder

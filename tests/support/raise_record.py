@@ -91,6 +91,11 @@ WINDOW = 4  # consecutive words of a message's literal piece that a test must qu
 MIN_CHARS = 16  # ... spanning at least this many characters (shorter runs are phrases many messages share)
 
 
+def test_sources() -> list[Path]:
+    """The test files whose strings can quote a message (tests/support's helpers quote none)."""
+    return [f for f in TESTS.rglob("*.py") if f.parent != SUPPORT]
+
+
 def strings_of_tests(files: list[Path]) -> str:
     """The string and bytes literals of ``files`` (f-strings' literal parts included; docstrings and comments not: they
     describe, they do not check), as plain words with regex escapes dropped (``match=r"a \\(b\\)"`` reads
@@ -205,7 +210,7 @@ class Controller:
         if not self.record.tests and not probe_dir:
             return
         executed = seen_lines(probe_dir) if probe_dir else set()
-        strings = strings_of_tests([f for f in TESTS.rglob("*.py") if f.parent != SUPPORT])
+        strings = strings_of_tests(test_sources())
         self.result = summarise(self.record, executed, strings)
         counts, rows = self.result
         self.gated = bool(probe_dir) and complete_run(session.config, self.modules_run)

@@ -30,9 +30,8 @@ def resolved(resolver) -> dict[str, dict[str, str]]:
     side by side: ~1 min, a few MB of downloads); an environment's later ``--no-deps`` lines replace the pins
     they name."""
     lines = pip_lines(gpu_section())
-    python = resolver
     with ThreadPoolExecutor(2) as pool:
-        futures = {ENVIRONMENTS[env]: pool.submit(resolve, installs[0], python) for env, installs in lines.items()}
+        futures = {ENVIRONMENTS[env]: pool.submit(resolve, installs[0], resolver) for env, installs in lines.items()}
         sets = {extra: future.result() for extra, future in futures.items()}
     for env, installs in lines.items():
         for args in installs[1:]:

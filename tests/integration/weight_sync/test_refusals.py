@@ -80,8 +80,9 @@ def test_publisher_refuses_an_old_version(served, ws_server):
     assert_nothing_sent(ws_server.url, before, proxy)
 
 
-def _post_update(url: str, metadata: list[dict] | dict, mode: str, version: int) -> requests.Response:
-    body = {"metadata": metadata, "training_mode": mode, "version": version, "bucket_bytes": DEFAULT_BUCKET_BYTES}
+def _post_update(url: str, metadata: list[dict] | dict, mode: str, version: int, **fields) -> requests.Response:
+    body = {"metadata": metadata, "training_mode": mode, "version": version, "bucket_bytes": DEFAULT_BUCKET_BYTES,
+            **fields}
     return requests.post(f"{url}/update_param_batch", json=body, timeout=30)
 
 
@@ -142,9 +143,7 @@ def test_server_refuses_an_update_body_with_an_unknown_field_or_a_bad_bucket_siz
     pub, _, _ = served
     pub.connect()
     before = update_record(ws_server.url)
-    body = {"metadata": [_meta("score.weight", [1, 128])], "training_mode": "head_only", "version": pub.version + 1,
-            "bucket_bytes": DEFAULT_BUCKET_BYTES, **fields}
-    resp = requests.post(f"{ws_server.url}/update_param_batch", json=body, timeout=30)
+    resp = _post_update(ws_server.url, [_meta("score.weight", [1, 128])], "head_only", pub.version + 1, **fields)
     assert resp.status_code == 400, resp.text
     assert resp.json()["error"]["message"] == expected
     assert_nothing_sent(ws_server.url, before)
