@@ -91,7 +91,7 @@ WINDOW = 4  # consecutive words of a message's literal piece that a test must qu
 MIN_CHARS = 16  # ... spanning at least this many characters (shorter runs are phrases many messages share)
 
 
-def test_sources() -> list[Path]:
+def quoting_sources() -> list[Path]:
     """The test files whose strings can quote a message (tests/support's helpers quote none)."""
     return [f for f in TESTS.rglob("*.py") if f.parent != SUPPORT]
 
@@ -210,7 +210,7 @@ class Controller:
         if not self.record.tests and not probe_dir:
             return
         executed = seen_lines(probe_dir) if probe_dir else set()
-        strings = strings_of_tests(test_sources())
+        strings = strings_of_tests(quoting_sources())
         self.result = summarise(self.record, executed, strings)
         counts, rows = self.result
         self.gated = bool(probe_dir) and complete_run(session.config, self.modules_run)

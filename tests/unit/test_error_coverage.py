@@ -22,7 +22,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from package_sources import package_with
-from raise_record import asserted, strings_of_tests, test_sources
+from raise_record import asserted, strings_of_tests, quoting_sources
 from repo_paths import PACKAGE
 from verl_vllm_rm.dev.reference_docs.raises import LiteralRaise, package_raises
 
@@ -33,7 +33,7 @@ def unquoted(package: Path, test_files: list[Path]) -> list[LiteralRaise]:
 
 
 def test_every_raise_with_a_message_is_quoted_by_a_test_or_marked_internal():
-    missing = unquoted(PACKAGE, test_sources())
+    missing = unquoted(PACKAGE, quoting_sources())
     assert not missing, (f"{len(missing)} raise(s) with a message no test quotes: add a test that triggers each and "
                          "checks its message, or mark it '# internal: <why no user can hit it>':\n"
                          + "\n".join(map(str, missing)))
