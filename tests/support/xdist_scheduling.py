@@ -26,8 +26,8 @@ import pytest
 MAIN_PPO_GROUP = "main_ppo"
 #: an integer here gives the module order of that seed (the run's header prints the one it used)
 ORDER_SEED_ENV = "TEST_MODULE_ORDER_SEED"
-#: in the order the unit runs them: the four-RM run first, as it takes the most memory (main_ppo, two managed
-#: replicas, two family servers) and then the fewest session servers are alive on either worker (a fresh clone's
+#: in the order the unit runs them: the four-RM run first, as it takes the most memory (main_ppo, a managed
+#: replica, two family servers) and then the fewest session servers are alive on either worker (a fresh clone's
 #: run had it killed by Ray's memory monitor at 22.4 of 23.5 GB when it ran fifth)
 MAIN_PPO_MODULES = (
     "tests/integration/dev/test_tiny_ppo_two_rms.py",

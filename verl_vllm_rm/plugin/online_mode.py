@@ -276,7 +276,8 @@ class RMStepAfterStepEnd:
         """The next step's prompts, submitted now instead of in its ``prepare_step`` (the same batch: the dataloader
         is only read there), so generation never waits for an RM step to have work. Not after the last step, nor
         with verl's rollout skip (``skip.rollout_tq``), which keys a submission by the step that makes it."""
-        if self.global_steps >= self.total_training_steps or self.config.skip.rollout_tq.enable:
+        if not submits_next_batch_early(self.global_steps, self.total_training_steps,
+                                        bool(self.config.skip.rollout_tq.enable)):
             return
         super()._add_batch_to_generate()
         self._next_batch_submitted = True
@@ -293,6 +294,13 @@ class RMStepAfterStepEnd:
             self._rm_step_due = False
             with marked_timer("online_rm", self.timing_raw, color="purple"):
                 self._rm_metrics = self.train_reward_model(self.step_data)
+
+
+def submits_next_batch_early(step: int, total_steps: int, rollout_skip: bool) -> bool:
+    """Whether an asynchronous trainer's step ``step`` submits the next step's prompts before its RM step: every
+    step but the last (there is no next one), and never under verl's rollout skip (``skip.rollout_tq``), which keys
+    each submission by the step that makes it (the next step then submits its own in its ``prepare_step``)."""
+    return step < total_steps and not rollout_skip
 
 
 def staleness_buffer(trainer: Any, max_staleness: int, version_keys: tuple[str, ...]) -> "RMStalenessBuffer":

@@ -98,3 +98,17 @@ def test_online_training_refuses_a_head_it_cannot_train_at_start_up(compose_conf
     with pytest.raises(ConfigError) as refused:
         online_rm_config(compose_config([f"+online_rm.model_path={tmp_path}"]))
     assert str(refused.value) == f"online_rm.model_path={tmp_path}: {reason}{SCALAR_ONLY}"
+
+
+@pytest.mark.parametrize("step, total, rollout_skip, early", [
+    (1, 3, False, True),  # the next step's prompts go to the rollout before this step's RM step
+    (2, 3, False, True),
+    (3, 3, False, False),  # the last step: there is no next one
+    (4, 3, False, False),
+    (1, 3, True, False),  # verl's rollout skip keys a submission by the step making it: the next step submits its own
+])
+def test_the_next_steps_prompts_are_submitted_early_but_after_the_last_step_and_under_rollout_skip(
+        step, total, rollout_skip, early):
+    from verl_vllm_rm.plugin.online_mode import submits_next_batch_early
+
+    assert submits_next_batch_early(step, total, rollout_skip) is early
