@@ -1,6 +1,8 @@
 """Names the CPU harness and its callers share, importable without activating the harness
 (importing :mod:`verl_vllm_rm.dev.cpu_harness.activate` patches verl in that process)."""
 
+import os
+
 HARNESS_MODULE = "verl_vllm_rm.dev.cpu_harness.activate"
 BACKEND_NAME = "hf_cpu"  # actor_rollout_ref.rollout.name of the CPU rollout
 #: When set, each generation (prompt ids, response ids, weight version, wall-clock start and end) is appended to this JSONL file,
@@ -19,3 +21,13 @@ ROLLOUT_TOKEN_DELAY_ENV = "VERL_VLLM_RM_ROLLOUT_TOKEN_DELAY_S"
 #: finished, scored by the RM it is about to replace (``cpu_harness/rm_step_gate.py``): the publish then always
 #: leaves a group scored below ``online_rm.max_staleness``'s new floor, whatever the rollout's speed.
 RM_STEP_AFTER_A_FINISHED_GROUP_ENV = "VERL_VLLM_RM_RM_STEP_AFTER_A_FINISHED_GROUP"
+#: The OpenMP setting of the processes a CPU run starts (the reward server, main_ppo and, through it, its Ray
+#: workers and managed replicas), where the user set none: PyTorch's libgomp keeps a waiting thread spinning on its
+#: core, and where the server, the trainer and the rollout share a machine's few cores a spinning thread holds a core
+#: another process needs. Passive, a thread with nothing to do sleeps.
+SHARED_CORES_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
+
+
+def shared_cores_env() -> dict[str, str]:
+    """:data:`SHARED_CORES_ENV`, each variable as the user set it where they did."""
+    return {name: os.environ.get(name, value) for name, value in SHARED_CORES_ENV.items()}

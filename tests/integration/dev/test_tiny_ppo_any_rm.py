@@ -15,12 +15,14 @@ otherwise a race the rollout sometimes loses."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 from ppo_runs import ROLLOUT_TOKEN_DELAY_S, check_scored_once_whole, read_jsonl
 
 from verl_vllm_rm.dev.ppo_report import read_dump, read_metrics
 from verl_vllm_rm.dev.tiny_llama_rm import build_tiny_llama_rm
+from verl_vllm_rm.dev.tiny_policy import build_tiny_policy
 from verl_vllm_rm.dev.tiny_ppo import PAIR_SOURCES, TinyPPOConfig, run_tiny_ppo
 
 pytestmark = [pytest.mark.server, pytest.mark.ray]
@@ -30,13 +32,22 @@ MAX_STALENESS = 1
 SAVE_STEP = STEPS  # trainer.save_freq: verl saves a checkpoint at the last step only
 
 
-@pytest.fixture(scope="module", params=["separate_async", "colocate_async"])
-def async_online_run(request, tmp_path_factory):
-    mode = request.param
-    tmp = tmp_path_factory.mktemp(f"any_rm_{mode}")
+@pytest.fixture(scope="module")
+def llama_rm_and_policy(tmp_path_factory) -> tuple[Path, Path]:
+    """The Llama-shaped RM and the tiny policy on its tokenizer, built once for both runs (the policy's warm-up
+    is the costliest part of a run's set-up)."""
+    tmp = tmp_path_factory.mktemp("llama_rm")
     rm = build_tiny_llama_rm(tmp / "llama-rm")
-    work = tmp / "run"
-    summary = run_tiny_ppo(TinyPPOConfig(work, steps=STEPS, rm=str(rm), online="lora", validate=False,
+    return rm, build_tiny_policy(rm, tmp / "policy")
+
+
+@pytest.fixture(scope="module", params=["separate_async", "colocate_async"])
+def async_online_run(request, tmp_path_factory, llama_rm_and_policy):
+    mode = request.param
+    rm, policy = llama_rm_and_policy
+    work = tmp_path_factory.mktemp(f"any_rm_{mode}") / "run"
+    summary = run_tiny_ppo(TinyPPOConfig(work, steps=STEPS, rm=str(rm), policy=str(policy), online="lora",
+                                         validate=False,
                                          mode=mode, rollout_token_delay_s=ROLLOUT_TOKEN_DELAY_S,
                                          rm_step_after_a_finished_group=True,
                                          extra_overrides=["+online_rm.placement=colocated",
