@@ -22,6 +22,10 @@ TIMES_FILE = REPO / "build" / "test_times.json"
 SHOWN = 12  # modules per worker
 
 
+def longest_first(seconds: dict[str, float]) -> list[tuple[str, float]]:
+    return sorted(seconds.items(), key=lambda item: -item[1])
+
+
 class ModuleTimes:
     def __init__(self) -> None:
         self.seconds: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))  # worker -> module -> s
@@ -38,23 +42,22 @@ class ModuleTimes:
             return
         terminalreporter.section("time per worker and module")
         for worker, modules in sorted(self.seconds.items()):
-            ranked = sorted(modules.items(), key=lambda item: -item[1])
             terminalreporter.write_line(f"{worker}: {sum(modules.values()) / 60:.1f} min in {len(modules)} modules")
-            for module, seconds in ranked[:SHOWN]:
+            for module, seconds in longest_first(modules)[:SHOWN]:
                 terminalreporter.write_line(f"  {seconds / 60:6.1f} min  {module}")
         self.write(TIMES_FILE)
         terminalreporter.write_line(f"every module's and test's seconds: {TIMES_FILE}")
 
     def write(self, path: Path) -> None:
         """Each worker's modules and every test, in seconds, the longest first."""
-        def longest_first(seconds: dict[str, float]) -> dict[str, float]:
-            return {name: round(s, 2) for name, s in sorted(seconds.items(), key=lambda item: -item[1])}
+        def rounded(seconds: dict[str, float]) -> dict[str, float]:
+            return {name: round(s, 2) for name, s in longest_first(seconds)}
 
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({
-            "workers": {worker: {"minutes": round(sum(modules.values()) / 60, 2), "modules": longest_first(modules)}
+            "workers": {worker: {"minutes": round(sum(modules.values()) / 60, 2), "modules": rounded(modules)}
                         for worker, modules in sorted(self.seconds.items())},
-            "tests": longest_first(self.tests)}, indent=1) + "\n")
+            "tests": rounded(self.tests)}, indent=1) + "\n")
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from package_sources import package_with
-from raise_record import asserted, strings_of_tests, quoting_sources
+from raise_record import asserted, quoting_sources, strings_of_tests
 from repo_paths import PACKAGE
 from verl_vllm_rm.dev.reference_docs.raises import LiteralRaise, package_raises
 
