@@ -81,14 +81,7 @@ VALIDATION_FIELD = "vllm_rm_validate"
 def samples_of(datas: Sequence[Any]) -> list[Sample]:
     """Every row of verl ``DataProto``s, in order: one batch (the batch ``__call__``) or the one-row slices verl's
     reward loop hands ``run_single``, read together. A row validates when its batch's ``meta_info`` says so (the
-    batch API) or its :data:`VALIDATION_FIELD` does (the per-trajectory reward loop).
-
-    The rows' tensors are joined once and read by :func:`unpadded`; each sample's ids are views of the joined
-    arrays. Rows of different widths cannot be joined (a ValueError: read them apart)."""
-    tensors = [dict(data.batch.items()) for data in datas]  # one pass (TensorDict's __getitem__ costs ~2 us a key)
-    prompts, responses, mask = (
-        (tensors[0][key] if len(tensors) == 1 else _joined([t[key] for t in tensors])).numpy()
-        for key in ("prompts", "responses", "attention_mask"))
+    batch API) or its :data:`VALIDATION_FIELD` does (the per-trajectory reward loop)."""
     fields: list[dict[str, Any]] = []
     validates: list[bool] = []
     for data in datas:
@@ -97,27 +90,51 @@ def samples_of(datas: Sequence[Any]) -> list[Sample]:
         fields.extend(rows)
         batch_validates = bool(data.meta_info.get("validate", False))
         validates.extend(batch_validates or bool(row.get(VALIDATION_FIELD, False)) for row in rows)
+    return _samples(datas, fields, validates)
+
+
+def samples_of_rows(rows: Sequence[Any]) -> list[Sample | Exception]:
+    """One-row ``DataProto``s (``run_single``'s), read together; should that fail (rows of different widths, a
+    malformed one), each row read alone: its sample or its own error.
+
+    Each row's fields are read without asking its length (verl's ``DataProto.__len__`` costs about as much as
+    reading the row): a row that is not one row long fails the joined read, then its own."""
+    try:
+        fields = [{k: v[0] for k, v in row.non_tensor_batch.items()} for row in rows]
+        validates = [bool(row.meta_info.get("validate", False) or f.get(VALIDATION_FIELD, False))
+                     for row, f in zip(rows, fields)]
+        return _samples(rows, fields, validates)
+    except Exception:
+        read: list[Sample | Exception] = []
+        for row in rows:
+            try:
+                samples = samples_of([row])
+                if len(samples) != 1:
+                    raise ValueError(f"run_single was handed {len(samples)} rows in one DataProto: verl's reward "
+                                     "loop hands it one row per call (last_output takes a trajectory's last)")
+                read.append(samples[0])
+            except Exception as e:
+                read.append(e)
+        return read
+
+
+def _samples(datas: Sequence[Any], fields: list[dict[str, Any]], validates: list[bool]) -> list[Sample]:
+    """The samples of ``datas``' rows, given each row's fields. The rows' tensors are joined once and read by
+    :func:`unpadded`; each sample's ids are views of the joined arrays. Rows of different widths cannot be joined
+    (a ValueError: read them apart)."""
+    tensors = [dict(data.batch.items()) for data in datas]  # one pass (TensorDict's __getitem__ costs ~1 us a key)
+    prompts, responses, mask = (
+        (tensors[0][key] if len(tensors) == 1 else _joined([t[key] for t in tensors])).numpy()
+        for key in ("prompts", "responses", "attention_mask"))
+    if len(prompts) != len(fields):
+        # internal: only samples_of_rows' joined read reaches it, and it then reads each row alone (naming the row)
+        raise ValueError(f"{len(prompts)} rows of tensors but {len(fields)} of non-tensor fields")
     prompt_rows, response_rows = unpadded(prompts, responses, mask)
     for i, row in enumerate(fields):
         if "prompt_len" in row:  # verl's agent-loop reward call: right-padded rows, their lengths beside them
             prompt_rows[i] = prompts[i, : int(row["prompt_len"])]
             response_rows[i] = responses[i, : int(row["response_len"])]
     return [Sample(*row) for row in zip(prompt_rows, response_rows, fields, validates)]
-
-
-def samples_of_rows(rows: Sequence[Any]) -> list[Sample | Exception]:
-    """One-row ``DataProto``s (``run_single``'s), read together; should that fail (rows of different widths, a
-    malformed one), each row read alone: its sample or its own error."""
-    try:
-        return samples_of(rows)
-    except Exception:
-        read: list[Sample | Exception] = []
-        for row in rows:
-            try:
-                read.extend(samples_of([row]))
-            except Exception as e:
-                read.append(e)
-        return read
 
 
 def _joined(tensors: list[torch.Tensor]) -> torch.Tensor:

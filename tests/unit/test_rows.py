@@ -89,6 +89,17 @@ def test_rows_that_cannot_be_read_together_are_read_alone_each_with_its_own_erro
     assert isinstance(read[2], KeyError) and "attention_mask" in str(read[2])
 
 
+def test_a_row_that_is_not_one_row_long_gets_its_own_error_and_the_others_read_right():
+    """run_single's reader takes each row's fields at index 0: a two-row DataProto among one-row ones must fail
+    alone (its tensors and fields disagree), never shift the other rows' fields."""
+    data = build_batch(_groups(), PAD)
+    read = samples_of_rows([data[0:1], data[1:3], data[3:4]])
+    assert _plain([read[0], read[2]]) == _plain([samples_of([data])[i] for i in (0, 3)])
+    assert isinstance(read[1], ValueError)
+    assert str(read[1]) == ("run_single was handed 2 rows in one DataProto: verl's reward loop hands it one row per "
+                            "call (last_output takes a trajectory's last)")
+
+
 def test_jagged_rows_read_like_their_padded_batch():
     """TransferQueue hands the online RM trainer jagged rows (no padding, no mask): the same reader gives the same ids."""
     data = build_batch(_groups(), PAD)
