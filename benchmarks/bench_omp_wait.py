@@ -8,7 +8,7 @@ Why: a CPU run of this package (``make demo``, ``tiny-ppo``, ``make test``) puts
 trainer, the rollout and (in the tests) a second pytest worker on the same few cores. libgomp keeps a thread that
 waits for the others spinning on its core for a while before it sleeps; a core held by a spinning thread is one
 another process needs. ``tiny-ppo`` and ``make test`` therefore start their processes with
-``OMP_WAIT_POLICY=PASSIVE`` (``verl_vllm_rm.dev.cpu_names.SHARED_CORES_ENV``).
+``OMP_WAIT_POLICY=PASSIVE`` (``verl_vllm_rm.dev.cpu_names.CPU_RUN_ENV``).
 
 Workload: building the tiny policy (``dev/tiny_policy.build_tiny_policy``, the first part of every ``tiny-ppo``
 run: its supervised warm-up), ``--steps`` steps, with as many intra-op threads as the machine has cores

@@ -206,10 +206,13 @@ class VLLMRewardClient:
     def endpoint_stats(self) -> dict[str, dict[str, float]]:
         """Per server ever routed over (one a source dropped keeps its figures, and its hung mark should it come
         back): requests sent, in flight now, failed ones, requests that failed over from it to another server,
-        attempts abandoned because it hung, and the mean latency in ms (per-replica metrics)."""
+        attempts abandoned because it hung, the mean latency in ms (per-replica metrics), and the seconds left of
+        its ``endpoint_cooldown_s`` (0.0: it may be picked)."""
+        now = time.monotonic()
         return {e.url: {"requests": e.requests, "outstanding": e.outstanding, "failures": e.failures,
                         "failovers": e.failovers, "hangs": e.hangs,
-                        "latency_ms": 1000.0 * e.busy_s / e.requests if e.requests else 0.0}
+                        "latency_ms": 1000.0 * e.busy_s / e.requests if e.requests else 0.0,
+                        "cooldown_left_s": max(0.0, e.down_until - now)}
                 for e in self._seen.values()}
 
     def follow(self, source: Callable[[], Awaitable[list[str]]], refresh_s: float = 1.0) -> None:

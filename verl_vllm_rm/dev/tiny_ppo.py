@@ -22,7 +22,7 @@ from typing import Callable
 
 from verl_vllm_rm.dev.cpu_names import (GENERATION_LOG_ENV, HARNESS_MODULE, REWARD_CALL_LOG_ENV,
                                         RM_STEP_AFTER_A_FINISHED_GROUP_ENV, RM_STEP_LOG_ENV, ROLLOUT_TOKEN_DELAY_ENV,
-                                        shared_cores_env)
+                                        cpu_run_env)
 from verl_vllm_rm.dev.cpu_profile import BASE_MODES, cpu_profile
 from verl_vllm_rm.dev.ppo_report import print_step, read_metrics, summarize
 from verl_vllm_rm.monitor.report import write_report
@@ -199,7 +199,7 @@ def main_ppo_env(cfg: TinyPPOConfig) -> dict[str, str]:
            RM_STEP_AFTER_A_FINISHED_GROUP_ENV: "1" if cfg.rm_step_after_a_finished_group else ""},
         TOKENIZERS_PARALLELISM="false",
         RAY_DEDUP_LOGS="0",
-        **shared_cores_env(),
+        **cpu_run_env(),
     )
 
 
@@ -277,7 +277,7 @@ def run_tiny_ppo(cfg: TinyPPOConfig, on_step: Callable[[int, dict, int | None], 
     if url is None and not cfg.replicas:
         try:
             server = start_server(inputs.rm, server_args(cfg), log_path=cfg.work_dir / "reward_server.log",
-                                  env=shared_cores_env())
+                                  env=cpu_run_env())
         except ServerStartError as e:
             raise TinyPPOError(f"the reward server on {inputs.rm} did not start: {e}") from e
         url = server.url

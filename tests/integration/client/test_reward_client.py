@@ -276,6 +276,7 @@ def test_a_hung_server_fails_over_once_its_health_check_times_out(hung_and_live,
     assert stats[hung.url]["hangs"] >= 1, stats  # least-outstanding routing sent some of 8 to each server
     assert stats[hung.url]["failovers"] == sum(s.failovers for s in first) >= 1
     assert stats[live.url]["hangs"] == stats[live.url]["failovers"] == 0
+    assert 3000 < stats[hung.url]["cooldown_left_s"] <= 3600 and stats[live.url]["cooldown_left_s"] == 0.0
     assert [r["path"] for r in hung.requests if r["path"] != "/health"] == []
 
 

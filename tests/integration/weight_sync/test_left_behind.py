@@ -93,6 +93,10 @@ def test_a_frozen_server_aborts_the_version_or_is_left_behind_and_resynced(ws_se
             os.killpg(fault_server.process.pid, signal.SIGCONT)
             stopped = False
             wait_until(lambda: requests.get(f"{frozen}/health", timeout=5).ok, timeout_s=60, what="the thawed server")
+            # and the client's cooldown of it over (its last failover was moments ago): from here on, only its
+            # version keeps it out of routing
+            wait_until(lambda: client.endpoint_stats()[frozen]["cooldown_left_s"] == 0.0, timeout_s=60,
+                       what="the client's cooldown of the thawed server")
             assert runtime_version(frozen) == v1  # thawed, behind
             # none scored by it: its answers would carry v1 (its /health counter also counts the requests it took
             # while frozen, which it answers once thawed, to clients that failed over long before)
