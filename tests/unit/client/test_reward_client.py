@@ -94,7 +94,8 @@ def test_the_newest_version_is_that_of_the_servers_up():
 def test_a_fresh_client_routes_over_its_urls_without_their_trailing_slash_and_has_sent_nothing():
     client = VLLMRewardClient(["http://a:1/", "https://b:2"])
     assert client.urls == ["http://a:1", "https://b:2"]
-    zero = {"requests": 0, "outstanding": 0, "failures": 0, "failovers": 0, "hangs": 0, "latency_ms": 0.0}
+    zero = {"requests": 0, "outstanding": 0, "failures": 0, "failovers": 0, "hangs": 0, "latency_ms": 0.0,
+            "cooldown_left_s": 0.0}
     assert client.endpoint_stats() == {"http://a:1": zero, "https://b:2": zero}
     client.follow(lambda: None)  # a followed source replaces the fixed list (asked at the first request)
     assert client.urls == [] and client.endpoint_stats() == {}
