@@ -9,7 +9,8 @@ request goes to another server, so a hung server never holds a request for the r
 rejoins routing once its ``/health`` answers again. Each attempt goes through
 :mod:`verl_vllm_rm.client.http`.
 
-Requests go only to the servers on the newest weight version among those up (:func:`on_newest_version`): each
+Requests go only to the servers on the newest weight version among those up
+(:func:`~verl_vllm_rm.client.endpoints.on_newest_version`): each
 ``/score`` answer and ``/health`` says its server's version, and a server seen on an older one (left behind by a
 publish, or restarted from the checkpoint on disk) gets no request until its ``/health`` shows the newest; it is
 asked again once another server shows a newer version and then every ``endpoint_cooldown_s``, together with every
@@ -43,6 +44,7 @@ import numpy as np
 from verl_vllm_rm.client import http
 from verl_vllm_rm.protocol.score import ScoreResponseError, Scores, parse_score_response
 from verl_vllm_rm.client.batching import split_by_budget
+from verl_vllm_rm.client.endpoints import Endpoint, endpoint_stats, on_newest_version
 from verl_vllm_rm.client.options import ClientOptions
 from verl_vllm_rm.options import build
 
@@ -71,43 +73,12 @@ class _Retryable(Exception):
 
 
 @dataclass
-class _Endpoint:
-    url: str
-    outstanding: int = 0
-    down_until: float = 0.0
-    hung: bool = False  # found hung: back in routing only once its /health answers
-    version: int | None = None  # its weight version, as its last /score answer or /health said
-    version_read: float = -math.inf  # when that was
-    requests: int = 0  # attempts sent to this server, failures among them, and their summed time
-    failures: int = 0
-    busy_s: float = 0.0
-    failovers: int = 0  # requests that failed here and went on to another server
-    hangs: int = 0  # attempts abandoned because the server did not answer /health in time
-
-
-@dataclass
 class _Trace:
     """What one request met on its way: how often it moved to another server after a failure, and the server
     that answered."""
 
     failovers: int = 0
-    answered: _Endpoint | None = None
-
-
-def on_newest_version(endpoints: Sequence[_Endpoint], newest_since: float, now: float,
-                      recheck_s: float) -> tuple[list[_Endpoint], list[_Endpoint]]:
-    """Of the servers up, ``(routable, to_check)``: those on the newest version any of them is known to serve, or
-    whose version is not known yet (none of its answers said), and those known on an older one whose ``/health`` is
-    due: read before ``newest_since`` (when a server was first seen on the newest version) or over ``recheck_s``
-    ago. The others are behind: no request until a check shows the newest version."""
-    newest = max((e.version for e in endpoints if e.version is not None), default=None)
-    routable, to_check = [], []
-    for e in endpoints:
-        if e.version is None or e.version == newest:
-            routable.append(e)
-        elif e.version_read < newest_since or now - e.version_read >= recheck_s:
-            to_check.append(e)
-    return routable, to_check
+    answered: Endpoint | None = None
 
 
 @dataclass
@@ -140,8 +111,8 @@ class VLLMRewardClient:
         elif server_url is not None or kwargs:
             raise TypeError("pass either options=ClientOptions(...) or keyword options, not both")
         self.options: ClientOptions = options
-        self._endpoints = [_Endpoint(u.rstrip("/")) for u in self.options.server_url]  # the servers routed over
-        self._seen: dict[str, _Endpoint] = {e.url: e for e in self._endpoints}  # every server ever routed over
+        self._endpoints = [Endpoint(u.rstrip("/")) for u in self.options.server_url]  # the servers routed over
+        self._seen: dict[str, Endpoint] = {e.url: e for e in self._endpoints}  # every server ever routed over
         self._loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopState] = weakref.WeakKeyDictionary()
         self._source: Callable[[], Awaitable[list[str]]] | None = None
         self._refresh_s, self._refreshed = 1.0, -math.inf
@@ -205,15 +176,9 @@ class VLLMRewardClient:
 
     def endpoint_stats(self) -> dict[str, dict[str, float]]:
         """Per server ever routed over (one a source dropped keeps its figures, and its hung mark should it come
-        back): requests sent, in flight now, failed ones, requests that failed over from it to another server,
-        attempts abandoned because it hung, the mean latency in ms (per-replica metrics), and the seconds left of
-        its ``endpoint_cooldown_s`` (0.0: it may be picked)."""
-        now = time.monotonic()
-        return {e.url: {"requests": e.requests, "outstanding": e.outstanding, "failures": e.failures,
-                        "failovers": e.failovers, "hangs": e.hangs,
-                        "latency_ms": 1000.0 * e.busy_s / e.requests if e.requests else 0.0,
-                        "cooldown_left_s": max(0.0, e.down_until - now)}
-                for e in self._seen.values()}
+        back): requests sent, in flight now, failed, failed over from it, abandoned because it hung, the mean latency
+        in ms (per-replica metrics), and the seconds left of its ``endpoint_cooldown_s`` (0.0: it may be picked)."""
+        return {e.url: endpoint_stats(e, time.monotonic()) for e in self._seen.values()}
 
     def follow(self, source: Callable[[], Awaitable[list[str]]], refresh_s: float = 1.0) -> None:
         """Route over the URLs ``source()`` gives (the replicas in routing), asked again at most every
@@ -266,9 +231,9 @@ class VLLMRewardClient:
             if self._pending is pending:
                 self._pending = None
         if urls:
-            self._endpoints = [self._seen.setdefault(u.rstrip("/"), _Endpoint(u.rstrip("/"))) for u in urls]
+            self._endpoints = [self._seen.setdefault(u.rstrip("/"), Endpoint(u.rstrip("/"))) for u in urls]
 
-    def _saw_version(self, endpoint: _Endpoint | None, version: int | None) -> None:
+    def _saw_version(self, endpoint: Endpoint | None, version: int | None) -> None:
         """``endpoint`` serves ``version`` (a /score answer or a /health said so)."""
         if endpoint is None or version is None:
             return
@@ -277,7 +242,7 @@ class VLLMRewardClient:
             self._newest_since = time.monotonic()  # every other server is asked for its version again
         endpoint.version, endpoint.version_read = version, time.monotonic()
 
-    async def _pick(self, session, avoid: _Endpoint | None = None) -> _Endpoint:
+    async def _pick(self, session, avoid: Endpoint | None = None) -> Endpoint:
         """Least outstanding among the servers that look up and are on the newest version; a retry avoids the one
         that just failed. A server whose version may have caught up has its ``/health`` read first."""
         if not self._endpoints:
@@ -310,7 +275,7 @@ class VLLMRewardClient:
         opts, state = self.options, self._state()
         deadline = time.monotonic() + opts.deadline_s
         errors: list[str] = []
-        failed: _Endpoint | None = None
+        failed: Endpoint | None = None
         ended = ""  # which bound ended the retries
         async with state.semaphore:
             for attempt in range(opts.max_retries + 1):
@@ -352,7 +317,7 @@ class VLLMRewardClient:
             f"last error: {errors[-1]}"
         )
 
-    async def _answers_health(self, session, endpoint: _Endpoint) -> bool:
+    async def _answers_health(self, session, endpoint: Endpoint) -> bool:
         """Whether the server answers ``/health`` ok within ``health_timeout_s`` (a hung server does not); an answer
         clears its hung mark and says its weight version."""
         limit = self.options.health_timeout_s
@@ -367,7 +332,7 @@ class VLLMRewardClient:
             self._saw_version(endpoint, body["version"])
         return ok
 
-    async def _once(self, session, endpoint: _Endpoint, method: str, path: str, payload: Any, deadline: float) -> Any:
+    async def _once(self, session, endpoint: Endpoint, method: str, path: str, payload: Any, deadline: float) -> Any:
         """One attempt; a failure is either worth a retry or a refusal (:class:`RewardRequestError`). An attempt
         unanswered after ``failover_after_s`` is abandoned when the server does not answer ``/health`` either."""
         opts = self.options

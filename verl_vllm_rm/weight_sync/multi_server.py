@@ -10,7 +10,7 @@ replicas (``on_commit`` given: the fleet routes only the replicas on its version
 behind instead: the others commit, and the next publish re-syncs it (a fresh session: its server
 list comes from ``server_urls`` again each time). Nothing routes to it meanwhile: the fleet
 routes the replicas on its version, and a client over a fixed list sends requests only to the
-servers on the newest version (:func:`verl_vllm_rm.client.reward_client.on_newest_version`). With
+servers on the newest version (:func:`verl_vllm_rm.client.endpoints.on_newest_version`). With
 managed replicas, a server that fails the parity probe while others pass is handed to
 ``on_parity_failure`` (the fleet drains and restarts it) instead of failing the publish.
 

@@ -1,18 +1,15 @@
 """``VLLMRewardClient`` (``client/reward_client.py``) where no server answers: what it refuses, a source of servers
-that fails or lists none, which servers it routes to by the weight version each is known to serve
-(:func:`on_newest_version`: pure logic over the client's view of its servers), and a fresh client's view (the client
+that fails or lists none, and a fresh client's view of its servers (which it routes to: test_endpoints.py; the client
 against the real server, with faults injected by a loopback proxy: tests/integration/client/test_reward_client.py)."""
 
 from __future__ import annotations
-
-import math
 
 import numpy as np
 import pytest
 from client_calls import FAST, run
 
 from verl_vllm_rm.client.options import ClientOptions
-from verl_vllm_rm.client.reward_client import RewardServerError, VLLMRewardClient, _Endpoint, on_newest_version
+from verl_vllm_rm.client.reward_client import RewardServerError, VLLMRewardClient
 from verl_vllm_rm.scoring.options import ConfigError
 
 
@@ -59,36 +56,6 @@ def test_a_source_that_lists_no_server_yet_is_retried_then_reported():
                                                 r"source lists none"):
         run(client, client.score_batch([[1, 2, 3]]))
     assert len(asked) == 3
-
-
-def endpoint(name: str, version: int | None, read_at: float = -math.inf) -> _Endpoint:
-    return _Endpoint(f"http://{name}", version=version, version_read=read_at)
-
-
-def names(endpoints: list[_Endpoint]) -> list[str]:
-    return [e.url.removeprefix("http://") for e in endpoints]
-
-
-def test_servers_whose_version_is_not_known_are_routed():
-    routable, to_check = on_newest_version([endpoint("a", None), endpoint("b", None)], -math.inf, 10.0, 5.0)
-    assert (names(routable), to_check) == (["a", "b"], [])
-
-
-def test_a_server_behind_gets_no_request_until_its_health_is_due():
-    """b was seen on version 2 after a was first seen on 3 (at t=5): behind, and its version was read at t=6, so
-    it is asked again only 5 s later; one read before a showed version 3 is due at once."""
-    servers = [endpoint("a", 3, read_at=9.0), endpoint("b", 2, read_at=6.0), endpoint("c", None)]
-    assert [names(x) for x in on_newest_version(servers, 5.0, 10.0, 5.0)] == [["a", "c"], []]
-    assert [names(x) for x in on_newest_version(servers, 5.0, 11.5, 5.0)] == [["a", "c"], ["b"]]
-    servers[1].version_read = 4.0  # read before a was seen on version 3
-    assert [names(x) for x in on_newest_version(servers, 5.0, 10.0, 5.0)] == [["a", "c"], ["b"]]
-
-
-def test_the_newest_version_is_that_of_the_servers_up():
-    """Without the server on version 3 (down, so not passed), the one on 2 is the newest: it serves."""
-    assert names(on_newest_version([endpoint("b", 2, read_at=6.0)], 5.0, 10.0, 5.0)[0]) == ["b"]
-    restarted = [endpoint("a", 0, read_at=9.0), endpoint("b", 0, read_at=9.5)]  # both restarted from disk
-    assert names(on_newest_version(restarted, 5.0, 10.0, 5.0)[0]) == ["a", "b"]
 
 
 def test_a_fresh_client_routes_over_its_urls_without_their_trailing_slash_and_has_sent_nothing():
