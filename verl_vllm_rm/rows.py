@@ -80,16 +80,14 @@ VALIDATION_FIELD = "vllm_rm_validate"
 
 def samples_of(datas: Sequence[Any]) -> list[Sample]:
     """Every row of verl ``DataProto``s, in order: one batch (the batch ``__call__``) or the one-row slices verl's
-    reward loop hands ``run_single``, read together. A row validates when its batch's ``meta_info`` says so (the
-    batch API) or its :data:`VALIDATION_FIELD` does (the per-trajectory reward loop)."""
+    reward loop hands ``run_single``, read together (which rows validate: :func:`_validates`)."""
     fields: list[dict[str, Any]] = []
     validates: list[bool] = []
     for data in datas:
         columns, size = list(data.non_tensor_batch.items()), len(data)
         rows = [{k: v[i] for k, v in columns} for i in range(size)]
         fields.extend(rows)
-        batch_validates = bool(data.meta_info.get("validate", False))
-        validates.extend(batch_validates or bool(row.get(VALIDATION_FIELD, False)) for row in rows)
+        validates.extend(_validates(data, row) for row in rows)
     return _samples(datas, fields, validates)
 
 
@@ -101,8 +99,7 @@ def samples_of_rows(rows: Sequence[Any]) -> list[Sample | Exception]:
     reading the row): a row that is not one row long fails the joined read, then its own."""
     try:
         fields = [{k: v[0] for k, v in row.non_tensor_batch.items()} for row in rows]
-        validates = [bool(row.meta_info.get("validate", False) or f.get(VALIDATION_FIELD, False))
-                     for row, f in zip(rows, fields)]
+        validates = [_validates(row, f) for row, f in zip(rows, fields)]
         return _samples(rows, fields, validates)
     except Exception:
         read: list[Sample | Exception] = []
@@ -116,6 +113,12 @@ def samples_of_rows(rows: Sequence[Any]) -> list[Sample | Exception]:
             except Exception as e:
                 read.append(e)
         return read
+
+
+def _validates(data: Any, fields: dict[str, Any]) -> bool:
+    """Whether a row validates: its batch's ``meta_info`` says so (the batch API) or its :data:`VALIDATION_FIELD`
+    does (the per-trajectory reward loop)."""
+    return bool(data.meta_info.get("validate", False) or fields.get(VALIDATION_FIELD, False))
 
 
 def _samples(datas: Sequence[Any], fields: list[dict[str, Any]], validates: list[bool]) -> list[Sample]:
