@@ -17,7 +17,8 @@ start servers with it (``verl_vllm_rm.dev.cpu_names.CPU_RUN_ENV``).
 
 Workload: the tiny Qwen2 RM (``dev/tiny_rm``) with the test servers' arguments, started ``--repeats`` times per
 layout, the layouts alternating; after each start, ``--batches`` ``/score`` requests of a GRPO batch (32 prompts x 8
-responses, 300/60 prompt/response tokens, fresh prompts each), the first dropped as warm-up. Medians are kept.
+responses, 300/60 prompt/response tokens, fresh prompts each; ``bench_grpo_scoring``'s one-request path, which
+lets the server settle before each), the first dropped as warm-up. Medians are kept.
 """
 
 from __future__ import annotations
@@ -30,13 +31,10 @@ import platform
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
-import orjson
 import psutil
-import requests
 
 RESULTS = Path(__file__).resolve().parent / "results"
 sys.path.insert(0, str(RESULTS.parent))  # bench_grpo_scoring, when run as a script from anywhere
@@ -52,19 +50,14 @@ def tree_rss_gb(pid: int) -> float:
 
 
 def score_seconds(url: str, tokenizer, rng, batches: int) -> float:
-    from bench_grpo_scoring import make_groups
+    """The median of ``batches`` one-request scorings of fresh GRPO batches (bench_grpo_scoring's (c) path), the
+    first dropped."""
+    from bench_grpo_scoring import make_groups, run_one_request
 
     from verl_vllm_rm.dev.grpo_batch import row_token_ids
 
-    times = []
-    for _ in range(batches):
-        rows = [row_token_ids(g, r) for g in make_groups(tokenizer, rng, 32, 8, 300, 60) for r in g.response_ids]
-        body = orjson.dumps({"input": rows})
-        start = time.perf_counter()
-        answer = requests.post(url + "/score", data=body, headers={"Content-Type": "application/json"}, timeout=300)
-        times.append(time.perf_counter() - start)
-        answer.raise_for_status()
-        assert len(answer.json()["data"]) == len(rows)
+    times = [run_one_request(url, [row_token_ids(g, r) for g in make_groups(tokenizer, rng, 32, 8, 300, 60)
+                                   for r in g.response_ids]) for _ in range(batches)]
     return statistics.median(times[1:])
 
 

