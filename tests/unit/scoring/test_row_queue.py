@@ -102,13 +102,21 @@ def test_close_stops_a_set_being_handled_and_its_callers_hear_it():
 
 
 def test_an_interrupt_reaches_the_callers_and_is_not_swallowed():
+    runs: list[asyncio.Task] = []
+
     async def handle(rows):
+        runs.append(asyncio.current_task())
         raise KeyboardInterrupt
 
     loop = asyncio.new_event_loop()
     queue = RowQueue(handle)
     calls = [loop.create_task(queue.put(i)) for i in range(2)]
+    gathered = asyncio.gather(*calls)
     with pytest.raises(KeyboardInterrupt):
-        loop.run_until_complete(asyncio.gather(*calls))
+        loop.run_until_complete(gathered)
     loop.run_until_complete(asyncio.gather(*calls, return_exceptions=True))
     assert all("scoring interrupted: KeyboardInterrupt" in str(c.exception()) for c in calls)
+    # Every future's error read here: none is logged as "never retrieved" when collected, in a later test.
+    assert isinstance(runs[0].exception(), KeyboardInterrupt)
+    assert "scoring interrupted" in str(gathered.exception())
+    loop.close()
