@@ -34,6 +34,7 @@ from verl_vllm_rm.options import ConfigError
 from verl_vllm_rm.replicas.fleet import FleetReadings
 from verl_vllm_rm.rows import VALIDATION_FIELD
 from verl_vllm_rm.scoring.options import run_options
+from verl_vllm_rm.plugin.server_check import check_listed_servers
 from verl_vllm_rm.plugin.token_placement import place_token_rewards, placed_rewards
 from verl_vllm_rm.plugin.whitening_checkpoint import WhiteningCheckpoint, whitening_keys
 
@@ -146,9 +147,11 @@ class RewardMetrics:
         """verl assigns ``config.trainer.v1.trainer_mode`` (our registry name); behaviour stays the base's."""
 
     def init(self):
+        options = run_options(self.config)  # None unless the reward manager is vllm_rm
+        if options is not None:  # a wrong server_url stops the run now, not after verl's set-up and a rollout
+            check_listed_servers(options)
         super().init()  # verl's setup: reward-loop workers built, a checkpoint resumed (global_steps set)
         # every managed RM's replicas up before anything is scored or published (a resumed online RM publishes next)
-        options = run_options(self.config)  # None unless the reward manager is vllm_rm
         reward_models = options.rm_options if options is not None else ()
         self.fleets = FleetReadings({o.name: (o.replicas, o.client.api_key) for o in reward_models if o.replicas is not None})
         whitened = whitening_keys(reward_models)

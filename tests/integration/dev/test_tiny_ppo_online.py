@@ -288,7 +288,8 @@ def test_a_listed_server_frozen_for_a_step_is_left_behind_unrouted_and_resynced(
 
 
 def test_unreachable_server_stops_the_run_naming_it(tmp_path, tiny_rm, tiny_task, dead_url):
-    """No retry can help: main_ppo stops with the plugin's error naming the server, and no step trained."""
+    """No retry can help: main_ppo stops with the plugin's error naming the server before verl builds a worker
+    (plugin/server_check.py), and no step trained."""
     cfg = TinyPPOConfig(tmp_path / "dead", steps=2, rm=tiny_rm, policy=str(tiny_task["policy"]),
                         server_url=dead_url, validate=False,
                         extra_overrides=["+reward.reward_kwargs.max_retries=1",
@@ -297,7 +298,9 @@ def test_unreachable_server_stops_the_run_naming_it(tmp_path, tiny_rm, tiny_task
         run_tiny_ppo(cfg, on_step=None)
     assert "main_ppo exited with code" in str(err.value)
     log = (cfg.work_dir / "main_ppo.log").read_text(errors="replace")
-    assert "RewardServerError" in log and dead_url.split("//")[1] in log
+    assert ("RewardServerError: no reward server answers /health, checked before verl builds its workers: reward "
+            f"model 'rm' (reward_kwargs.server_url=['{dead_url}']): GET /health failed after 2 attempt(s)") in log
+    assert "actor and ref model engine initialized" not in log  # verl's set-up never began
     assert not [step for step, m in read_metrics(cfg.work_dir) if "training/global_step" in m]
 
 
