@@ -26,14 +26,15 @@ class RowQueue:
         self._rows: list[Row] = []
         self._tasks: set[asyncio.Task] = set()
 
-    async def put(self, item: Any) -> Any:
-        """The result ``handle`` gives ``item``, handled with the other items put in this loop iteration."""
+    def put(self, item: Any) -> asyncio.Future:
+        """The future of the result ``handle`` gives ``item``, handled with the other items put in this loop
+        iteration. A plain function returning the future, not a coroutine: one coroutine fewer per row."""
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         self._rows.append((item, future))
         if len(self._rows) == 1:
             loop.call_soon(self._drain)
-        return await future
+        return future
 
     def _drain(self) -> None:
         rows, self._rows = self._rows, []

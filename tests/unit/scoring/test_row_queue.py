@@ -12,6 +12,11 @@ def run(coro):
     return asyncio.new_event_loop().run_until_complete(coro)
 
 
+async def call(queue: RowQueue, item):
+    """One caller, as verl's reward loop makes one: a task awaiting its row's result (``run_single``)."""
+    return await queue.put(item)
+
+
 def test_calls_of_one_iteration_are_handled_together_and_each_gets_its_result():
     handled: list[list[int]] = []
 
@@ -74,7 +79,7 @@ def test_a_cancelled_caller_leaves_the_others_answered():
         nonlocal release
         release = asyncio.Event()
         queue = RowQueue(handle)
-        tasks = [asyncio.ensure_future(queue.put(i)) for i in range(3)]
+        tasks = [asyncio.ensure_future(call(queue, i)) for i in range(3)]
         await asyncio.sleep(0.01)
         tasks[1].cancel()
         release.set()
@@ -90,7 +95,7 @@ def test_close_stops_a_set_being_handled_and_its_callers_hear_it():
 
     async def main():
         queue = RowQueue(handle)
-        calls = [asyncio.ensure_future(queue.put(i)) for i in range(2)]
+        calls = [asyncio.ensure_future(call(queue, i)) for i in range(2)]
         await asyncio.sleep(0.01)
         await queue.close()
         out = await asyncio.gather(*calls, return_exceptions=True)
@@ -110,7 +115,7 @@ def test_an_interrupt_reaches_the_callers_and_is_not_swallowed():
 
     loop = asyncio.new_event_loop()
     queue = RowQueue(handle)
-    calls = [loop.create_task(queue.put(i)) for i in range(2)]
+    calls = [loop.create_task(call(queue, i)) for i in range(2)]
     gathered = asyncio.gather(*calls)
     with pytest.raises(KeyboardInterrupt):
         loop.run_until_complete(gathered)
