@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import requests
-from ppo_runs import check_scored_once_whole, expected_totals, generations, tiny_ppo
+from ppo_runs import check_scored_once_whole, expected_totals, generations, read_jsonl, tiny_ppo
 from process_helpers import wait_for_no_orphaned_engines
 
 from verl_vllm_rm.dev.ppo_report import read_dump, read_metrics
@@ -243,10 +243,15 @@ def whitening_order(pairs: list[tuple[float, float]]) -> list[int] | None:
     scores up to and including its own (population std, 1 until two scores), or None if there is none.
 
     Found backwards: the whole stream's moments come from the raw scores alone; the last row must whiten to its
-    value under them; removing it gives the moments before it (Welford run backwards), and so on."""
+    value under them; removing it gives the moments before it (Welford run backwards), and so on. The moments
+    before a row depend only on the set of rows before it, so a set that led nowhere is not tried again."""
+    dead_ends: set[frozenset[int]] = set()
+
     def back(remaining: frozenset[int], n: int, mean: float, m2: float) -> list[int] | None:
         if not remaining:
             return []
+        if remaining in dead_ends:
+            return None
         std = math.sqrt(m2 / n) if n >= 2 and m2 > 0 else 1.0
         tried = set()
         for i in sorted(remaining):
@@ -258,24 +263,40 @@ def whitening_order(pairs: list[tuple[float, float]]) -> list[int] | None:
             rest = back(remaining - {i}, n - 1, before, max(0.0, m2 - (x - before) * (x - mean)))
             if rest is not None:
                 return [*rest, i]
+        dead_ends.add(remaining)
         return None
 
     raw = np.array([x for x, _ in pairs])
     return back(frozenset(range(len(pairs))), len(pairs), float(raw.mean()), float(((raw - raw.mean()) ** 2).sum()))
 
 
-def test_whitened_scores_replay_from_the_raw_ones(two_rm_run):
-    """Every whitened safety score the ensemble used is recomputed here from the raw scores alone (themselves
-    checked against the replicas above): there is an order of the run's one whitening stream (one reward-loop
-    worker, both steps) in which each equals its raw score whitened by the running moments up to it."""
+def test_whitened_scores_replay_from_the_raw_ones(two_rm_run, second_rm):
+    """Every whitened safety score the ensemble used is recomputed here from the raw scores alone: there is an
+    order of the run's one whitening stream (one reward-loop worker, both steps) in which each equals its raw score
+    whitened by the running moments up to it. The stream is every training sample of the ensemble's route that
+    verl asked a reward for (the harness's reward-call log, with each call's answer), trained on or not:
+    colocate_async also scores groups that no step takes (a step takes the first groups to complete, of its batch
+    or the next). Each raw score equals the safety RM's in transformers, and each dumped row is one of the calls."""
+    from verl_vllm_rm.parity.reference import load_reward_model, sequence_scores
+
     work = Path(two_rm_run["rollout_data_dir"]).parent
-    rows = [row for step in (1, 2) for row in ensemble_rows(work, step)]
-    pairs = [(row["rm_score_safety"], row["rm_scaled_safety"]) for row in rows]
+    calls = [call for call in read_jsonl(work / "reward_calls.jsonl")
+             if not call["validate"] and call["data_source"] != MATH_DAPO]
+    pairs = [(c["reward_extra_info"]["rm_score_safety"], c["reward_extra_info"]["rm_scaled_safety"]) for c in calls]
     assert pairs and all(w is not None for _, w in pairs)
+    reference = sequence_scores(load_reward_model(str(second_rm)), [c["prompt_ids"] + c["response_ids"] for c in calls])
+    assert np.allclose([x for x, _ in pairs], reference, atol=1e-4)
+    dumped = [(row["rm_score_safety"], row["rm_scaled_safety"]) for step in (1, 2) for row in ensemble_rows(work, step)]
+    unmatched = list(pairs)
+    for x, w in dumped:  # each dumped row is a call of its own (its values as verl dumped them)
+        call = next((c for c in unmatched if all(abs(a - b) <= 1e-5 * (1 + abs(b)) for a, b in zip(c, (x, w)))),
+                    None)
+        assert call is not None, f"the dumped row {(x, w)} is none of the reward calls: {unmatched}"
+        unmatched.remove(call)
     order = whitening_order(pairs)
     assert order is not None, f"no order of the stream whitens like the run (a second reward-loop worker?): {pairs}"
-    assert pairs[order[0]][1] == pytest.approx(0.0, abs=1e-9)  # the first score whitens to 0
     assert sorted(order) == list(range(len(pairs)))
+    print(f"whitening stream: {len(pairs)} samples, {len(dumped)} of them dumped")
 
 
 def test_per_rm_metrics_are_in_verls_logger(two_rm_run):
@@ -349,8 +370,7 @@ def test_each_reward_call_scored_a_whole_trajectory_once(two_rm_run):
     and resumes it after): each reward call of the four-RM manager scored a whole trajectory, none twice. This run's
     rollout is not slowed, so it seldom has generation in flight at the pause: that resumed trajectories are scored
     once, whole, in colocate_async is shown by the slowed colocate_async run of test_tiny_ppo_any_rm.py, which
-    asserts at least one (a slowed rollout here would score the batch generated ahead between the trained-on ones,
-    which the whitening replay above cannot follow)."""
+    asserts at least one."""
     check_scored_once_whole(Path(two_rm_run["rollout_data_dir"]).parent)
 
 

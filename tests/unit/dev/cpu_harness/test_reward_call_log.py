@@ -1,6 +1,7 @@
 """The harness's probe of verl's reward calls (``dev/cpu_harness/reward_call_log.py``): with the log variable set,
-each ``RewardLoopWorker.compute_score`` call appends its trajectory (uid, prompt and response ids, validate) and
-still returns verl's score; without it nothing is written. On verl's own worker with its naive reward manager, in
+each ``RewardLoopWorker.compute_score`` call appends its trajectory (uid, data source, prompt and response ids,
+validate) with its answer's extra info or its error, and still returns verl's score or raises its error; without it
+nothing is written. On verl's own worker with its naive reward manager, in
 this process."""
 
 from __future__ import annotations
@@ -42,12 +43,13 @@ def batch(tokenizer, answer: str = " The answer is 7. #### 7"):
 def test_the_record_is_the_rows_uid_and_unpadded_ids():
     data = build_batch([Group([5, 6, 7], [[8, 9], [10]])], pad_id=0, prompt_len=5, response_len=4)
     record = reward_call_record(data[1:2])
-    assert record == {"uid": str(data.non_tensor_batch["uid"][1]), "prompt_ids": [5, 6, 7], "response_ids": [10],
-                      "validate": False}
+    assert record == {"uid": str(data.non_tensor_batch["uid"][1]), "data_source": "vllm_rm/demo",
+                      "prompt_ids": [5, 6, 7], "response_ids": [10], "validate": False}
     data.meta_info["validate"] = True
     data.non_tensor_batch.pop("uid")
-    assert reward_call_record(data[0:1]) == {"uid": None, "prompt_ids": [5, 6, 7], "response_ids": [8, 9],
-                                             "validate": True}
+    data.non_tensor_batch.pop("data_source")
+    assert reward_call_record(data[0:1]) == {"uid": None, "data_source": None, "prompt_ids": [5, 6, 7],
+                                             "response_ids": [8, 9], "validate": True}
 
 
 def test_each_reward_call_appends_its_trajectory_and_returns_verls_score(worker, probed, tokenizer, tmp_path,
@@ -59,9 +61,24 @@ def test_each_reward_call_appends_its_trajectory_and_returns_verls_score(worker,
     scores = [worker.loop.run_until_complete(worker.compute_score(data[i:i + 1])) for i in range(2)]
     assert [s["reward_score"] for s in scores] == [1.0, 0.0]  # gsm8k: "#### 7" is right, "no idea" is not
     lines = [json.loads(line) for line in log.read_text().splitlines()]
-    assert lines == [{"uid": str(data.non_tensor_batch["uid"][i]), "prompt_ids": tokenizer("What is 3 + 4?").input_ids,
-                      "response_ids": tokenizer(answer).input_ids, "validate": False}
+    assert lines == [{"uid": str(data.non_tensor_batch["uid"][i]), "data_source": "openai/gsm8k",
+                      "prompt_ids": tokenizer("What is 3 + 4?").input_ids,
+                      "response_ids": tokenizer(answer).input_ids, "validate": False,
+                      "reward_extra_info": json.loads(json.dumps(scores[i]["reward_extra_info"]))}
                      for i, answer in enumerate([" The answer is 7. #### 7", " no idea"])]
+
+
+def test_a_call_that_fails_is_logged_with_its_error_and_raised(worker, probed, tokenizer, tmp_path, monkeypatch):
+    log = tmp_path / "reward_calls.jsonl"
+    monkeypatch.setenv(REWARD_CALL_LOG_ENV, str(log))
+    prompt = tokenizer("What is 3 + 4?").input_ids
+    data = build_batch([Group(prompt, [tokenizer(" 7").input_ids], ground_truth="7", data_source="no/such_source")],
+                       pad_id=tokenizer.pad_token_id)
+    with pytest.raises(NotImplementedError) as raised:  # verl's default_compute_score knows no such data source
+        worker.loop.run_until_complete(worker.compute_score(data[0:1]))
+    (line,) = [json.loads(line) for line in log.read_text().splitlines()]
+    assert line["data_source"] == "no/such_source" and "reward_extra_info" not in line
+    assert line["error"] == f"NotImplementedError: {raised.value}"
 
 
 def test_without_the_variable_nothing_is_written(worker, probed, tokenizer, tmp_path, monkeypatch):
