@@ -46,6 +46,10 @@ def local_address_towards(url: str) -> str:
 
 
 BUSY_RETRY_S = (0.2, 2.0)  # the first and the longest pause between asks of a busy server
+#: how much longer than the publisher's ``timeout_s`` a call to the server is waited for: the server answers within
+#: its own bounds (``/init_communicator`` within the request's ``timeout_s`` + 1 s, server/weights/join.py), so
+#: what is left is the answer's way back on a loaded machine. A frozen server is given up after timeout_s + this.
+ANSWER_GRACE_S = 10.0
 
 
 class TransferSession:
@@ -105,7 +109,7 @@ class TransferSession:
             raise WeightSyncError(
                 f"the server did not join this trainer's transfer group at {self.master_address}:{port}: {e.message}"
                 " (is that address reachable from the server? set the publisher's master_address)") from None
-        thread.join(self.timeout_s + 30)
+        thread.join(self.timeout_s + ANSWER_GRACE_S)
         if "group" not in result:
             # internal: the server answers ok only once all ranks joined one rendezvous, this one's open_group included
             raise WeightSyncError(f"could not open the transfer group: {result.get('error', 'timed out')}")
@@ -117,7 +121,7 @@ class TransferSession:
         pause = BUSY_RETRY_S[0]
         while True:
             try:
-                self.http.post("/init_communicator", body, timeout_s=self.timeout_s + 30)
+                self.http.post("/init_communicator", body, timeout_s=self.timeout_s + ANSWER_GRACE_S)
                 return
             except HttpError as e:
                 if e.status != 409:
@@ -158,7 +162,7 @@ class TransferSession:
         if lora_scaling:
             body["lora"] = {"scaling": dict(lora_scaling)}
         for may_rejoin in (True, False):
-            lines = self.http.post_lines("/update_param_batch", body, timeout_s=self.timeout_s + 30)
+            lines = self.http.post_lines("/update_param_batch", body, timeout_s=self.timeout_s + ANSWER_GRACE_S)
             try:
                 first = next(lines)
             except HttpError as e:
