@@ -196,13 +196,11 @@ def load_manager():
 
 @pytest.fixture(scope="session")
 def dead_url():
-    """A loopback URL with nothing listening (connection refused). The port stays bound, never listening, for the
-    session: no server another test (or another xdist worker) starts can take it."""
-    import socket
+    """A loopback URL with nothing listening (connection refused), held for the session (``refused_ports``)."""
+    from refused_ports import refused_urls
 
-    with socket.socket() as held:
-        held.bind(("127.0.0.1", 0))
-        yield f"http://127.0.0.1:{held.getsockname()[1]}"
+    with refused_urls(1) as (url,):
+        yield url
 
 
 @pytest.fixture(scope="session")

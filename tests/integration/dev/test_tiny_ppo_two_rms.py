@@ -53,6 +53,14 @@ def second_rm(tmp_path_factory, tiny_rm) -> Path:
 
 
 @pytest.fixture(scope="module")
+def safety_model(second_rm):
+    """The safety RM in transformers (the reference of every safety score), loaded once for the module."""
+    from verl_vllm_rm.parity.reference import load_reward_model
+
+    return load_reward_model(str(second_rm))
+
+
+@pytest.fixture(scope="module")
 def family_servers(tmp_path_factory, tokenizer, server_args):
     """The attribute RM and the Qwen2 PRM, started at once. The PRM's step tag is the tokenizer's step token, which
     the policy never writes: the client inserts it after each of the policy's plain-text steps, as the card does
@@ -146,16 +154,15 @@ def card_step_probabilities(url: str, tokenizer, row: dict) -> list[float]:
     return family_scores(url, [ids], normalize=True)[0]["step_scores"]
 
 
-def test_every_reward_is_the_ensemble_of_the_servers_direct_scores(two_rm_run, rm_server, second_rm, family_servers,
-                                                                   tokenizer):
+def test_every_reward_is_the_ensemble_of_the_servers_direct_scores(two_rm_run, rm_server, safety_model,
+                                                                   family_servers, tokenizer):
     """Each member's dumped score equals a direct score of a generation with the row's text: ``attrs`` the
     weighted sum of its two named attributes (each dumped raw), ``prm`` the minimum of the card's step
     probabilities for the response's words, masked (never a number) exactly where the response has no step; the
     reward is the ensemble of the members present (``safety`` whitened), plus the rules."""
 
-    from verl_vllm_rm.parity.reference import load_reward_model, sequence_scores
+    from verl_vllm_rm.parity.reference import sequence_scores
 
-    safety_model = load_reward_model(str(second_rm))
     labels = requests.get(f"{family_servers['attrs'].url}/health", timeout=30).json()["shape"]["labels"]
 
     def attrs(sequences):  # each candidate: (weighted sum, helpfulness, verbosity)
@@ -270,21 +277,21 @@ def whitening_order(pairs: list[tuple[float, float]]) -> list[int] | None:
     return back(frozenset(range(len(pairs))), len(pairs), float(raw.mean()), float(((raw - raw.mean()) ** 2).sum()))
 
 
-def test_whitened_scores_replay_from_the_raw_ones(two_rm_run, second_rm):
+def test_whitened_scores_replay_from_the_raw_ones(two_rm_run, safety_model):
     """Every whitened safety score the ensemble used is recomputed here from the raw scores alone: there is an
     order of the run's one whitening stream (one reward-loop worker, both steps) in which each equals its raw score
     whitened by the running moments up to it. The stream is every training sample of the ensemble's route that
     verl asked a reward for (the harness's reward-call log, with each call's answer), trained on or not:
     colocate_async also scores groups that no step takes (a step takes the first groups to complete, of its batch
     or the next). Each raw score equals the safety RM's in transformers, and each dumped row is one of the calls."""
-    from verl_vllm_rm.parity.reference import load_reward_model, sequence_scores
+    from verl_vllm_rm.parity.reference import sequence_scores
 
     work = Path(two_rm_run["rollout_data_dir"]).parent
     calls = [call for call in read_jsonl(work / "reward_calls.jsonl")
              if not call["validate"] and call["data_source"] != MATH_DAPO]
     pairs = [(c["reward_extra_info"]["rm_score_safety"], c["reward_extra_info"]["rm_scaled_safety"]) for c in calls]
     assert pairs and all(w is not None for _, w in pairs)
-    reference = sequence_scores(load_reward_model(str(second_rm)), [c["prompt_ids"] + c["response_ids"] for c in calls])
+    reference = sequence_scores(safety_model, [c["prompt_ids"] + c["response_ids"] for c in calls])
     assert np.allclose([x for x, _ in pairs], reference, atol=1e-4)
     dumped = [(row["rm_score_safety"], row["rm_scaled_safety"]) for step in (1, 2) for row in ensemble_rows(work, step)]
     unmatched = list(pairs)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import logging
 
+from log_records import messages_of
+
 from verl_vllm_rm.plugin.server_check import check_listed_servers
 from verl_vllm_rm.scoring.options import parse_options
 
@@ -14,7 +16,7 @@ def test_a_server_that_does_not_answer_beside_one_that_does_is_named_in_a_warnin
     options = parse_options({"server_url": [rm_server.url, dead_url], "max_retries": 0})
     with caplog.at_level(logging.WARNING, logger="verl_vllm_rm.plugin.server_check"):
         check_listed_servers(options)
-    warnings = [r.getMessage() for r in caplog.records if r.name == "verl_vllm_rm.plugin.server_check"]
+    warnings = messages_of(caplog, "verl_vllm_rm.plugin.server_check")
     assert len(warnings) == 1, warnings
     assert warnings[0].startswith(f"reward model 'rm': its server {dead_url} does not answer /health (requests fail "
                                   "over to the others until it does): GET /health failed after 1 attempt(s)")

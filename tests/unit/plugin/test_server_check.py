@@ -4,9 +4,8 @@ one that does not beside it: tests/integration/plugin/test_server_check.py)."""
 
 from __future__ import annotations
 
-import socket
-
 import pytest
+import refused_ports
 
 from verl_vllm_rm.client.reward_client import RewardServerError
 from verl_vllm_rm.plugin.server_check import check_listed_servers, listed_rms
@@ -17,11 +16,9 @@ FAST = {"max_retries": 0, "deadline_s": 5}  # one attempt: a refused connection 
 
 @pytest.fixture
 def refused_urls():
-    """Two loopback URLs with nothing listening (bound, never listening: connections are refused)."""
-    with socket.socket() as first, socket.socket() as second:
-        first.bind(("127.0.0.1", 0))
-        second.bind(("127.0.0.1", 0))
-        yield [f"http://127.0.0.1:{s.getsockname()[1]}" for s in (first, second)]
+    """Two loopback URLs with nothing listening (connections are refused)."""
+    with refused_ports.refused_urls(2) as urls:
+        yield urls
 
 
 def test_the_listed_rms_are_named_with_the_option_that_lists_their_servers():

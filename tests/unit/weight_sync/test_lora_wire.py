@@ -9,6 +9,7 @@ import re
 
 import pytest
 import torch
+from log_records import messages_of
 from sync_helpers import load_rm
 
 from verl_vllm_rm.online.trainable import prepare_reward_model
@@ -121,7 +122,7 @@ def test_refused_adapters_are_offered_once_more_merged_with_one_warning(caplog):
     with caplog.at_level(logging.INFO, logger=LOG.name):
         assert _offer(server) == (MERGED, "accepted offer 2")
     assert (server.planned, server.offered, server.asked) == (2, [ADAPTERS, MERGED], 1)
-    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    warnings = messages_of(caplog, LOG.name, logging.WARNING)
     assert warnings == ["http://rm cannot merge LoRA adapters (its LoRA base store is unavailable: the copy failed): "
                         "publishing merged weights instead; start the server with --weight-update-lora-bases "
                         "host|device (and room for the bases) to send only the adapters"]

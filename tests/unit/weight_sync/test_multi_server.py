@@ -8,6 +8,8 @@ import logging
 import threading
 
 import pytest
+from log_records import messages_of
+
 from verl_vllm_rm.protocol.inventory import WeightUpdateRefused
 from verl_vllm_rm.weight_sync import MultiServerPublisher
 from verl_vllm_rm.weight_sync.multi_server import close_quietly, results_or_errors, servers_on_every_rank
@@ -79,5 +81,5 @@ def test_a_session_that_cannot_be_closed_is_logged_not_raised(caplog):
 
     with caplog.at_level(logging.WARNING, logger="verl_vllm_rm.weight_sync.multi_server"):
         close_quietly("http://a", Unreachable())
-    assert [r.getMessage() for r in caplog.records if r.name == "verl_vllm_rm.weight_sync.multi_server"] == [
+    assert messages_of(caplog, "verl_vllm_rm.weight_sync.multi_server") == [
         "closing the weight-sync session of http://a: connection refused"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 
 import pytest
+from log_records import messages_of
 
 from verl_vllm_rm.weight_sync.publisher import ClosedOnExit
 
@@ -40,5 +41,5 @@ def test_a_failing_close_after_an_error_is_logged_and_the_error_raised(caplog):
             with Session(fail="server gone") as session:
                 raise KeyError("the first error")
     assert session.closes == 1
-    assert [r.getMessage() for r in caplog.records if r.name == "verl_vllm_rm.weight_sync.publisher"] == [
+    assert messages_of(caplog, "verl_vllm_rm.weight_sync.publisher") == [
         "closing the weight-sync session(s) after an error failed too: server gone"]

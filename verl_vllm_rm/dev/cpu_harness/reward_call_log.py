@@ -50,7 +50,7 @@ def log_reward_calls() -> None:
         record = reward_call_record(data)
         try:
             result = await original(self, data)
-            record["reward_extra_info"] = dict(result.get("reward_extra_info") or {})
+            record["reward_extra_info"] = result.get("reward_extra_info") or {}
             return result
         except BaseException as e:  # logged as the call's end, and raised on
             record["error"] = f"{type(e).__name__}: {e}"
