@@ -8,7 +8,11 @@ start first and the other worker works through every other module meanwhile.
 
 The other modules run in an order shuffled by :func:`module_order_seed`, so a module that passes only after
 another one (a session server left changed, say) fails somewhere: each module must pass whatever ran before it on
-its worker. Each module's own tests keep their file order.
+its worker. Each module's own tests keep their file order. A random half of the unit modules (:data:`UNIT_DIR`:
+seconds each, no server) close the run: xdist hands each worker its next module when it is done with one, so a
+worker that ends its last long module early takes them while the other finishes, and the two end within seconds
+of each other (with long modules last, one worker idled a minute at the end of a run). The other half run among
+the integration modules, so a unit module's leftovers meet them too.
 
 xdist's own ``--dist loadgroup`` (groups from ``xdist_group`` marks) does not group under pytest 9: it renames
 ``item._nodeid``, which pytest 9 no longer reads. The scope is therefore taken from the test's module here.
@@ -29,6 +33,8 @@ ORDER_SEED_ENV = "TEST_MODULE_ORDER_SEED"
 #: in the order the unit runs them: the four-RM run first, as it takes the most memory (main_ppo, a managed
 #: replica, two family servers) and then the fewest session servers are alive on either worker (a fresh clone's
 #: run had it killed by Ray's memory monitor at 22.4 of 23.5 GB when it ran fifth)
+#: the in-process modules, the finer grains of work that close the run
+UNIT_DIR = "tests/unit/"
 MAIN_PPO_MODULES = (
     "tests/integration/dev/test_tiny_ppo_two_rms.py",
     "tests/integration/dev/test_demo.py",
@@ -70,14 +76,17 @@ def module_order_seed(root: Path) -> int:
 
 def order_modules(items: list[pytest.Item], seed: int) -> None:
     """The main_ppo modules' tests first, in :data:`MAIN_PPO_MODULES`' order, then every other module whole, the
-    modules in an order shuffled by ``seed``; each module's tests in their own order."""
+    modules in an order shuffled by ``seed``, every other unit module of that order moved to the end (the run's
+    closing half); each module's tests in their own order."""
     by_module: dict[str, list[pytest.Item]] = {}
     for item in items:
         by_module.setdefault(module_of(item.nodeid), []).append(item)
     main_ppo = [module for module in MAIN_PPO_MODULES if module in by_module]
     others = sorted(module for module in by_module if module not in MAIN_PPO_MODULES)
     random.Random(seed).shuffle(others)
-    items[:] = [item for module in [*main_ppo, *others] for item in by_module[module]]
+    closing = set([module for module in others if module.startswith(UNIT_DIR)][1::2])
+    ordered = [*main_ppo, *(m for m in others if m not in closing), *(m for m in others if m in closing)]
+    items[:] = [item for module in ordered for item in by_module[module]]
 
 
 class ModuleScheduling:

@@ -32,7 +32,8 @@ def ordered(seed: int, names: list[str]) -> list[str]:
 NAMES = ["tests/integration/client/test_http.py::a", "tests/integration/test_recipes.py::r",
          "tests/integration/dev/test_demo.py::d", "tests/integration/dev/test_tiny_ppo_two_rms.py::t",
          "tests/integration/client/test_http.py::b", "tests/integration/server/test_x.py::x",
-         "tests/unit/judge/test_y.py::y", "tests/unit/rewards/test_z.py::z"]
+         "tests/integration/server/test_w.py::w", "tests/unit/judge/test_y.py::y", "tests/unit/rewards/test_z.py::z",
+         "tests/unit/rewards/test_v.py::v", "tests/unit/test_u.py::u"]
 
 
 def test_the_main_ppo_unit_runs_first_and_the_other_modules_whole_in_a_shuffled_order():
@@ -65,3 +66,18 @@ def test_the_seed_is_the_one_given_else_the_tests_git_tree(monkeypatch):
     expected = int(tree.stdout.strip()[:8], 16) if tree.returncode == 0 else 0
     assert module_order_seed(ROOT) == expected
     assert module_order_seed(Path("/")) == 0  # no git checkout there
+
+
+def test_a_random_half_of_the_unit_modules_closes_the_run():
+    """The run ends with two of the four unit modules, and which two depends on the seed; each unit module runs
+    before an integration module under some seed."""
+    units = {n for n in NAMES if n.startswith("tests/unit/")}
+    closing, among = set(), set()
+    for seed in range(20):
+        order = ordered(seed, NAMES)
+        assert set(order[-2:]) <= units, order
+        closing.add(frozenset(order[-2:]))
+        last_integration = max(i for i, n in enumerate(order) if not n.startswith("tests/unit/"))
+        among |= set(order[:last_integration]) & units
+    assert len(closing) > 1, "the same unit modules close every run"
+    assert among == units, "some unit module never runs before an integration module"
