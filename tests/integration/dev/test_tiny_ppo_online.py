@@ -21,10 +21,10 @@ import torch
 import requests
 from ppo_runs import expected_totals, generations, tiny_ppo
 from process_helpers import engine_core_pid
+from server_starts import servers_started_together
 
 from verl_vllm_rm.dev.ppo_report import read_dump, read_metrics
 from verl_vllm_rm.dev.tiny_ppo import SERVER_ARGS, TinyPPOConfig, TinyPPOError, run_tiny_ppo
-from verl_vllm_rm.replicas.launcher import start_server
 
 pytestmark = [pytest.mark.server, pytest.mark.ray]
 
@@ -237,34 +237,33 @@ LISTED_STEPS = 3  # the second listed server is frozen once step 1 ended and tha
 def listed_run(tmp_path_factory, tiny_rm, tiny_task, server_args):
     """Online RM training (head_only, sync) publishing to a fixed list of two servers with
     ``on_server_failure=leave_behind``; the second one SIGSTOPped (alive, port open, never answering) once step 1
-    ended, SIGCONTed once step 2 ended. The publisher's calls to it give up after 20 s, and the reward clients fail
-    over from it after 2 + 2 s."""
+    ended, SIGCONTed once step 2 ended. The publisher's calls to it give up after 20 + 10 s (its timeout_s and
+    ANSWER_GRACE_S), and the reward clients fail over from it after 2 + 2 s."""
     args = [*server_args, "--enable-weight-updates"]
     # the frozen one drops the update it was receiving 6 s after its thaw; the live one keeps its staged version
     # while the publisher waits out the frozen one (the default 120 s)
-    servers = [start_server(tiny_rm, args), start_server(tiny_rm, [*args, "--weight-update-stall-timeout", "6"])]
-    frozen = servers[1]
+    starts = [(tiny_rm, args), (tiny_rm, [*args, "--weight-update-stall-timeout", "6"])]
+    with servers_started_together(starts) as servers:
+        frozen = servers[1]
 
-    def freeze_then_thaw(step: int, metrics: dict, version: int | None) -> None:
-        if step == 1:
-            os.killpg(frozen.process.pid, signal.SIGSTOP)
-        elif step == 2:
-            os.killpg(frozen.process.pid, signal.SIGCONT)
+        def freeze_then_thaw(step: int, metrics: dict, version: int | None) -> None:
+            if step == 1:
+                os.killpg(frozen.process.pid, signal.SIGSTOP)
+            elif step == 2:
+                os.killpg(frozen.process.pid, signal.SIGCONT)
 
-    work = tmp_path_factory.mktemp("ppo_listed")
-    try:
-        run = tiny_ppo(work, tiny_rm, tiny_task["policy"], [s.url for s in servers], steps=LISTED_STEPS,
-                       on_step=freeze_then_thaw, online="head_only", validate=False,
-                       extra_overrides=["+online_rm.on_server_failure=leave_behind", "+online_rm.timeout_s=20",
-                                        "+reward.reward_kwargs.failover_after_s=2",
-                                        "+reward.reward_kwargs.health_timeout_s=2"])
-        run.update(work=work, metrics=dict(read_metrics(work)), report=(work / "report.txt").read_text(),
-                   frozen_version=requests.get(f"{frozen.url}/health", timeout=10).json()["version"])
-        yield run
-    finally:
-        os.killpg(frozen.process.pid, signal.SIGCONT)  # a failed run may have stopped before the thaw
-        for server in servers:
-            server.stop()
+        work = tmp_path_factory.mktemp("ppo_listed")
+        try:
+            run = tiny_ppo(work, tiny_rm, tiny_task["policy"], [s.url for s in servers], steps=LISTED_STEPS,
+                           on_step=freeze_then_thaw, online="head_only", validate=False,
+                           extra_overrides=["+online_rm.on_server_failure=leave_behind", "+online_rm.timeout_s=20",
+                                            "+reward.reward_kwargs.failover_after_s=2",
+                                            "+reward.reward_kwargs.health_timeout_s=2"])
+            run.update(work=work, metrics=dict(read_metrics(work)), report=(work / "report.txt").read_text(),
+                       frozen_version=requests.get(f"{frozen.url}/health", timeout=10).json()["version"])
+            yield run
+        finally:
+            os.killpg(frozen.process.pid, signal.SIGCONT)  # a failed run may have stopped before the thaw
 
 
 def test_a_listed_server_frozen_for_a_step_is_left_behind_unrouted_and_resynced(listed_run):

@@ -19,7 +19,6 @@ import json
 import math
 import re
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -27,13 +26,13 @@ import pytest
 import requests
 from ppo_runs import check_scored_once_whole, expected_totals, generations, read_jsonl, tiny_ppo
 from process_helpers import wait_for_no_orphaned_engines
+from server_starts import servers_started_together
 
 from verl_vllm_rm.dev.ppo_report import read_dump, read_metrics
 from verl_vllm_rm.dev.tiny_rm import STEP, TinyRMSpec, build_tiny_rm
 from verl_vllm_rm.dev.tiny_rm_families import build_tiny_attribute_rm, build_tiny_qwen2_prm
 from verl_vllm_rm.dev.tiny_task import MATH_DAPO
 from verl_vllm_rm.monitor.alarms import MIN_SAMPLES
-from verl_vllm_rm.replicas.launcher import start_server
 
 pytestmark = [pytest.mark.server, pytest.mark.ray]
 PENALTY = 0.5
@@ -68,14 +67,9 @@ def family_servers(tmp_path_factory, tokenizer, server_args):
     attrs = build_tiny_attribute_rm(tmp_path_factory.mktemp("attrs"))
     prm = build_tiny_qwen2_prm(tmp_path_factory.mktemp("prm"))
     pooling = [*server_args, "--runner", "pooling"]
-    with ThreadPoolExecutor(2) as pool:
-        started = [pool.submit(start_server, attrs, pooling),
-                   pool.submit(start_server, prm, [*pooling, "--step-tag-id",
-                                                   str(tokenizer.convert_tokens_to_ids(STEP))])]
-        servers = [future.result() for future in started]
-    yield dict(zip(("attrs", "prm"), servers))
-    for server in servers:
-        server.stop()
+    step_tag = ["--step-tag-id", str(tokenizer.convert_tokens_to_ids(STEP))]
+    with servers_started_together([(attrs, pooling), (prm, [*pooling, *step_tag])]) as servers:
+        yield dict(zip(("attrs", "prm"), servers))
 
 
 def server_processes(model: Path) -> list[int]:
