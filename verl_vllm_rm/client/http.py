@@ -18,13 +18,16 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import contextlib
 import http.client
 import json
+import random
 import socket
 import weakref
 import urllib.error
 import urllib.request
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import aiohttp
@@ -214,8 +217,38 @@ async def request_json(
     return _decode(raw, url, _loads)
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port the OS says is free on ``host`` ("" = every interface)."""
-    with socket.socket() as s:
+#: the lowest port :func:`free_port` hands out: above Ray's worker ports (its default 10002-19999), which Ray's
+#: workers bind as they start
+LISTEN_PORTS_LOW = 20000
+
+
+def ephemeral_range_start() -> int:
+    """The first port the kernel hands out as an outgoing connection's source (Linux's default 32768, or the
+    node's own ``ip_local_port_range``)."""
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    return 32768
+
+
+def free_port(host: str = "127.0.0.1", rng: random.Random | None = None) -> int:
+    """A port free on ``host`` ("" = every interface) for the caller to listen on later (a server it starts, a
+    process group's store), below the kernel's ephemeral range.
+
+    A port the kernel hands out for ``bind(0)`` is in the ephemeral range, and between its release here and the
+    caller's own bind any outgoing connection on the node may be given it as its source port, or another
+    process's ``bind(0)`` may get it (a reward server's start failed so, EADDRINUSE, while another server started
+    and the other tests' HTTP traffic ran). Ports below that range are never handed out so; a random one of
+    them is taken, so two callers at once rarely pick the same. Where the range starts too low to leave room, the
+    kernel's choice is taken."""
+    high = ephemeral_range_start()
+    candidates = (rng or random).sample(range(LISTEN_PORTS_LOW, high), min(64, max(high - LISTEN_PORTS_LOW, 0)))
+    for port in candidates:
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:  # taken: the next one
+                continue
+            return port
+    with socket.socket() as s:  # the kernel's choice (or the host's own error)
         s.bind((host, 0))
         return s.getsockname()[1]

@@ -5,13 +5,12 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import random
 import uuid
-from pathlib import Path
 from typing import Any, Hashable, Sequence
 
+from verl_vllm_rm.client.http import ephemeral_range_start
 from verl_vllm_rm.online.config import OnlineRMConfig
 from verl_vllm_rm.online.pairs import best_vs_worst_pairs
 from verl_vllm_rm.online.placement import place_rm_ranks
@@ -39,10 +38,7 @@ def master_port_range(rng: random.Random | None = None) -> list[int]:
     below the ephemeral range are never handed out as source ports; the random window keeps two groups starting
     at once apart, and verl tries the window's ports in turn until one binds.
     """
-    ephemeral_low = 32768  # Linux's default; the node's own setting when it can be read
-    with contextlib.suppress(OSError, ValueError):
-        ephemeral_low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    low = (rng or random).randrange(10000, max(ephemeral_low - 1000, 10001))
+    low = (rng or random).randrange(10000, max(ephemeral_range_start() - 1000, 10001))
     return [low, low + 1000]
 
 

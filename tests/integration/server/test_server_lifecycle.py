@@ -8,7 +8,9 @@
 * with ``--engine-stall-timeout`` 4 s: its engine core process SIGSTOPped, then SIGCONTed: ``/health`` and
   ``/score`` answer 503 naming the stall within the timeout, a request already waiting for the engine is
   answered after the resume, exactly as before (managed replicas whose engine stalls: tests/integration/replicas/test_fleet.py);
-* and last, its engine core process SIGKILLed: ``/health`` must answer 503 with the cause.
+* and last, its engine core process SIGKILLed: ``/health`` must answer 503 with the cause (the server keeps its
+  API server up after the engine's death, ``VLLM_KEEP_ALIVE_ON_ENGINE_DEATH=1``, so the answer is read whenever
+  it comes).
 
 The other two overrides (``--kv-cache-memory-bytes``, ``--gpu-memory-utilization``) are checked on the
 server's argument handling in the server environment (no engine start).
@@ -56,6 +58,9 @@ def own_server(tmp_path_factory, tiny_rm, server_args_default_kv):
     with pytest.MonkeyPatch.context() as mp:  # for this start only: servers started later must not inherit it
         mp.setenv(SERVER_PYTHON_ENV, str(wrapper))
         mp.setenv("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB
+        # its API server stays up once the engine died (the last test), so the 503 is read whatever the phase of
+        # vLLM's 5 s watchdog, which otherwise shuts it down 0-5 s later (a loaded machine's polls missed that)
+        mp.setenv("VLLM_KEEP_ALIVE_ON_ENGINE_DEATH", "1")
         server = start_server(tiny_rm, [*server_args_default_kv, "--engine-stall-timeout", str(STALL_S)])
     try:
         yield server, marker
@@ -172,7 +177,8 @@ def test_a_stopped_engine_is_a_503_within_the_timeout_and_serves_exactly_when_it
 
 def test_health_is_503_with_the_cause_when_the_engine_dies(own_server):
     """Runs last: SIGKILL the engine core (a real crash, nothing faked). /health must turn from 200 to 503
-    naming the cause; vLLM's watchdog then shuts the API server down within ~5 s, so poll quickly."""
+    naming the cause. By default vLLM's watchdog then shuts the API server down within 5 s (a replica's fleet
+    restarts it); this server was started with ``VLLM_KEEP_ALIVE_ON_ENGINE_DEATH=1``, so the 503 stays readable."""
     server, _ = own_server
     assert requests.get(f"{server.url}/health", timeout=10).status_code == 200
     os.kill(engine_core_pid(server.process.pid), signal.SIGKILL)

@@ -27,3 +27,28 @@ def test_a_body_that_is_not_json_is_refused_before_sending(dead_url):
         request_once(dead_url + "/score", "POST", {"input": ["\ud800"]})
     with pytest.raises(TypeError, match="cannot be written as JSON"):
         request_once(dead_url + "/score", "POST", {"input": [object()]})
+
+
+def test_a_free_port_to_listen_on_is_below_the_ephemeral_range_and_above_rays_worker_ports():
+    """No outgoing connection (nor another process's ``bind(0)``) can be given it before the caller binds it."""
+    import random
+    import socket
+
+    from verl_vllm_rm.client.http import LISTEN_PORTS_LOW, ephemeral_range_start, free_port
+
+    ports = {free_port("127.0.0.1", random.Random(seed)) for seed in range(20)}
+    assert all(LISTEN_PORTS_LOW <= port < ephemeral_range_start() for port in ports), ports
+    assert len(ports) > 1  # random: two callers at once rarely pick the same
+    first = random.Random(7).sample(range(LISTEN_PORTS_LOW, ephemeral_range_start()), 1)[0]
+    with socket.socket() as taken:  # the first candidate is held: the next one is given
+        taken.bind(("127.0.0.1", first))
+        assert free_port("127.0.0.1", random.Random(7)) not in (first, None)
+
+
+def test_without_room_below_the_ephemeral_range_the_kernel_chooses(monkeypatch):
+    from verl_vllm_rm.client import http
+
+    # the node's ip_local_port_range is the machine's, not one test's to change
+    monkeypatch.setattr(http, "ephemeral_range_start", lambda: http.LISTEN_PORTS_LOW)
+    port = http.free_port("127.0.0.1")
+    assert port >= int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])  # the kernel's range
