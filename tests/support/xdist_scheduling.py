@@ -6,6 +6,9 @@ Each module goes to one worker whole, so a module-scoped server starts once. The
 share CI's 2 cores and 24 GB. They are the longest unit (about 25 of the suite's ~66 worker-minutes), so they
 start first and the other worker works through every other module meanwhile.
 
+The modules of the session's judge server (:data:`JUDGE_MODULES`) join the unit, after its main_ppo modules:
+``test_tiny_ppo.py`` starts the judge on that worker, and the other worker then never starts a second one.
+
 The other modules run in an order shuffled by :func:`module_order_seed`, so a module that passes only after
 another one (a session server left changed, say) fails somewhere: each module must pass whatever ran before it on
 its worker. Each module's own tests keep their file order. A random half of the unit modules (:data:`UNIT_DIR`:
@@ -30,11 +33,11 @@ import pytest
 MAIN_PPO_GROUP = "main_ppo"
 #: an integer here gives the module order of that seed (the run's header prints the one it used)
 ORDER_SEED_ENV = "TEST_MODULE_ORDER_SEED"
+#: the in-process modules, the finer grains of work that close the run
+UNIT_DIR = "tests/unit/"
 #: in the order the unit runs them: the four-RM run first, as it takes the most memory (main_ppo, a managed
 #: replica, two family servers) and then the fewest session servers are alive on either worker (a fresh clone's
 #: run had it killed by Ray's memory monitor at 22.4 of 23.5 GB when it ran fifth)
-#: the in-process modules, the finer grains of work that close the run
-UNIT_DIR = "tests/unit/"
 MAIN_PPO_MODULES = (
     "tests/integration/dev/test_tiny_ppo_two_rms.py",
     "tests/integration/dev/test_demo.py",
@@ -43,6 +46,13 @@ MAIN_PPO_MODULES = (
     "tests/integration/dev/test_tiny_ppo_online.py",
     "tests/integration/test_recipes.py",
 )
+#: the other modules of the session's judge server (``judge_server``), which ``test_tiny_ppo.py`` starts on the
+#: unit's worker: they join the unit, after its main_ppo modules and in the run's shuffled order, so the judge
+#: starts once (each start costs ~30 s of CPU, and it holds 1.4 GB while it lives)
+JUDGE_MODULES = (
+    "tests/integration/judge/test_client.py",
+    "tests/integration/scoring/test_judging.py",
+)
 
 
 def module_of(nodeid: str) -> str:
@@ -50,9 +60,9 @@ def module_of(nodeid: str) -> str:
 
 
 def unit_of(nodeid: str) -> str:
-    """The unit of work a test belongs to: its module, or the main_ppo group."""
+    """The unit of work a test belongs to: its module, or the main_ppo group (its modules and the judge's)."""
     module = module_of(nodeid)
-    return MAIN_PPO_GROUP if module in MAIN_PPO_MODULES else module
+    return MAIN_PPO_GROUP if module in MAIN_PPO_MODULES or module in JUDGE_MODULES else module
 
 
 def module_order_seed(root: Path) -> int:
@@ -75,17 +85,19 @@ def module_order_seed(root: Path) -> int:
 
 
 def order_modules(items: list[pytest.Item], seed: int) -> None:
-    """The main_ppo modules' tests first, in :data:`MAIN_PPO_MODULES`' order, then every other module whole, the
-    modules in an order shuffled by ``seed``, every other unit module of that order moved to the end (the run's
-    closing half); each module's tests in their own order."""
+    """The main_ppo modules' tests first, in :data:`MAIN_PPO_MODULES`' order, the judge's modules after them, then
+    every other module whole, the modules in an order shuffled by ``seed``, every other unit module of that order
+    moved to the end (the run's closing half); each module's tests in their own order."""
     by_module: dict[str, list[pytest.Item]] = {}
     for item in items:
         by_module.setdefault(module_of(item.nodeid), []).append(item)
     main_ppo = [module for module in MAIN_PPO_MODULES if module in by_module]
     others = sorted(module for module in by_module if module not in MAIN_PPO_MODULES)
     random.Random(seed).shuffle(others)
+    judge = [module for module in others if module in JUDGE_MODULES]
+    others = [module for module in others if module not in JUDGE_MODULES]
     closing = set([module for module in others if module.startswith(UNIT_DIR)][1::2])
-    ordered = [*main_ppo, *(m for m in others if m not in closing), *(m for m in others if m in closing)]
+    ordered = [*main_ppo, *judge, *(m for m in others if m not in closing), *(m for m in others if m in closing)]
     items[:] = [item for module in ordered for item in by_module[module]]
 
 

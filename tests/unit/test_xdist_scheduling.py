@@ -3,14 +3,24 @@
 import subprocess
 from pathlib import Path
 
-from xdist_scheduling import MAIN_PPO_GROUP, MAIN_PPO_MODULES, module_of, unit_of
+from xdist_scheduling import JUDGE_MODULES, MAIN_PPO_GROUP, MAIN_PPO_MODULES, module_of, unit_of
 from repo_paths import REPO as ROOT
 
 
 
 def test_every_main_ppo_module_exists():
     """A renamed module would silently leave the unit and run its main_ppo beside another."""
-    assert [m for m in sorted(MAIN_PPO_MODULES) if not (ROOT / m).is_file()] == []
+    assert [m for m in sorted((*MAIN_PPO_MODULES, *JUDGE_MODULES)) if not (ROOT / m).is_file()] == []
+
+
+def test_every_other_module_of_the_judge_server_joins_the_unit():
+    """A module that asks for the session's judge elsewhere would start a second one on the other worker."""
+    import re
+
+    users = {str(path.relative_to(ROOT)) for path in (ROOT / "tests" / "integration").rglob("test_*.py")
+             if re.search(r"\bjudge_server\b", path.read_text())}
+    assert users - set(MAIN_PPO_MODULES) == set(JUDGE_MODULES)
+    assert all(unit_of(f"{module}::t") == MAIN_PPO_GROUP for module in JUDGE_MODULES)
 
 
 def test_a_test_belongs_to_its_module_or_to_the_main_ppo_unit():
@@ -30,6 +40,7 @@ def ordered(seed: int, names: list[str]) -> list[str]:
 
 
 NAMES = ["tests/integration/client/test_http.py::a", "tests/integration/test_recipes.py::r",
+         "tests/integration/scoring/test_judging.py::j", "tests/integration/judge/test_client.py::k",
          "tests/integration/dev/test_demo.py::d", "tests/integration/dev/test_tiny_ppo_two_rms.py::t",
          "tests/integration/client/test_http.py::b", "tests/integration/server/test_x.py::x",
          "tests/integration/server/test_w.py::w", "tests/unit/judge/test_y.py::y", "tests/unit/rewards/test_z.py::z",
@@ -42,6 +53,8 @@ def test_the_main_ppo_unit_runs_first_and_the_other_modules_whole_in_a_shuffled_
         # the main_ppo unit first, the four-RM run first of it
         assert order[:3] == ["tests/integration/dev/test_tiny_ppo_two_rms.py::t", "tests/integration/dev/test_demo.py::d",
                              "tests/integration/test_recipes.py::r"]
+        assert set(order[3:5]) == {"tests/integration/scoring/test_judging.py::j",  # the judge's modules next
+                                   "tests/integration/judge/test_client.py::k"}
         at = order.index("tests/integration/client/test_http.py::a")
         assert order[at + 1] == "tests/integration/client/test_http.py::b"  # a module whole, its tests in their order
         assert sorted(order) == sorted(NAMES)
