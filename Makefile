@@ -112,14 +112,18 @@ $(RAISE_PROBE): tests/support/raise_probe.py $(STAMP) $(STAMP_SERVER)
 # TEST_WORKERS pytest-xdist workers (tests/support/xdist_scheduling.py says how tests are shared); TEST_WORKERS=0 runs in one process.
 # OMP_WAIT_POLICY=PASSIVE (unless set): the two workers, their servers and main_ppo's Ray workers share the
 # machine's cores, and PyTorch's OpenMP threads otherwise spin while they wait. VLLM_ENABLE_V1_MULTIPROCESSING=0
-# (unless set): each server's engine core runs its worker itself, one process fewer to start (docs/development.md;
-# both are dev/cpu_names.CPU_RUN_ENV, what tiny-ppo gives the processes it starts).
+# (unless set): each server's engine core runs its worker itself, one process fewer to start.
+# RAY_prestart_worker_first_driver=0 (unless set): the tests' Ray clusters and main_ppo's start no idle worker ahead
+# of the actors (docs/development.md; all three are dev/cpu_names.CPU_RUN_ENV, what tiny-ppo gives the processes it
+# starts).
 TEST_WORKERS ?= 2
 OMP_WAIT_POLICY ?= PASSIVE
 VLLM_ENABLE_V1_MULTIPROCESSING ?= 0
+RAY_prestart_worker_first_driver ?= 0
 test: setup $(DOCS_STAMP) $(RAISE_PROBE)
 	VERL_VLLM_RM_RAISE_PROBE_DIR=$(CURDIR)/build/raise_probe OMP_WAIT_POLICY=$(OMP_WAIT_POLICY) \
 	VLLM_ENABLE_V1_MULTIPROCESSING=$(VLLM_ENABLE_V1_MULTIPROCESSING) \
+	RAY_prestart_worker_first_driver=$(RAY_prestart_worker_first_driver) \
 	$(VENV)/bin/python -m pytest -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder $(PYTEST_ARGS)
 
 demo: setup

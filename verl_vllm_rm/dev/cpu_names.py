@@ -32,7 +32,11 @@ RM_STEP_AFTER_A_FINISHED_GROUP_ENV = "VERL_VLLM_RM_RM_STEP_AFTER_A_FINISHED_GROU
 #:   to three quarters of the time, holds about 0.5 GB less. The worker's OpenMP threads are then not bound to cores
 #:   (vLLM binds them in a worker process of its own), which cores shared with the trainer cannot give anyway.
 #:   A server on tensor parallelism keeps its worker processes. ``benchmarks/bench_server_start.py`` measures it.
-CPU_RUN_ENV = {"OMP_WAIT_POLICY": "PASSIVE", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+#: - ``RAY_prestart_worker_first_driver=0``: Ray starts idle workers when a driver connects, ahead of any task;
+#:   verl's processes are actors, each started in a worker of its own when created, so the prestarted ones stay idle
+#:   and their start-up (a Ray import each) takes CPU from the run. ``benchmarks/bench_ray_prestart.py`` measures it.
+CPU_RUN_ENV = {"OMP_WAIT_POLICY": "PASSIVE", "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+               "RAY_prestart_worker_first_driver": "0"}
 
 
 def cpu_run_env() -> dict[str, str]:
