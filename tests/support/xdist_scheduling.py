@@ -6,8 +6,9 @@ Each module goes to one worker whole, so a module-scoped server starts once. The
 share CI's 2 cores and 24 GB. They are the longest unit (about 25 of the suite's ~66 worker-minutes), so they
 start first and the other worker works through every other module meanwhile.
 
-The modules of the session's judge server (:data:`JUDGE_MODULES`) join the unit, after its main_ppo modules:
-``test_tiny_ppo.py`` starts the judge on that worker, and the other worker then never starts a second one.
+The other modules of two session fixtures the unit builds on its worker (:data:`UNIT_FIXTURES`: the judge server,
+the tiny task's policy) join the unit, after its main_ppo modules (:data:`COMPANION_MODULES`): the other worker
+then never builds a second one.
 
 The other modules run in an order shuffled by :func:`module_order_seed`, so a module that passes only after
 another one (a session server left changed, say) fails somewhere: each module must pass whatever ran before it on
@@ -46,12 +47,15 @@ MAIN_PPO_MODULES = (
     "tests/integration/dev/test_tiny_ppo_online.py",
     "tests/integration/test_recipes.py",
 )
-#: the other modules of the session's judge server (``judge_server``), which ``test_tiny_ppo.py`` starts on the
-#: unit's worker: they join the unit, after its main_ppo modules and in the run's shuffled order, so the judge
-#: starts once (each start costs ~30 s of CPU, and it holds 1.4 GB while it lives)
-JUDGE_MODULES = (
+#: session fixtures the unit's main_ppo modules build on their worker: the judge server (a start costs ~30 s of CPU,
+#: and it holds 1.4 GB while it lives) and the tiny task (its policy's supervised warm-up: ~10 s)
+UNIT_FIXTURES = ("judge_server", "tiny_task")
+#: the other modules that ask for them: they join the unit, after its main_ppo modules and in the run's shuffled
+#: order, so each is built once a run
+COMPANION_MODULES = (
     "tests/integration/judge/test_client.py",
     "tests/integration/scoring/test_judging.py",
+    "tests/unit/dev/cpu_harness/test_rollout.py",
 )
 
 
@@ -60,9 +64,9 @@ def module_of(nodeid: str) -> str:
 
 
 def unit_of(nodeid: str) -> str:
-    """The unit of work a test belongs to: its module, or the main_ppo group (its modules and the judge's)."""
+    """The unit of work a test belongs to: its module, or the main_ppo group (its modules and their companions)."""
     module = module_of(nodeid)
-    return MAIN_PPO_GROUP if module in MAIN_PPO_MODULES or module in JUDGE_MODULES else module
+    return MAIN_PPO_GROUP if module in MAIN_PPO_MODULES or module in COMPANION_MODULES else module
 
 
 def module_order_seed(root: Path) -> int:
@@ -85,7 +89,7 @@ def module_order_seed(root: Path) -> int:
 
 
 def order_modules(items: list[pytest.Item], seed: int) -> None:
-    """The main_ppo modules' tests first, in :data:`MAIN_PPO_MODULES`' order, the judge's modules after them, then
+    """The main_ppo modules' tests first, in :data:`MAIN_PPO_MODULES`' order, their companions after them, then
     every other module whole, the modules in an order shuffled by ``seed``, every other unit module of that order
     moved to the end (the run's closing half); each module's tests in their own order."""
     by_module: dict[str, list[pytest.Item]] = {}
@@ -94,10 +98,10 @@ def order_modules(items: list[pytest.Item], seed: int) -> None:
     main_ppo = [module for module in MAIN_PPO_MODULES if module in by_module]
     others = sorted(module for module in by_module if module not in MAIN_PPO_MODULES)
     random.Random(seed).shuffle(others)
-    judge = [module for module in others if module in JUDGE_MODULES]
-    others = [module for module in others if module not in JUDGE_MODULES]
+    companions = [module for module in others if module in COMPANION_MODULES]
+    others = [module for module in others if module not in COMPANION_MODULES]
     closing = set([module for module in others if module.startswith(UNIT_DIR)][1::2])
-    ordered = [*main_ppo, *judge, *(m for m in others if m not in closing), *(m for m in others if m in closing)]
+    ordered = [*main_ppo, *companions, *(m for m in others if m not in closing), *(m for m in others if m in closing)]
     items[:] = [item for module in ordered for item in by_module[module]]
 
 

@@ -3,24 +3,30 @@
 import subprocess
 from pathlib import Path
 
-from xdist_scheduling import JUDGE_MODULES, MAIN_PPO_GROUP, MAIN_PPO_MODULES, module_of, unit_of
+from xdist_scheduling import (COMPANION_MODULES, MAIN_PPO_GROUP, MAIN_PPO_MODULES, UNIT_FIXTURES, module_of,
+                              unit_of)
 from repo_paths import REPO as ROOT
 
 
 
 def test_every_main_ppo_module_exists():
     """A renamed module would silently leave the unit and run its main_ppo beside another."""
-    assert [m for m in sorted((*MAIN_PPO_MODULES, *JUDGE_MODULES)) if not (ROOT / m).is_file()] == []
+    assert [m for m in sorted((*MAIN_PPO_MODULES, *COMPANION_MODULES)) if not (ROOT / m).is_file()] == []
 
 
-def test_every_other_module_of_the_judge_server_joins_the_unit():
-    """A module that asks for the session's judge elsewhere would start a second one on the other worker."""
-    import re
+def test_every_other_module_of_the_units_fixtures_joins_the_unit():
+    """A module that asks for the judge server or the tiny task elsewhere would build a second one on the other
+    worker (a test's or a fixture's parameter names the fixture)."""
+    import ast
 
-    users = {str(path.relative_to(ROOT)) for path in (ROOT / "tests" / "integration").rglob("test_*.py")
-             if re.search(r"\bjudge_server\b", path.read_text())}
-    assert users - set(MAIN_PPO_MODULES) == set(JUDGE_MODULES)
-    assert all(unit_of(f"{module}::t") == MAIN_PPO_GROUP for module in JUDGE_MODULES)
+    def asks(path: Path) -> bool:
+        return any(isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                   and {a.arg for a in node.args.args} & set(UNIT_FIXTURES)
+                   for node in ast.walk(ast.parse(path.read_text())))
+
+    users = {str(path.relative_to(ROOT)) for path in (ROOT / "tests").rglob("test_*.py") if asks(path)}
+    assert users - set(MAIN_PPO_MODULES) == set(COMPANION_MODULES)
+    assert all(unit_of(f"{module}::t") == MAIN_PPO_GROUP for module in COMPANION_MODULES)
 
 
 def test_a_test_belongs_to_its_module_or_to_the_main_ppo_unit():
