@@ -50,11 +50,16 @@ actors = [Actor.remote() for _ in range(int(sys.argv[1]))]
 ray.get([actor.ping.remote() for actor in actors])
 ready_s = time.perf_counter() - start
 time.sleep(10)
-workers = [p for p in psutil.process_iter(["cmdline", "cpu_times"])
-           if " ".join(p.info["cmdline"] or []).startswith("ray::") or "default_worker.py" in " ".join(p.info["cmdline"] or [])]
-titles = [" ".join(p.info["cmdline"]).split()[0] for p in workers]
-cpu = sum(p.info["cpu_times"].user + p.info["cpu_times"].system for p in workers)
-print(json.dumps({"ready_s": ready_s, "idle_workers": titles.count("ray::IDLE"), "worker_processes": len(workers),
+titles, cpu = [], 0.0
+for proc in psutil.Process().children(recursive=True):  # this cluster's alone: its raylet is this driver's child
+    try:
+        command, times = " ".join(proc.cmdline()), proc.cpu_times()
+    except psutil.Error:
+        continue
+    if command.startswith("ray::") or "default_worker.py" in command:
+        titles.append(command.split()[0])
+        cpu += times.user + times.system
+print(json.dumps({"ready_s": ready_s, "idle_workers": titles.count("ray::IDLE"), "worker_processes": len(titles),
                   "worker_cpu_s": cpu}))
 ray.shutdown()
 """
