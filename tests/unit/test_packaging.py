@@ -35,7 +35,7 @@ def test_setup_refuses_to_start_on_a_full_disk(tmp_path):
         capture_output=True, text=True, env={"PATH": f"{fake_bin}:/usr/bin:/bin"},
     )
     assert result.returncode != 0
-    assert f"building {venv} needs about 6 GB free on this disk, 1 GB are free" in result.stderr
+    assert f"building {venv} needs about 3 GB free on this disk, 1 GB are free" in result.stderr
     assert "remove old clones or virtual environments" in result.stderr
     assert not venv.exists(), "nothing may be installed after the refusal"
 
