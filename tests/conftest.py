@@ -28,9 +28,10 @@ from xdist_scheduling import ORDER_SEED_ENV, ModuleScheduling, module_order_seed
 # open_sessions_check: the run fails if an aiohttp session is left open; orphan_engines_check: if a server's
 # engine process outlives it; tq_helpers: the `queue` fixture; module_times: each worker's time per module;
 # server_logs: a failed test's report carries the log tails of the servers it used; rollout_fixture: the RM
-# trainer tests' rollout; raise_record: which of the package's raises the tests caught, and matched
+# trainer tests' rollout; raise_record: which of the package's raises the tests caught, and matched;
+# gpu_lock_prefetch: xdist's controller resolves the GPU quick start's lines while the workers run
 pytest_plugins = ["open_sessions_check", "orphan_engines_check", "tq_helpers", "module_times", "server_logs",
-                  "rollout_fixture", "raise_record"]
+                  "rollout_fixture", "raise_record", "gpu_lock_prefetch"]
 
 # Every test under tests/integration is marked ``server`` (it starts the real server, Ray or main_ppo, or uses the
 # package index); tests/unit starts none of them (tests/support/unit_guard.py), so ``pytest -m "not server"`` and

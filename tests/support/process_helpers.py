@@ -49,10 +49,10 @@ def pid_alive(pid: int) -> bool:
     """The process runs (a zombie counts as gone)."""
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+        with open(f"/proc/{pid}/stat") as f:  # a zombie is gone for our purposes
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except (ProcessLookupError, FileNotFoundError):  # gone, or reaped between the signal and the read
         return False
-    with open(f"/proc/{pid}/stat") as f:  # a zombie is gone for our purposes
-        return f.read().split(")")[-1].split()[0] != "Z"
 
 
 def wait_until(predicate, timeout_s: float, what: str) -> None:

@@ -11,12 +11,15 @@ from typing import Sequence
 from verl_vllm_rm.replicas.launcher import find_server_python
 
 SCRIPT = """
-import json, sys
+import json, os, sys
 from verl_vllm_rm.server.entry import apply_reward_defaults, build_parser
 
-cases, reads = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+cases, reads, envs = json.loads(sys.argv[1]), json.loads(sys.argv[2]), json.loads(sys.argv[3])
 out = []
-for argv in cases:
+for argv, env in zip(cases, envs):
+    saved = {name: os.environ.get(name) for name in env}
+    for name, value in env.items():
+        os.environ.pop(name, None) if value is None else os.environ.__setitem__(name, value)
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
@@ -24,14 +27,22 @@ for argv in cases:
     except SystemExit as e:
         out.append(["exit", str(e)])
         continue
-    out.append([eval(expression, {"args": args}) for expression in reads])
+    else:
+        out.append([eval(expression, {"args": args}) for expression in reads])
+    finally:
+        for name, value in saved.items():
+            os.environ.pop(name, None) if value is None else os.environ.__setitem__(name, value)
 print(json.dumps(out))
 """
 
 
-def before_the_engine(cases: Sequence[Sequence[str]], reads: Sequence[str]) -> tuple[list, str]:
-    """(one result per case, the interpreter's stderr); ``reads`` are Python expressions over ``args``."""
+def before_the_engine(cases: Sequence[Sequence[str]], reads: Sequence[str],
+                      envs: Sequence[dict[str, str | None]] | None = None) -> tuple[list, str]:
+    """(one result per case, the interpreter's stderr); ``reads`` are Python expressions over ``args``; ``envs``
+    gives each case the environment variables it runs with (None: unset)."""
+    envs = [{}] * len(cases) if envs is None else list(envs)
+    assert len(envs) == len(cases), (len(envs), len(cases))
     proc = subprocess.run([find_server_python(), "-c", SCRIPT, json.dumps([list(c) for c in cases]),
-                           json.dumps(list(reads))], capture_output=True, text=True, timeout=300)
+                           json.dumps(list(reads)), json.dumps(envs)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr

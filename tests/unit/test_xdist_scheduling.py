@@ -26,6 +26,8 @@ def test_every_other_module_of_the_units_fixtures_joins_the_unit():
 
     users = {str(path.relative_to(ROOT)) for path in (ROOT / "tests").rglob("test_*.py") if asks(path)}
     assert users - set(MAIN_PPO_MODULES) == set(COMPANION_MODULES)
+    # a conftest's fixture asking for one would take it to every module of its folder, which the unit does not hold
+    assert [str(path.relative_to(ROOT)) for path in (ROOT / "tests").rglob("conftest.py") if asks(path)] == []
     assert all(unit_of(f"{module}::t") == MAIN_PPO_GROUP for module in COMPANION_MODULES)
 
 
@@ -50,7 +52,9 @@ NAMES = ["tests/integration/client/test_http.py::a", "tests/integration/test_rec
          "tests/integration/dev/test_demo.py::d", "tests/integration/dev/test_tiny_ppo_two_rms.py::t",
          "tests/integration/client/test_http.py::b", "tests/integration/server/test_x.py::x",
          "tests/integration/server/test_w.py::w", "tests/unit/judge/test_y.py::y", "tests/unit/rewards/test_z.py::z",
-         "tests/unit/rewards/test_v.py::v", "tests/unit/test_u.py::u"]
+         "tests/unit/rewards/test_v.py::v", "tests/unit/test_u.py::u", "tests/unit/dev/cpu_harness/test_rollout.py::o"]
+COMPANIONS = {"tests/integration/scoring/test_judging.py::j", "tests/integration/judge/test_client.py::k",
+              "tests/unit/dev/cpu_harness/test_rollout.py::o"}
 
 
 def test_the_main_ppo_unit_runs_first_and_the_other_modules_whole_in_a_shuffled_order():
@@ -59,8 +63,7 @@ def test_the_main_ppo_unit_runs_first_and_the_other_modules_whole_in_a_shuffled_
         # the main_ppo unit first, the four-RM run first of it
         assert order[:3] == ["tests/integration/dev/test_tiny_ppo_two_rms.py::t", "tests/integration/dev/test_demo.py::d",
                              "tests/integration/test_recipes.py::r"]
-        assert set(order[3:5]) == {"tests/integration/scoring/test_judging.py::j",  # the judge's modules next
-                                   "tests/integration/judge/test_client.py::k"}
+        assert set(order[3:6]) == COMPANIONS  # then the other modules of its session fixtures, a unit one among them
         at = order.index("tests/integration/client/test_http.py::a")
         assert order[at + 1] == "tests/integration/client/test_http.py::b"  # a module whole, its tests in their order
         assert sorted(order) == sorted(NAMES)
@@ -90,7 +93,7 @@ def test_the_seed_is_the_one_given_else_the_tests_git_tree(monkeypatch):
 def test_a_random_half_of_the_unit_modules_closes_the_run():
     """The run ends with two of the four unit modules, and which two depends on the seed; each unit module runs
     before an integration module under some seed."""
-    units = {n for n in NAMES if n.startswith("tests/unit/")}
+    units = {n for n in NAMES if n.startswith("tests/unit/")} - COMPANIONS  # a companion runs in the main_ppo unit
     closing, among = set(), set()
     for seed in range(20):
         order = ordered(seed, NAMES)

@@ -9,30 +9,37 @@ borrows the trainer side's dependencies, and imported from there.
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
+from gpu_lock_prefetch import prefetched, resolve_lines
 from quick_start_lines import ENVIRONMENTS, gpu_section, pip_lines
 from repo_paths import REPO as ROOT
 
-from verl_vllm_rm.dev.gpu_lock import LOCKS, NCCL, installed_set, read_lock, resolve, resolver_python
+from verl_vllm_rm.dev.gpu_lock import LOCKS, NCCL, installed_set, read_lock, resolve
 
 
 @pytest.fixture(scope="module")
-def resolver(tmp_path_factory):
+def first_lines(request, tmp_path_factory) -> dict:
+    """The resolver pip's interpreter and each environment's first install line resolved by it, from the index
+    alone (the two side by side: ~2 min, a few MB of downloads): under make test xdist's controller ran them
+    from the start of the run (tests/support/gpu_lock_prefetch.py), else they run here."""
+    return prefetched(request.config) or resolve_lines(tmp_path_factory.mktemp("resolver"))
+
+
+@pytest.fixture(scope="module")
+def resolver(first_lines) -> Path:
     """The interpreter of an environment with the pinned resolver pip."""
-    return resolver_python(tmp_path_factory.mktemp("resolver") / "env")
+    if "error" in first_lines:
+        raise RuntimeError(first_lines["error"])
+    return Path(first_lines["resolver"])
 
 
 @pytest.fixture(scope="module")
-def resolved(resolver) -> dict[str, dict[str, str]]:
-    """The quick start's lines, resolved by the pinned resolver pip from the index alone (the two environments
-    side by side: ~1 min, a few MB of downloads); an environment's later ``--no-deps`` lines replace the pins
-    they name."""
+def resolved(resolver, first_lines) -> dict[str, dict[str, str]]:
+    """The quick start's lines resolved; an environment's later ``--no-deps`` lines replace the pins they name."""
     lines = pip_lines(gpu_section())
-    with ThreadPoolExecutor(2) as pool:
-        futures = {ENVIRONMENTS[env]: pool.submit(resolve, installs[0], resolver) for env, installs in lines.items()}
-        sets = {extra: future.result() for extra, future in futures.items()}
+    sets = {extra: dict(pins) for extra, pins in first_lines["sets"].items()}
     for env, installs in lines.items():
         for args in installs[1:]:
             assert args[:2] == ["--no-deps", "-r"], args

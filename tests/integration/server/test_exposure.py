@@ -1,8 +1,10 @@
 """Protected mode: no unauthenticated weight updates on an address other machines can reach.
 
-The loopback decision and the policy are pure (first half, no server); the second half
-runs ``python -m verl_vllm_rm.server`` itself: the refusal (before any engine), the
-explicit opt-out, and scoring on 0.0.0.0 without a key.
+The loopback decision and the policy are pure (tests/unit/server/test_exposure.py). Here
+``python -m verl_vllm_rm.server`` runs itself: the refusal (the process exits before any
+engine), the explicit opt-out, and scoring on 0.0.0.0 without a key (no weight route there);
+the other command lines are taken up to the engine in one server-side interpreter
+(``start_args.before_the_engine``: one vLLM import instead of one a server process).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 from process_helpers import listening_ip
+from start_args import before_the_engine
 
 from verl_vllm_rm.replicas.launcher import find_server_python, running_server
 from verl_vllm_rm.client.http import free_port
@@ -50,11 +53,11 @@ def _port_is_free(port: int) -> bool:
 
 
 @pytest.mark.server
-@pytest.mark.parametrize("host, env", [("0.0.0.0", {}), ("", {"VLLM_API_KEY": ""})], ids=["0.0.0.0", "empty-host"])
-def test_server_refuses_unauthenticated_weight_updates_before_the_engine(tiny_rm, host, env):
+def test_server_refuses_unauthenticated_weight_updates_before_the_engine(tiny_rm):
+    """The server process itself: exit code 1 with the message, no engine started, nothing listening."""
     port = free_port()
-    args = ["--model", tiny_rm, "--host", host, "--port", str(port), "--enable-weight-updates"]
-    code, out = _run_server(args, env)
+    args = ["--model", tiny_rm, "--host", "0.0.0.0", "--port", str(port), "--enable-weight-updates"]
+    code, out = _run_server(args, {})
     assert code == 1, out[-2000:]
     assert "refusing to start" in out and "--api-key KEY" in out and "--host 127.0.0.1" in out
     assert OPT_OUT_FLAG in out
@@ -62,16 +65,41 @@ def test_server_refuses_unauthenticated_weight_updates_before_the_engine(tiny_rm
     assert _port_is_free(port)  # before the engine: no engine line in its output (above), nothing listening
 
 
+NO_KEY = {"VLLM_API_KEY": None, API_KEY_ENV: None}
+#: what start-up makes of more command lines, up to the engine (the refusal above is where the server exits on
+#: them), in one server-side interpreter: name -> (arguments after --model, environment)
+START_CASES = {
+    "empty-host": (["--host", "", "--enable-weight-updates"], {**NO_KEY, "VLLM_API_KEY": ""}),
+    # with a key the same command gets past the check, and is refused later, on the missing model
+    "key-VLLM_API_KEY": (["--host", "0.0.0.0", "--enable-weight-updates"], {**NO_KEY, "VLLM_API_KEY": "k"}),
+    "key---api-key": (["--host", "0.0.0.0", "--enable-weight-updates", "--api-key", "k"], NO_KEY),
+    "data-parallel": (["--host", "127.0.0.1", "--enable-weight-updates", "--data-parallel-size", "2"], NO_KEY),
+}
+
+
+@pytest.fixture(scope="module")
+def start_refusals(tiny_rm) -> tuple[dict[str, str], str]:
+    """Each case's exit message (the key cases name a missing model), and the interpreter's stderr."""
+    models = {name: "/nonexistent-rm" if name.startswith("key-") else tiny_rm for name in START_CASES}
+    got, stderr = before_the_engine([["--model", models[name], *argv] for name, (argv, _) in START_CASES.items()],
+                                    [], [env for _, env in START_CASES.values()])
+    assert all(result[0] == "exit" for result in got), got
+    return {name: result[1] for name, result in zip(START_CASES, got)}, stderr
+
+
 @pytest.mark.server
-@pytest.mark.parametrize("key_args, env", [([], {"VLLM_API_KEY": "k"}), (["--api-key", "k"], {})],
-                         ids=["VLLM_API_KEY", "--api-key"])
-def test_a_key_passes_the_check(key_args, env):
-    """With a key, the same command gets past the check (and fails later, on the missing model)."""
-    args = ["--model", "/nonexistent-rm", "--host", "0.0.0.0", "--port", str(free_port()),
-            "--enable-weight-updates", *key_args]
-    code, out = _run_server(args, env)
-    assert code != 0 and "refusing to start" not in out and "/nonexistent-rm" in out
-    assert "WARNING: weight updates without an API key" not in out
+def test_an_empty_host_is_refused_like_0000(start_refusals):
+    message = start_refusals[0]["empty-host"]
+    assert message.startswith("verl-vllm-rm: refusing to start: --enable-weight-updates on ")
+    assert "--api-key KEY" in message and "--host 127.0.0.1" in message and OPT_OUT_FLAG in message
+
+
+@pytest.mark.server
+@pytest.mark.parametrize("case", ["key-VLLM_API_KEY", "key---api-key"])
+def test_a_key_passes_the_check(start_refusals, case):
+    messages, stderr = start_refusals
+    assert messages[case].startswith("verl-vllm-rm: --model /nonexistent-rm does not exist"), messages[case]
+    assert "WARNING: weight updates without an API key" not in stderr
 
 
 @pytest.mark.server
@@ -107,16 +135,15 @@ def test_scoring_on_0000_without_a_key_starts_with_a_warning(tiny_rm, server_arg
         assert listening_ip(server.process.pid, port) == "0.0.0.0"
         resp = requests.post(f"{server.url}/score", json={"input": texts[:2]}, timeout=60)
         assert resp.status_code == 200 and len(resp.json()["data"]) == 2
+        # without --enable-weight-updates no weight route is there
+        for path in ("/init_communicator", "/update_param_batch", "/close_communicator"):
+            assert requests.post(f"{server.url}{path}", json={}, timeout=30).status_code == 404
         assert requests.get(f"{server.url}/weight_inventory", timeout=30).status_code == 404
 
 
 @pytest.mark.server
-def test_weight_updates_with_data_parallel_engines_are_refused_before_the_engine(tiny_rm):
+def test_weight_updates_with_data_parallel_engines_are_refused_before_the_engine(start_refusals):
     """vLLM's data-parallel engines would each need a transfer group: refused, naming the replicas instead."""
-    args = ["--model", tiny_rm, "--host", "127.0.0.1", "--port", str(free_port()), "--enable-weight-updates",
-            "--data-parallel-size", "2"]
-    code, out = _run_server(args, {})
-    assert code == 1, out[-2000:]
-    assert "--enable-weight-updates with --data-parallel-size 2: each data-parallel engine would need" in out
-    assert "run that many servers instead, as managed replicas" in out
-    assert not [m for m in ENGINE_MARKERS if m in out], out[-2000:]
+    message = start_refusals[0]["data-parallel"]
+    assert "--enable-weight-updates with --data-parallel-size 2: each data-parallel engine would need" in message
+    assert "run that many servers instead, as managed replicas" in message

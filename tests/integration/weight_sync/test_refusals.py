@@ -191,12 +191,6 @@ def test_a_trainer_without_cuda_is_refused_by_an_nccl_server(ws_server):
     assert update_record(ws_server.url) == before
 
 
-def test_weight_routes_404_without_the_flag(rm_server):
-    for path in ("/init_communicator", "/update_param_batch", "/close_communicator"):
-        assert requests.post(f"{rm_server.url}{path}", json={}, timeout=10).status_code == 404
-    assert requests.get(f"{rm_server.url}/weight_inventory", timeout=10).status_code == 404
-
-
 def test_init_communicator_rejects_bad_fields(ws_server):
     resp = requests.post(f"{ws_server.url}/init_communicator", json={"master_address": "127.0.0.1"}, timeout=10)
     assert resp.status_code == 400 and "master_port" in resp.json()["error"]["message"]
