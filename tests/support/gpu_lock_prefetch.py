@@ -19,10 +19,10 @@ import json
 import shutil
 import tempfile
 import threading
-import time
 from pathlib import Path
 
 import pytest
+from process_helpers import wait_until
 from quick_start_lines import ENVIRONMENTS, gpu_section, pip_lines
 from repo_paths import REPO as ROOT
 
@@ -39,22 +39,22 @@ def first_installs() -> dict[str, list[str]]:
 
 
 def resolve_lines(directory: Path) -> dict:
-    """The resolver's python and each first install line resolved by it, side by side, or the error (pip's words)."""
+    """The resolver's python and each first install line resolved by it, side by side; raises with pip's words."""
     from concurrent.futures import ThreadPoolExecutor
 
     from verl_vllm_rm.dev.gpu_lock import resolve, resolver_python
 
-    try:
-        resolver = resolver_python(directory / "resolver")
-        with ThreadPoolExecutor(2) as pool:
-            futures = {extra: pool.submit(resolve, args, resolver) for extra, args in first_installs().items()}
-            return {"resolver": str(resolver), "sets": {extra: f.result() for extra, f in futures.items()}}
-    except RuntimeError as err:
-        return {"error": str(err)}
+    resolver = resolver_python(directory / "resolver")
+    with ThreadPoolExecutor(2) as pool:
+        futures = {extra: pool.submit(resolve, args, resolver) for extra, args in first_installs().items()}
+        return {"resolver": str(resolver), "sets": {extra: f.result() for extra, f in futures.items()}}
 
 
 def _prefetch(directory: Path) -> None:
-    result = resolve_lines(directory)
+    try:
+        result = resolve_lines(directory)
+    except RuntimeError as err:  # the worker raises it again (prefetched)
+        result = {"error": str(err)}
     partial = directory / (RESULT + ".part")
     partial.write_text(json.dumps(result))
     partial.replace(directory / RESULT)  # whole or absent: a worker never reads half of it
@@ -103,12 +103,7 @@ def prefetched(config: pytest.Config) -> dict | None:
     if directory is None:
         return None
     result = Path(directory) / RESULT
-    deadline = time.monotonic() + WAIT_S
-    while not result.exists():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"the controller's GPU lock resolutions gave nothing within {WAIT_S:.0f}s "
-                                 f"(expected {result})")
-        time.sleep(0.5)
+    wait_until(result.exists, WAIT_S, f"the controller's GPU lock resolutions wrote {result}")
     answer = json.loads(result.read_text())
     if "error" in answer:
         raise RuntimeError(answer["error"])

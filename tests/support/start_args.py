@@ -14,12 +14,15 @@ SCRIPT = """
 import json, os, sys
 from verl_vllm_rm.server.entry import apply_reward_defaults, build_parser
 
+def put(env):  # None: unset
+    for name, value in env.items():
+        os.environ.pop(name, None) if value is None else os.environ.__setitem__(name, value)
+
 cases, reads, envs = json.loads(sys.argv[1]), json.loads(sys.argv[2]), json.loads(sys.argv[3])
 out = []
 for argv, env in zip(cases, envs):
     saved = {name: os.environ.get(name) for name in env}
-    for name, value in env.items():
-        os.environ.pop(name, None) if value is None else os.environ.__setitem__(name, value)
+    put(env)
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
@@ -30,8 +33,7 @@ for argv, env in zip(cases, envs):
     else:
         out.append([eval(expression, {"args": args}) for expression in reads])
     finally:
-        for name, value in saved.items():
-            os.environ.pop(name, None) if value is None else os.environ.__setitem__(name, value)
+        put(saved)
 print(json.dumps(out))
 """
 

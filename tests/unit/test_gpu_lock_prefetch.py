@@ -52,5 +52,6 @@ def test_a_worker_gives_up_on_a_result_that_never_comes_naming_it(tmp_path, monk
 
     monkeypatch.setattr(gpu_lock_prefetch, "WAIT_S", 0.0)
     worker = types.SimpleNamespace(workerinput={WORKER_KEY: str(tmp_path)})
-    with pytest.raises(AssertionError, match=rf"gave nothing within 0s \(expected {tmp_path}/{RESULT}\)"):
+    with pytest.raises(AssertionError, match=rf"^not within 0s: the controller's GPU lock resolutions wrote "
+                                             rf"{tmp_path}/{RESULT}$"):
         prefetched(worker)
