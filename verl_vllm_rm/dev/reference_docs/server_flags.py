@@ -6,6 +6,7 @@ environment's interpreter (:func:`~verl_vllm_rm.replicas.launcher.find_server_py
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 from dataclasses import dataclass
@@ -41,8 +42,10 @@ class ServerFlags:
     defaults: dict[str, Any]  # vLLM settings whose default the plugin changes (``set_defaults``), by dest
 
 
+@functools.cache
 def read_server_flags() -> ServerFlags:
-    """The server's flags, from its parser in the server environment (a few seconds: it imports vLLM)."""
+    """The server's flags, from its parser in the server environment; read once per process (each read imports
+    vLLM: ~10 s of CPU), so generating and checking the pages in one process reads them once."""
     proc = subprocess.run([find_server_python(), "-c", SCRIPT], capture_output=True, text=True, timeout=300)
     if proc.returncode != 0:
         raise RuntimeError(f"reading the reward server's flags failed in {find_server_python()}:\n"
