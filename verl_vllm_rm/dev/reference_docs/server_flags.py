@@ -42,14 +42,18 @@ class ServerFlags:
     defaults: dict[str, Any]  # vLLM settings whose default the plugin changes (``set_defaults``), by dest
 
 
-@functools.cache
 def read_server_flags() -> ServerFlags:
-    """The server's flags, from its parser in the server environment; read once per process (each read imports
+    """The server's flags, from its parser in the server environment (:func:`find_server_python`)."""
+    return _flags_in(find_server_python())
+
+
+@functools.cache
+def _flags_in(python: str) -> ServerFlags:
+    """The flags of the server installed for ``python``; read once per process and interpreter (each read imports
     vLLM: ~10 s of CPU), so generating and checking the pages in one process reads them once."""
-    proc = subprocess.run([find_server_python(), "-c", SCRIPT], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([python, "-c", SCRIPT], capture_output=True, text=True, timeout=300)
     if proc.returncode != 0:
-        raise RuntimeError(f"reading the reward server's flags failed in {find_server_python()}:\n"
-                           f"{proc.stderr[-3000:]}")
+        raise RuntimeError(f"reading the reward server's flags failed in {python}:\n{proc.stderr[-3000:]}")
     raw = json.loads(proc.stdout.strip().splitlines()[-1])
     plugin = tuple(Flag(**{**f, "names": tuple(f["names"]),
                            "choices": None if f["choices"] is None else tuple(f["choices"])}) for f in raw["plugin"])
