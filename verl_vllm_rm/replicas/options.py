@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Literal, Mapping
 
 from verl_vllm_rm.options import check_ranges
+from verl_vllm_rm.protocol.command_line import flag_value
 
 PlacementStrategy = Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"]
 
@@ -83,7 +84,7 @@ class ReplicaOptions:
         """GPUs one replica's server uses: its ``--tensor-parallel-size`` x ``--pipeline-parallel-size``."""
         size = 1
         for flags in (("--tensor-parallel-size", "-tp"), ("--pipeline-parallel-size", "-pp")):
-            size *= int(_flag_value(self.server_args, flags) or 1)
+            size *= int(flag_value(self.server_args, flags) or 1)
         return size
 
     def gpus_on(self, cluster_gpus: float) -> float:
@@ -100,12 +101,3 @@ def replica_gpus_available(resources: Mapping[str, float], environ: Mapping[str,
         return 0.0
     return float(resources.get("GPU", 0.0))
 
-
-def _flag_value(args: tuple[str, ...], names: tuple[str, ...]) -> str | None:
-    """The value of the last of ``names`` in ``args`` (``--flag value`` or ``--flag=value``)."""
-    value = None
-    for i, arg in enumerate(args):
-        name, eq, inline = arg.partition("=")
-        if name in names:
-            value = inline if eq else (args[i + 1] if i + 1 < len(args) else None)
-    return value

@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
+from verl_vllm_rm.protocol.command_line import flag_value
+
 
 def check_model_path(model: str) -> None:
     """A ``--model`` written as a path must exist: vLLM would otherwise take it for a hub id and fail with
@@ -19,10 +21,8 @@ def check_model_path(model: str) -> None:
 
 
 def check_model_argument(argv: Sequence[str]) -> None:
-    """:func:`check_model_path` on the ``--model`` of a raw command line (``--model X`` or ``--model=X``), before
-    vLLM parses it; any other spelling (a ``--config`` file) is checked once parsed."""
-    for i, arg in enumerate(argv):
-        if arg == "--model" and i + 1 < len(argv):
-            check_model_path(argv[i + 1])
-        elif arg.startswith("--model="):
-            check_model_path(arg.partition("=")[2])
+    """:func:`check_model_path` on the ``--model`` of a raw command line (``--model X`` or ``--model=X``; the last,
+    as vLLM's parser takes it), before vLLM parses it; a model from a ``--config`` file is checked once parsed."""
+    model = flag_value(argv, ("--model",))
+    if model is not None:
+        check_model_path(model)

@@ -25,6 +25,13 @@ def test_relative_and_home_paths_are_paths(tmp_path, monkeypatch, model):
         check_model_path(model)
 
 
+def test_the_last_model_is_the_one_checked_as_vllms_parser_takes_it(tmp_path):
+    missing = tmp_path / "no-such-rm"
+    check_model_argument(["--model", str(missing), "--model", str(tmp_path)])
+    with pytest.raises(SystemExit, match=f"--model {missing} does not exist"):
+        check_model_argument([f"--model={tmp_path}", "--model", str(missing)])
+
+
 def test_an_existing_path_a_hub_id_and_no_model_pass(tmp_path):
     check_model_argument(["--model", str(tmp_path)])
     check_model_argument(["--model", "Skywork/Skywork-Reward-V2-Llama-3.1-8B"])  # a hub id: vLLM resolves it
