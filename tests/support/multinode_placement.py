@@ -20,7 +20,8 @@ def main() -> None:
     from verl_vllm_rm.online.config import OnlineRMConfig
     from verl_vllm_rm.online.placement import RewardModelPlacementError, place_rm_ranks
 
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
+    # no dashboard: Ray's Cluster starts one by default, nine head processes beside the test's own on 2 cores
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False})
     cluster.add_node(num_cpus=2)
     ray.init(address=cluster.address, log_to_driver=False)
     cluster.wait_for_nodes()

@@ -4,14 +4,15 @@ trainer mode of the package: ``vllm_rm`` and its async twins (reward metrics and
 in verl's logger) and ``vllm_rm_online`` and its async twins (the RM trained during the run). This is the
 only way they are registered: no ``VERL_USE_EXTERNAL_MODULES`` is needed.
 
-The trainer modes are registered when verl's trainer registry (``verl.trainer.ppo.v1``)
-is imported, by whichever code imports it first, not here: importing verl's trainer
-costs about a second and asks verl for its platform, which the dozen Ray workers that
-never build a trainer (reward and agent loops, rollout replicas) should not pay or fix
-early. Nothing of verl is changed: the registry module is imported as usual, then
-:data:`TRAINER_MODES_MODULE` is imported, which checks the verl members the package stands on
-(:mod:`~verl_vllm_rm.plugin.verl_seams`) and registers every trainer mode with verl's
-``register_trainer``.
+Each is registered when verl's registry of its kind is imported, by whichever code imports it first, not here:
+the reward manager with verl's reward-manager package (:data:`REWARD_MANAGER_MODULE`, which every lookup of a
+manager's name imports), the trainer modes with verl's trainer registry (:data:`TRAINER_REGISTRY_MODULE`).
+Importing the manager costs about 1.5 CPU-seconds (verl's reward loop, the HTTP client) and verl's trainer about
+a second, and the trainer asks verl for its platform: the Ray workers that never score (the driver, the actor and
+rollout workers) or never build a trainer (reward and agent loops, rollout replicas) should not pay for them or
+fix the platform early. Nothing of verl is changed: its module is imported as usual, then ours is. The trainer
+modes' module (:data:`TRAINER_MODES_MODULE`) first checks the verl members the package stands on
+(:mod:`~verl_vllm_rm.plugin.verl_seams`), then registers every trainer mode with verl's ``register_trainer``.
 
 verl logs a failing plugin import only at DEBUG, so failures are reported here
 loudly before being re-raised.
@@ -26,6 +27,10 @@ import sys
 from verl_vllm_rm.scoring.misrouted_config import warn_legacy_argv
 
 log = logging.getLogger("verl_vllm_rm")
+#: verl's reward-manager package: its ``register`` and ``get_reward_manager_cls`` (every lookup of a name imports it)
+REWARD_MANAGER_MODULE = "verl.experimental.reward_loop.reward_manager"
+#: registers the ``vllm_rm`` reward manager when imported
+MANAGER_MODULE = "verl_vllm_rm.scoring.manager"
 TRAINER_REGISTRY_MODULE = "verl.trainer.ppo.v1"
 #: registers every trainer mode (trainer.v1.trainer_mode=vllm_rm[_online][_<async mode>]) when imported
 TRAINER_MODES_MODULE = "verl_vllm_rm.plugin.trainer_registry"
@@ -74,6 +79,6 @@ class AfterImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
             sys.meta_path.insert(0, self)
 
 
-_register("verl_vllm_rm.scoring.manager", "'vllm_rm' reward manager")
+AfterImport(REWARD_MANAGER_MODULE, lambda: _register(MANAGER_MODULE, "'vllm_rm' reward manager")).install()
 AfterImport(TRAINER_REGISTRY_MODULE, lambda: _register(TRAINER_MODES_MODULE, "trainer modes")).install()
 warn_legacy_argv()

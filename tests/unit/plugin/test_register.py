@@ -1,6 +1,6 @@
-"""How a fresh verl process finds ``vllm_rm`` (``plugin/register.py``, the ``verl.plugins`` entry point): the trainer
-modes register when verl's trainer registry is imported, through an import hook that runs once and leaves the module
-its own loader; a failed registration is logged before it is raised (the reward manager found in a fresh process
+"""How a fresh verl process finds ``vllm_rm`` (``plugin/register.py``, the ``verl.plugins`` entry point): the reward
+manager registers when verl's reward-manager package is imported and the trainer modes when verl's trainer registry
+is, each through an import hook that runs once and leaves the module its own loader; a failed registration is logged before it is raised (the reward manager found in a fresh process
 and ``VERL_USE_EXTERNAL_PLUGINS=none``: tests/integration/plugin/test_register.py)."""
 
 from __future__ import annotations
@@ -32,6 +32,26 @@ def test_trainer_mode_is_registered_when_verls_trainer_is_imported_not_before():
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads(proc.stdout.splitlines()[-1]) == [False, "RewardMetricsPPOTrainerSync", "SourceFileLoader"]
+
+
+MANAGER_PROBE = """
+import json, sys, verl
+before = [m in sys.modules for m in ("verl.experimental.reward_loop.reward_manager", "verl_vllm_rm.scoring.manager")]
+from verl.experimental.reward_loop.reward_manager import get_reward_manager_cls
+import verl.experimental.reward_loop.reward_manager as managers
+print(json.dumps([before, get_reward_manager_cls("vllm_rm").__name__, type(managers.__loader__).__name__]))
+"""
+
+
+def test_the_reward_manager_is_registered_when_verls_manager_package_is_imported_not_before():
+    """``import verl`` alone imports neither verl's reward loop nor our manager (the driver and the actor and rollout
+    workers, which never score, save ~1.5 CPU-s each); the first import of verl's reward-manager package, which every
+    lookup of a manager's name makes, registers ``vllm_rm``, and the package keeps its own loader."""
+    env = {k: v for k, v in os.environ.items() if k != "VERL_USE_EXTERNAL_MODULES"}
+    proc = subprocess.run([sys.executable, "-c", MANAGER_PROBE], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.splitlines()[-1]) == [[False, False], "VLLMRewardManager", "SourceFileLoader"]
 
 
 @pytest.fixture()
