@@ -178,7 +178,7 @@ def test_a_step_without_pairs_is_said_at_once_counted_and_max_idle_steps_stops_t
                                                                                       tiny_rm, tokenizer, caplog):
     """Every group ties on the pair source (min_reward_gap above every gap): the RM does not train, a warning names
     the pair source and the fix at once, the metrics say so, a step with pairs resets the count, and
-    max_idle_steps steps in a row stop the run with the same reason."""
+    max_idle_steps steps in a row stop the run with the same reason; max_idle_steps=0 never stops it."""
     from verl_vllm_rm.online.driver import RewardModelIdleError
 
     rollout = read_rollout(step_rollout[1], "verifiable_score")  # 4 groups, one right answer each: gap 1.0
@@ -199,22 +199,29 @@ def test_a_step_without_pairs_is_said_at_once_counted_and_max_idle_steps_stops_t
     with pytest.raises(RewardModelIdleError, match=r"no preference pairs at PPO step 4.*That is 2 step\(s\) in a "
                                                    r"row, online_rm.max_idle_steps=2: stopping the run"):
         rm.train_on_rollout(*rollout, step=4)
-    never = online_rm(tiny_rm, ws_server.url, min_reward_gap=1.0, max_idle_steps=0)
-    assert [never.train_on_rollout(*rollout, step=s)["rm/idle_steps"] for s in (1, 2, 3)] == [1.0, 2.0, 3.0]
+    rm.config.max_idle_steps = 0  # never stops: the count goes on past the old limit
+    assert [rm.train_on_rollout(*rollout, step=s)["rm/idle_steps"] for s in (5, 6, 7)] == [3.0, 4.0, 5.0]
 
 
-def test_resume_restores_the_rm_and_its_optimizer_and_republishes(step_rollout, ws_server, tiny_rm, tokenizer,
-                                                                  probe_ids, tmp_path):
-    from verl_vllm_rm.plugin.online_mode import RM_CHECKPOINT_DIR, resume_reward_model
+@pytest.fixture(scope="module")
+def trained_lora(step_rollout, ws_server, tiny_rm, probe_ids, tmp_path_factory):
+    """A LoRA RM trainer (1 rank) after two steps on the step's rollout, its checkpoint (verl's
+    ``global_step_2`` folder) and its scores of the probe set then; the rollout it trained on."""
+    from verl_vllm_rm.plugin.online_mode import RM_CHECKPOINT_DIR
 
     rollout = read_rollout(step_rollout[1], "verifiable_score")
     first = online_rm(tiny_rm, ws_server.url)
     for _ in range(2):
         first.train_on_rollout(*rollout)
-    folder = tmp_path / "global_step_2"
+    folder = tmp_path_factory.mktemp("resume") / "global_step_2"
     first.save_checkpoint(str(folder / RM_CHECKPOINT_DIR))
-    trained = first.worker_group.reference_scores(probe_ids)[0]
+    return first, folder, first.worker_group.reference_scores(probe_ids)[0], rollout
 
+
+def test_resume_restores_the_rm_and_its_optimizer_and_republishes(trained_lora, ws_server, tiny_rm, probe_ids):
+    from verl_vllm_rm.plugin.online_mode import resume_reward_model
+
+    first, folder, trained, rollout = trained_lora
     reset_server(ws_server.url, tiny_rm)  # as after a restart: the server serves the initial RM
     assert max_diff(server_scores(ws_server.url, probe_ids), trained) > 1e-3
     resumed = online_rm(tiny_rm, ws_server.url)
@@ -231,19 +238,16 @@ def test_resume_restores_the_rm_and_its_optimizer_and_republishes(step_rollout, 
     assert max_diff(resumed.worker_group.reference_scores(probe_ids)[0], after) <= 1e-6
 
 
-def test_resume_refuses_another_modes_state_and_falls_back_to_the_initial_rm(step_rollout, ws_server, tiny_rm,
-                                                                            tokenizer, probe_ids, hf_model,
-                                                                            tmp_path, caplog):
+def test_resume_refuses_another_modes_state_and_falls_back_to_the_initial_rm(trained_lora, ws_server, tiny_rm,
+                                                                            probe_ids, hf_model, tmp_path, caplog):
     from verl_vllm_rm.parity.reference import sequence_scores
-    from verl_vllm_rm.plugin.online_mode import RM_CHECKPOINT_DIR, resume_reward_model
+    from verl_vllm_rm.plugin.online_mode import resume_reward_model
 
-    lora = online_rm(tiny_rm, ws_server.url)
-    lora.train_on_rollout(*read_rollout(step_rollout[1], "verifiable_score"))
-    lora.save_checkpoint(str(tmp_path / "global_step_1" / RM_CHECKPOINT_DIR))
+    lora, folder = trained_lora[:2]  # its checkpoint holds 1 rank's state in training_mode=lora
     full = online_rm(tiny_rm, ws_server.url, mode="full")
     with pytest.raises(Exception, match=r"saved by 1 RM rank\(s\) in training_mode=lora; this run has 1 in full.*"
                                         "resume with the same"):
-        resume_reward_model(full, str(tmp_path / "global_step_1"))
+        resume_reward_model(full, str(folder))
 
     # A checkpoint without RM state: the initial RM continues, and the server is brought back to it.
     lora.resume(None)  # the server now serves the trained LoRA model
