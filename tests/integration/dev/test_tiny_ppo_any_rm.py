@@ -10,15 +10,25 @@ own; colocate_async on the trainer's, paused from the end of sampling to the pol
 wait while the RM trains and publishes; ``online_rm.max_staleness=1`` evicts every group scored by an RM older
 than the newest published one. The first RM step waits until a group of the next step's prompts has finished (the
 harness's ``rm-step-gate``), so its publish always leaves such a group to evict: whether one finishes first is
-otherwise a race the rollout sometimes loses."""
+otherwise a race the rollout sometimes loses.
+
+The separate_async run publishes to a fixed list of two servers of the RM (``online_rm.on_server_failure=
+leave_behind``), the second frozen (SIGSTOP: alive, port open, never answering) once step 1 ended and thawed once
+step 2 ended: step 2's publish leaves it behind (the publisher gives up on it after ``online_rm.timeout_s`` 20 + its
+10 s answer grace; the reward clients fail over from it after 2 + 2 s), it scores nothing while behind, and step 3's
+publish re-syncs it. The colocate_async run has tiny-ppo's own server."""
 
 from __future__ import annotations
 
 import math
+import os
+import signal
 from pathlib import Path
 
 import pytest
+import requests
 from ppo_runs import ROLLOUT_TOKEN_DELAY_S, check_scored_once_whole, read_jsonl
+from server_starts import servers_started_together
 
 from verl_vllm_rm.dev.ppo_report import read_dump, read_metrics
 from verl_vllm_rm.dev.tiny_llama_rm import build_tiny_llama_rm
@@ -41,23 +51,55 @@ def llama_rm_and_policy(tmp_path_factory) -> tuple[Path, Path]:
     return rm, build_tiny_policy(rm, tmp / "policy")
 
 
-@pytest.fixture(scope="module", params=["separate_async", "colocate_async"])
-def async_online_run(request, tmp_path_factory, llama_rm_and_policy):
-    mode = request.param
-    rm, policy = llama_rm_and_policy
-    work = tmp_path_factory.mktemp(f"any_rm_{mode}") / "run"
+def run(work: Path, rm: Path, policy: Path, mode: str, server_url: list[str] | None, on_step=None,
+        extra_overrides: tuple[str, ...] = ()) -> tuple[Path, dict, dict]:
     summary = run_tiny_ppo(TinyPPOConfig(work, steps=STEPS, rm=str(rm), policy=str(policy), online="lora",
-                                         validate=False,
+                                         validate=False, server_url=server_url,
                                          mode=mode, rollout_token_delay_s=ROLLOUT_TOKEN_DELAY_S,
                                          rm_step_after_a_finished_group=True,
                                          extra_overrides=["+online_rm.placement=colocated",
                                                           f"+online_rm.max_staleness={MAX_STALENESS}",
-                                                          f"trainer.save_freq={SAVE_STEP}"]))
-    return work, summary, dict(read_metrics(work)), mode
+                                                          f"trainer.save_freq={SAVE_STEP}", *extra_overrides]),
+                           on_step=on_step)
+    return work, summary, dict(read_metrics(work))
+
+
+@pytest.fixture(scope="module", params=["separate_async", "colocate_async"])
+def async_online_run(request, tmp_path_factory, llama_rm_and_policy, server_args):
+    """(work dir, summary, metrics by step, mode, the listed servers' run: None for colocate_async)."""
+    mode = request.param
+    rm, policy = llama_rm_and_policy
+    work = tmp_path_factory.mktemp(f"any_rm_{mode}") / "run"
+    if mode == "colocate_async":
+        yield *run(work, rm, policy, mode, None), mode, None
+        return
+    args = [*server_args, "--enable-weight-updates"]
+    # the frozen one drops the update it was receiving 6 s after its thaw; the live one keeps its staged version
+    # while the publisher waits out the frozen one (the default 120 s)
+    starts = [(rm, args), (rm, [*args, "--weight-update-stall-timeout", "6"])]
+    with servers_started_together(starts) as servers:
+        frozen = servers[1]
+
+        def freeze_then_thaw(step: int, metrics: dict, version: int | None) -> None:
+            if step == 1:
+                os.killpg(frozen.process.pid, signal.SIGSTOP)
+            elif step == 2:
+                os.killpg(frozen.process.pid, signal.SIGCONT)
+
+        try:
+            work, summary, metrics = run(work, rm, policy, mode, [s.url for s in servers], freeze_then_thaw,
+                                         ("+online_rm.on_server_failure=leave_behind", "+online_rm.timeout_s=20",
+                                          "+reward.reward_kwargs.failover_after_s=2",
+                                          "+reward.reward_kwargs.health_timeout_s=2"))
+            listed = {"report": (work / "report.txt").read_text(),
+                      "frozen_version": requests.get(f"{frozen.url}/health", timeout=10).json()["version"]}
+            yield work, summary, metrics, mode, listed
+        finally:
+            os.killpg(frozen.process.pid, signal.SIGCONT)  # a failed run may have stopped before the thaw
 
 
 def test_an_rm_on_its_own_tokenizer_trains_and_publishes_every_step(async_online_run):
-    work, summary, metrics, mode = async_online_run
+    work, summary, metrics, mode, _ = async_online_run
     assert f"trainer.v1.trainer_mode=vllm_rm_online_{mode}" in (work / "main_ppo.cmd").read_text()
     assert [s["rm_version"] for s in summary["steps"]] == list(range(1, STEPS + 1))
     assert all(s["rm_trained"] and s["rm_pairs"] > 0 for s in summary["steps"]), summary["steps"]
@@ -76,7 +118,7 @@ def test_on_a_save_step_the_checkpoint_holds_the_rm_after_that_steps_training(as
     step still reports it."""
     from verl_vllm_rm.online.export import rm_run_state
 
-    work, _, metrics, _ = async_online_run
+    work, _, metrics, _, _ = async_online_run
     saved = sorted(p.name for p in (work / "checkpoints").iterdir() if p.name.startswith("global_step_"))
     assert saved == [f"global_step_{SAVE_STEP}"], saved
     assert rm_run_state(work / "checkpoints" / saved[0] / "online_rm")["steps"] == SAVE_STEP
@@ -86,7 +128,7 @@ def test_on_a_save_step_the_checkpoint_holds_the_rm_after_that_steps_training(as
 def test_each_batch_was_scored_by_one_rm_version_the_newest_published(async_online_run):
     """Every trajectory carries the RM version that scored it; with max_staleness=1 a batch spans one version,
     the one published after the step before (groups scored by older ones were evicted and generated again)."""
-    work, _, metrics, _ = async_online_run
+    work, _, metrics, _, _ = async_online_run
     seen = []
     for step in range(1, STEPS + 1):
         versions = [row["rm_weight_version"] for row in read_dump(work, step)]
@@ -108,7 +150,7 @@ def test_generation_goes_on_while_the_rm_trains_and_publishes(async_online_run):
     generation log's times and versions) in at least one of them, and once RM step k began no segment started on
     an older policy (but on the save step, where the RM step comes before the policy's sync). The rollout is
     slowed to be in flight at each sync, as on GPUs; each reward call still scored a whole trajectory, once."""
-    work, _, _, _ = async_online_run
+    work, _, _, _, _ = async_online_run
     windows = read_jsonl(work / "rm_steps.jsonl")
     segments = read_jsonl(work / "generations.jsonl")
     assert [w["step"] for w in windows] == list(range(1, STEPS + 1))
@@ -126,3 +168,23 @@ def test_generation_goes_on_while_the_rm_trains_and_publishes(async_online_run):
     assert any(during[:-1]), f"no segment on the new policy was generated during an RM step: {during}"
     resumed = check_scored_once_whole(work)
     assert resumed, "no trajectory was aborted by a policy sync and resumed: the slowed rollout never was in flight"
+
+
+def test_a_listed_server_frozen_for_a_step_is_left_behind_unrouted_and_resynced(async_online_run):
+    """separate_async on a fixed list of two servers: step 2's publish goes to the live server alone (the frozen
+    one left behind, counted and in the report); thawed, the server behind scores nothing of step 3 (every step-3
+    reward is the live server's version 2: test_each_batch_was_scored_by_one_rm_version_the_newest_published);
+    step 3's publish re-syncs it (both servers, version 3). Every score valid. colocate_async's one server (tiny-ppo's
+    own) gets every publish, and nothing is left behind."""
+    _, _, metrics, _, listed = async_online_run
+    steps = range(1, STEPS + 1)
+    assert all(metrics[step]["reward/rm_valid_share"] == 1.0 for step in steps)
+    publishes = ([metrics[step]["rm/publish_servers"] for step in steps],
+                 [metrics[step]["rm/publish_left_behind"] for step in steps])
+    if listed is None:
+        assert publishes == ([1, 1, 1], [0, 0, 0])
+        return
+    assert publishes == ([2, 1, 2], [0, 1, 0])
+    assert listed["frozen_version"] == 3
+    assert ("online RM publishes left servers behind (no request until the next publish re-synced them): "
+            "1 at step 2") in listed["report"]

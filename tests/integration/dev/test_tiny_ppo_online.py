@@ -2,10 +2,10 @@
 manages on verl's Ray cluster: one RM step per PPO step, published to both replicas and parity-probed; one replica's
 engine stopped (SIGSTOP) for a step, its API server answering on, and resumed: step 2's requests that met it fail
 over to the other, the run carries on with the other and re-syncs it; RM state and the RM's whitening statistics
-in verl's checkpoints and a resumed run (whose fresh replicas get the restored RM before its first score); a fixed
-list of two servers, one frozen for a step, left behind by the publish and re-synced by the next
-(``online_rm.on_server_failure=leave_behind``); an unreachable reward server (one killed mid-run:
-test_tiny_ppo.py); replicas that cannot start."""
+in verl's checkpoints and a resumed run (whose fresh replicas get the restored RM before its first score); an
+unreachable reward server (one killed mid-run: test_tiny_ppo.py); replicas that cannot start. (A fixed list of two
+servers, one frozen for a step, left behind by the publish and re-synced by the next,
+``online_rm.on_server_failure=leave_behind``: the separate_async run of test_tiny_ppo_any_rm.py.)"""
 
 from __future__ import annotations
 
@@ -18,10 +18,8 @@ import numpy as np
 import psutil
 import pytest
 import torch
-import requests
 from ppo_runs import expected_totals, generations, tiny_ppo
 from process_helpers import engine_core_pid
-from server_starts import servers_started_together
 
 from verl_vllm_rm.dev.ppo_report import read_dump, read_metrics
 from verl_vllm_rm.dev.tiny_ppo import SERVER_ARGS, TinyPPOConfig, TinyPPOError, run_tiny_ppo
@@ -228,62 +226,6 @@ def test_whitening_statistics_are_saved_with_the_rm_and_continue_in_the_resumed_
     # the whitened score is what the ensemble (here: the one RM) used
     row = read_dump(work, RESUMED)[0]
     assert row["rm_score"] == pytest.approx(row["rm_scaled_rm"])
-
-
-LISTED_STEPS = 3  # the second listed server is frozen once step 1 ended and thawed once step 2 ended
-
-
-@pytest.fixture(scope="module")
-def listed_run(tmp_path_factory, tiny_rm, tiny_task, server_args):
-    """Online RM training (head_only, sync) publishing to a fixed list of two servers with
-    ``on_server_failure=leave_behind``; the second one SIGSTOPped (alive, port open, never answering) once step 1
-    ended, SIGCONTed once step 2 ended. The publisher's calls to it give up after 20 + 10 s (its timeout_s and
-    ANSWER_GRACE_S), and the reward clients fail over from it after 2 + 2 s."""
-    args = [*server_args, "--enable-weight-updates"]
-    # the frozen one drops the update it was receiving 6 s after its thaw; the live one keeps its staged version
-    # while the publisher waits out the frozen one (the default 120 s)
-    starts = [(tiny_rm, args), (tiny_rm, [*args, "--weight-update-stall-timeout", "6"])]
-    with servers_started_together(starts) as servers:
-        frozen = servers[1]
-
-        def freeze_then_thaw(step: int, metrics: dict, version: int | None) -> None:
-            if step == 1:
-                os.killpg(frozen.process.pid, signal.SIGSTOP)
-            elif step == 2:
-                os.killpg(frozen.process.pid, signal.SIGCONT)
-
-        work = tmp_path_factory.mktemp("ppo_listed")
-        try:
-            run = tiny_ppo(work, tiny_rm, tiny_task["policy"], [s.url for s in servers], steps=LISTED_STEPS,
-                           on_step=freeze_then_thaw, online="head_only", validate=False,
-                           extra_overrides=["+online_rm.on_server_failure=leave_behind", "+online_rm.timeout_s=20",
-                                            "+reward.reward_kwargs.failover_after_s=2",
-                                            "+reward.reward_kwargs.health_timeout_s=2"])
-            run.update(work=work, metrics=dict(read_metrics(work)), report=(work / "report.txt").read_text(),
-                       frozen_version=requests.get(f"{frozen.url}/health", timeout=10).json()["version"])
-            yield run
-        finally:
-            os.killpg(frozen.process.pid, signal.SIGCONT)  # a failed run may have stopped before the thaw
-
-
-def test_a_listed_server_frozen_for_a_step_is_left_behind_unrouted_and_resynced(listed_run):
-    """Step 2's publish goes to the live server alone (the frozen one left behind, counted and in the report);
-    thawed, the server behind scores nothing of step 3 (every step-3 reward is the live server's version 2, none its
-    version 1); step 3's publish re-syncs it (both servers, version 3). Every score valid, parity after every
-    publish."""
-    metrics = listed_run["metrics"]
-    steps = range(1, LISTED_STEPS + 1)
-    assert [s["rm_version"] for s in listed_run["steps"]] == [1, 2, 3]
-    assert all(s["parity_max_abs"] is not None and s["parity_max_abs"] <= 1e-4 for s in listed_run["steps"])
-    assert [metrics[step]["rm/publish_servers"] for step in steps] == [2, 1, 2]
-    assert [metrics[step]["rm/publish_left_behind"] for step in steps] == [0, 1, 0]
-    assert all(metrics[step]["reward/rm_valid_share"] == 1.0 for step in steps)
-    for step in steps:  # scored by the server(s) on the version published after the step before
-        versions = {row["rm_weight_version"] for row in read_dump(listed_run["work"], step)}
-        assert versions == {step - 1}, (step, versions)
-    assert listed_run["frozen_version"] == 3
-    assert ("online RM publishes left servers behind (no request until the next publish re-synced them): "
-            "1 at step 2") in listed_run["report"]
 
 
 def test_unreachable_server_stops_the_run_naming_it(tmp_path, tiny_rm, tiny_task, dead_url):

@@ -32,26 +32,6 @@ def ray_cluster():
     ray.shutdown()
 
 
-def test_two_workers_split_groups_same_scores(ray_cluster, rm_server, verl_config, tokenizer, hf_model, grpo_groups):
-    from verl.experimental.reward_loop.reward_loop import RewardLoopManager
-
-    cfg = verl_config(rm_server.url, "reward.num_workers=2")
-    data = build_batch(grpo_groups, tokenizer.pad_token_id)
-    perm = np.array([0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15])  # each group on both workers
-    data = data[perm]
-    manager = RewardLoopManager(cfg)
-    assert len(manager.reward_loop_workers) == 2
-    out = manager.compute_rm_score(data)
-
-    rows = [row_token_ids(g, r) for g in grpo_groups for r in g.response_ids]
-    expected = torch.tensor(sequence_scores(hf_model, [rows[i] for i in perm]))
-    rm_scores = out.batch["rm_scores"]
-    assert torch.allclose(last_token_rewards(rm_scores, data), expected, atol=1e-4)
-    assert torch.count_nonzero(rm_scores) == len(data)
-    assert out.non_tensor_batch["rm_valid"].tolist() == [1.0] * len(data)
-    assert {"score", "rm_score", "rm_valid"} <= set(out.meta_info["reward_extra_keys"])
-
-
 @contextlib.contextmanager
 def reward_loop(config):
     """verl's ``RewardLoopManager`` on ``config``; its Ray workers killed after."""
@@ -64,33 +44,6 @@ def reward_loop(config):
     finally:
         for worker in manager.reward_loop_workers:
             ray.kill(worker)
-
-
-def test_concurrent_trajectories_of_several_outputs_are_each_scored_on_their_own_last_output(
-        ray_cluster, rm_server, verl_config, tokenizer, hf_model, grpo_groups):
-    """verl's own ``AgentLoopWorker._compute_score`` (a real one, in this process, its reward calls going to the
-    real Ray reward-loop workers) hands ``run_single`` one row per output and gives the reward to the last: four
-    trajectories of three distinct outputs each, scored concurrently, each get the score of exactly their own last
-    output (an RM score per distinct sequence: a crossed or first-row score would differ)."""
-    config = verl_config(rm_server.url, "reward.num_workers=2", num_examine=0)
-    rows = [(g.prompt_ids, r) for g in grpo_groups for r in g.response_ids]
-    # each output of another prompt and length: verl right-pads them, the mask does not split prompt from response
-    trajectories = [[agent_loop_output(*rows[4 * ((t + k) % 4) + t]) for k in range(3)] for t in range(4)]
-    with reward_loop(config) as manager:
-        worker = agent_loop_worker(config, manager.reward_loop_workers)
-
-        async def score_all():
-            await asyncio.gather(*(worker._compute_score(outputs, kwargs={
-                "data_source": "openai/gsm8k", "uid": f"t{t}", "reward_model": {"ground_truth": "7"}})
-                for t, outputs in enumerate(trajectories)))
-
-        asyncio.run(score_all())
-    last = [list(outputs[-1].prompt_ids) + list(outputs[-1].response_ids) for outputs in trajectories]
-    expected = sequence_scores(hf_model, last)
-    assert [outputs[-1].reward_score for outputs in trajectories] == pytest.approx(expected, abs=1e-4)
-    assert len(set(np.round(expected, 4))) == len(expected)  # distinct: a crossed score would show
-    assert all(o.reward_score is None for outputs in trajectories for o in outputs[:-1])
-    assert all(outputs[-1].extra_fields["reward_extra_info"]["rm_valid"] == 1.0 for outputs in trajectories)
 
 
 def test_verls_batch_assembly_gets_the_same_keys_from_math_dapo_and_gsm8k_rows_in_either_order(
@@ -175,3 +128,57 @@ def test_dapo_reads_acc_where_verl_reads_it_from_math_dapo_and_gsm8k_groups(queu
         assert filtered(ours, "vllmrm-") == filtered(control, "naive-") == {"2"}  # verl splits keys at "_"
     finally:
         ours.close()
+
+
+@pytest.fixture(scope="module")
+def two_workers(ray_cluster, rm_server, verl_config):
+    """One ``RewardLoopManager`` of two workers on vllm_rm's defaults against the session's server, and its config
+    (worker processes cost a verl import each: the tests that need no other options share them). Its tests close
+    the module: verl names every manager's workers ``reward_loop_worker_<i>``, so no other manager can start while
+    these live."""
+    config = verl_config(rm_server.url, "reward.num_workers=2", num_examine=0)
+    with reward_loop(config) as manager:
+        yield manager, config
+
+
+def test_two_workers_split_groups_same_scores(two_workers, tokenizer, hf_model, grpo_groups):
+    manager = two_workers[0]
+    data = build_batch(grpo_groups, tokenizer.pad_token_id)
+    perm = np.array([0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15])  # each group on both workers
+    data = data[perm]
+    assert len(manager.reward_loop_workers) == 2
+    out = manager.compute_rm_score(data)
+
+    rows = [row_token_ids(g, r) for g in grpo_groups for r in g.response_ids]
+    expected = torch.tensor(sequence_scores(hf_model, [rows[i] for i in perm]))
+    rm_scores = out.batch["rm_scores"]
+    assert torch.allclose(last_token_rewards(rm_scores, data), expected, atol=1e-4)
+    assert torch.count_nonzero(rm_scores) == len(data)
+    assert out.non_tensor_batch["rm_valid"].tolist() == [1.0] * len(data)
+    assert {"score", "rm_score", "rm_valid"} <= set(out.meta_info["reward_extra_keys"])
+
+
+def test_concurrent_trajectories_of_several_outputs_are_each_scored_on_their_own_last_output(
+        two_workers, hf_model, grpo_groups):
+    """verl's own ``AgentLoopWorker._compute_score`` (a real one, in this process, its reward calls going to the
+    real Ray reward-loop workers) hands ``run_single`` one row per output and gives the reward to the last: four
+    trajectories of three distinct outputs each, scored concurrently, each get the score of exactly their own last
+    output (an RM score per distinct sequence: a crossed or first-row score would differ)."""
+    manager, config = two_workers
+    rows = [(g.prompt_ids, r) for g in grpo_groups for r in g.response_ids]
+    # each output of another prompt and length: verl right-pads them, the mask does not split prompt from response
+    trajectories = [[agent_loop_output(*rows[4 * ((t + k) % 4) + t]) for k in range(3)] for t in range(4)]
+    worker = agent_loop_worker(config, manager.reward_loop_workers)
+
+    async def score_all():
+        await asyncio.gather(*(worker._compute_score(outputs, kwargs={
+            "data_source": "openai/gsm8k", "uid": f"t{t}", "reward_model": {"ground_truth": "7"}})
+            for t, outputs in enumerate(trajectories)))
+
+    asyncio.run(score_all())
+    last = [list(outputs[-1].prompt_ids) + list(outputs[-1].response_ids) for outputs in trajectories]
+    expected = sequence_scores(hf_model, last)
+    assert [outputs[-1].reward_score for outputs in trajectories] == pytest.approx(expected, abs=1e-4)
+    assert len(set(np.round(expected, 4))) == len(expected)  # distinct: a crossed score would show
+    assert all(o.reward_score is None for outputs in trajectories for o in outputs[:-1])
+    assert all(outputs[-1].extra_fields["reward_extra_info"]["rm_valid"] == 1.0 for outputs in trajectories)
