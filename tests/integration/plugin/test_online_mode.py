@@ -206,7 +206,8 @@ def test_a_step_without_pairs_is_said_at_once_counted_and_max_idle_steps_stops_t
 @pytest.fixture(scope="module")
 def trained_lora(step_rollout, ws_server, tiny_rm, probe_ids, tmp_path_factory):
     """A LoRA RM trainer (1 rank) after two steps on the step's rollout, its checkpoint (verl's
-    ``global_step_2`` folder) and its scores of the probe set then; the rollout it trained on."""
+    ``global_step_2`` folder) and its scores of the probe set then; the rollout it trained on. The trainer is the
+    module's: a test may train it on (the checkpoint and the scores stay those of step 2)."""
     from verl_vllm_rm.plugin.online_mode import RM_CHECKPOINT_DIR
 
     rollout = read_rollout(step_rollout[1], "verifiable_score")

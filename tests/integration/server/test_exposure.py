@@ -88,8 +88,8 @@ def start_refusals(tiny_rm) -> tuple[dict[str, str | None], str]:
     the interpreter's stderr."""
     models = {name: "/nonexistent-rm" if name.startswith("key-") else tiny_rm for name in START_CASES}
     got, stderr = before_the_engine([["--model", models[name], *argv] for name, (argv, _) in START_CASES.items()],
-                                    ["args.host"], [env for _, env in START_CASES.values()])
-    return {name: result[1] if result[0] == "exit" else None for name, result in zip(START_CASES, got)}, stderr
+                                    [], [env for _, env in START_CASES.values()])
+    return {name: result[1] if result[:1] == ["exit"] else None for name, result in zip(START_CASES, got)}, stderr
 
 
 @pytest.mark.server
