@@ -52,7 +52,8 @@ def llama_rm_and_policy(tmp_path_factory) -> tuple[Path, Path]:
 
 
 def run(work: Path, rm: Path, policy: Path, mode: str, server_url: list[str] | None, on_step=None,
-        extra_overrides: tuple[str, ...] = ()) -> tuple[Path, dict, dict]:
+        extra_overrides: tuple[str, ...] = ()) -> tuple[dict, dict]:
+    """The run's summary and metrics by step."""
     summary = run_tiny_ppo(TinyPPOConfig(work, steps=STEPS, rm=str(rm), policy=str(policy), online="lora",
                                          validate=False, server_url=server_url,
                                          mode=mode, rollout_token_delay_s=ROLLOUT_TOKEN_DELAY_S,
@@ -61,7 +62,7 @@ def run(work: Path, rm: Path, policy: Path, mode: str, server_url: list[str] | N
                                                           f"+online_rm.max_staleness={MAX_STALENESS}",
                                                           f"trainer.save_freq={SAVE_STEP}", *extra_overrides]),
                            on_step=on_step)
-    return work, summary, dict(read_metrics(work))
+    return summary, dict(read_metrics(work))
 
 
 @pytest.fixture(scope="module", params=["separate_async", "colocate_async"])
@@ -71,7 +72,7 @@ def async_online_run(request, tmp_path_factory, llama_rm_and_policy, server_args
     rm, policy = llama_rm_and_policy
     work = tmp_path_factory.mktemp(f"any_rm_{mode}") / "run"
     if mode == "colocate_async":
-        yield *run(work, rm, policy, mode, None), mode, None
+        yield work, *run(work, rm, policy, mode, None), mode, None
         return
     args = [*server_args, "--enable-weight-updates"]
     # the frozen one drops the update it was receiving 6 s after its thaw; the live one keeps its staged version
@@ -87,7 +88,7 @@ def async_online_run(request, tmp_path_factory, llama_rm_and_policy, server_args
                 os.killpg(frozen.process.pid, signal.SIGCONT)
 
         try:
-            work, summary, metrics = run(work, rm, policy, mode, [s.url for s in servers], freeze_then_thaw,
+            summary, metrics = run(work, rm, policy, mode, [s.url for s in servers], freeze_then_thaw,
                                          ("+online_rm.on_server_failure=leave_behind", "+online_rm.timeout_s=20",
                                           "+reward.reward_kwargs.failover_after_s=2",
                                           "+reward.reward_kwargs.health_timeout_s=2"))
