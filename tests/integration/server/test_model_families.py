@@ -12,8 +12,8 @@ the good and bad tokens at each step tag. One server per family (~45 s each).
 
 Mixed precision: a sequence classifier and the Qwen2 PRM are served again with an fp16 backbone (the head fp32,
 vLLM's default), and the two-class classifier with the head in fp16 too (``head_dtype: model``), against the same
-references in those dtypes, within the derived bound of ``parity.probe.max_abs_bound``. vLLM-CPU serves fp16 on any x86 CPU; bf16 needs AVX512-BF16, and its parity (bf16
-backbone, fp32 head) is ``tests/integration/online/test_bf16_parity.py``'s, where the CPU has it.
+references in those dtypes, within the derived bound of ``parity.probe.max_abs_bound``. vLLM-CPU serves fp16 and bf16 on any x86 CPU;
+bf16's parity (bf16 backbone, fp32 head) is ``tests/integration/online/test_bf16_parity.py``'s.
 """
 
 from __future__ import annotations
